@@ -1,0 +1,1 @@
+"""rtrain.agent: the per-node agent (rendezvous, worker pool, supervision)."""

@@ -1,0 +1,51 @@
+"""One logger per module, and one context (node, generation) stamped on every line."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass
+
+
+@dataclass
+class LogContext:
+    node: str = "node?"
+    generation: str = "-"
+
+
+CONTEXT = LogContext()
+
+
+class _ContextFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.rtrain_node = CONTEXT.node
+        record.rtrain_gen = CONTEXT.generation
+        return True
+
+
+def set_node(node: str) -> None:
+    CONTEXT.node = node
+
+
+def set_generation(generation: int) -> None:
+    CONTEXT.generation = f"gen{generation}"
+
+
+def configure(level: str | None = None) -> None:
+    """Send rtrain's own log lines to stderr; LOGLEVEL works as it does for torchrun."""
+    root = logging.getLogger("rtrain")
+    if getattr(root, "_rtrain_configured", False):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(_ContextFilter())
+    handler.setFormatter(
+        logging.Formatter(
+            "[rtrain %(asctime)s %(rtrain_node)s %(rtrain_gen)s %(levelname)s] %(message)s",
+            datefmt="%H:%M:%S",
+        )
+    )
+    root.addHandler(handler)
+    root.setLevel((level or os.environ.get("LOGLEVEL") or "INFO").upper())
+    root.propagate = False
+    root._rtrain_configured = True  # type: ignore[attr-defined]

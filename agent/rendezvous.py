@@ -1,0 +1,268 @@
+"""StoreRendezvous: agents agree on each generation's membership through the store.
+
+The protocol (keys, validation, ordering and closing rules) lives in
+rtrain.core.store_protocol; this class only performs it against a live store.
+Only non-blocking store calls are used, so the agent stays responsive to signals.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rtrain.core.errors import RendezvousError
+from rtrain.core.failures import FailureRecord, RecordError
+from rtrain.core.launch_spec import LaunchSpec
+from rtrain.core.store_protocol import (
+    AbortRecord,
+    MemberInfo,
+    Membership,
+    ProtocolError,
+    StoreKeys,
+    decode_int,
+    decode_master,
+    encode_master,
+    members_to_close,
+    order_members,
+)
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 0.02
+# A joiner takes its slot number and writes its slot a moment later.
+SLOT_WRITE_GRACE_S = 5.0
+
+
+class JobAborted(Exception):
+    def __init__(self, record: AbortRecord) -> None:
+        super().__init__(record.reason)
+        self.record = record
+
+
+class StoreRendezvous:
+    def __init__(
+        self,
+        store: Any,
+        spec: LaunchSpec,
+        endpoint: str,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._store = store
+        self._spec = spec
+        self._keys = StoreKeys(spec.rdzv.run_id)
+        self._endpoint = endpoint
+        self._clock = clock
+
+    # -- store access: every failure of the store itself becomes one clear error --
+
+    def _call(self, op: str, *args: Any) -> Any:
+        try:
+            return getattr(self._store, op)(*args)
+        except Exception as exc:
+            raise RendezvousError(
+                f"lost the rendezvous store at {self._endpoint} "
+                f"({str(exc).splitlines()[0][:120]}); "
+                "if its host node died, restart the job with a reachable --rdzv-endpoint"
+            ) from None
+
+    def _exists(self, key: str) -> bool:
+        return bool(self._call("check", [key]))
+
+    def _counter(self, key: str) -> int:
+        return int(self._call("add", key, 0))
+
+    # -- generations --
+
+    def current_round(self) -> int:
+        key = self._keys.round
+        if not self._exists(key):
+            self._call("compare_set", key, "", "0")
+        try:
+            return decode_int(self._call("get", key), "round counter")
+        except ProtocolError as exc:
+            raise RendezvousError(f"refusing the job's state in the store: {exc}") from None
+
+    def open_next_round(self, generation: int) -> int:
+        """Advance the job from `generation` to the next one (idempotent across agents)."""
+        self._call("compare_set", self._keys.round, str(generation), str(generation + 1))
+        return self.current_round()
+
+    def join(self, member: MemberInfo, check_stop: Callable[[], None] | None = None) -> Membership:
+        """Block until a generation closes with this node in it; raise on timeout or abort."""
+        rdzv = self._spec.rdzv
+        deadline = self._clock() + rdzv.join_timeout
+        while True:
+            current = self.current_round()
+            target = current + 1 if self._exists(self._keys.closed(current)) else current
+            slot = int(self._call("add", self._keys.joins(target), 1))
+            self._call("set", self._keys.slot(target, slot), member.encode())
+            logger.info("joined round %d as slot %d", target, slot)
+            membership = self._await_close(target, member, deadline, check_stop)
+            if membership is not None:
+                return membership
+            logger.info("round %d closed without this node; waiting for the next", target)
+
+    def _await_close(
+        self,
+        target: int,
+        member: MemberInfo,
+        deadline: float,
+        check_stop: Callable[[], None] | None,
+    ) -> Membership | None:
+        nodes = self._spec.nodes
+        quorum_since: float | None = None
+        while True:
+            self.raise_if_aborted()
+            if check_stop is not None:
+                check_stop()
+            closed_key = self._keys.closed(target)
+            if self._exists(closed_key):
+                membership = self._read_membership(target)
+                if membership.node_rank_of(member.node_id) is None:
+                    return None
+                return membership
+            joined = self._counter(self._keys.joins(target))
+            if self.current_round() == target:
+                now = self._clock()
+                if joined >= nodes.min_nodes and quorum_since is None:
+                    quorum_since = now
+                age = None if quorum_since is None else now - quorum_since
+                size = members_to_close(
+                    joined, nodes.min_nodes, nodes.max_nodes, age, self._spec.rdzv.last_call_timeout
+                )
+                if size is not None:
+                    self._try_close(target, size)
+                    continue
+            if self._clock() > deadline:
+                raise RendezvousError(
+                    f"rendezvous timed out: {joined} of at least {nodes.min_nodes} nodes joined "
+                    f"generation {target} within join_timeout={self._spec.rdzv.join_timeout:g}s"
+                )
+            time.sleep(POLL_S)
+
+    def _try_close(self, target: int, size: int) -> None:
+        members: list[MemberInfo] = []
+        grace_end = self._clock() + SLOT_WRITE_GRACE_S
+        for slot in range(1, size + 1):
+            key = self._keys.slot(target, slot)
+            while not self._exists(key) and self._clock() < grace_end:
+                time.sleep(POLL_S)
+            if not self._exists(key):
+                logger.warning(
+                    "slot %d of round %d was never written; leaving it out", slot, target
+                )
+                continue
+            try:
+                members.append(MemberInfo.decode(self._call("get", key)))
+            except ProtocolError as exc:
+                logger.error("refusing slot %d of round %d: %s", slot, target, exc)
+        if len(members) < self._spec.nodes.min_nodes:
+            return
+        static = self._spec.rdzv.backend == "static"
+        try:
+            ordered = order_members(members, static=static)
+        except ProtocolError as exc:
+            raise RendezvousError(f"rendezvous of generation {target} failed: {exc}") from None
+        record = Membership(target, ordered).encode()
+        self._call("compare_set", self._keys.closed(target), "", record)
+
+    def _read_membership(self, generation: int) -> Membership:
+        payload = self._call("get", self._keys.closed(generation))
+        try:
+            return Membership.decode(payload, generation)
+        except ProtocolError as exc:
+            raise RendezvousError(
+                f"refusing the membership of generation {generation} found in the store: {exc}"
+            ) from None
+
+    def round_moved_past(self, generation: int) -> bool:
+        return self.current_round() > generation
+
+    def waiting_nodes(self, generation: int) -> int:
+        """Agents that joined the next round while this generation runs."""
+        return self._counter(self._keys.joins(generation + 1))
+
+    # -- the workers' store address --
+
+    def publish_master(self, generation: int, host: str, port: int) -> None:
+        self._call("set", self._keys.master(generation), encode_master(host, port))
+
+    def wait_master(self, generation: int, timeout_s: float) -> tuple[str, int]:
+        key = self._keys.master(generation)
+        end = self._clock() + timeout_s
+        while not self._exists(key):
+            self.raise_if_aborted()
+            if self.round_moved_past(generation):
+                raise RendezvousError(f"generation {generation} ended before it started")
+            if self._clock() > end:
+                raise RendezvousError(
+                    f"node 0 did not publish the worker store of generation {generation}"
+                )
+            time.sleep(POLL_S)
+        try:
+            return decode_master(self._call("get", key))
+        except ProtocolError as exc:
+            raise RendezvousError(
+                f"refusing the worker store address in the store: {exc}"
+            ) from None
+
+    # -- failures, completion, abort --
+
+    def record_failure(self, record: FailureRecord) -> None:
+        index = int(
+            self._call("add", self._keys.failure_count(record.generation, record.node_rank), 1)
+        )
+        self._call(
+            "set", self._keys.failure(record.generation, record.node_rank, index), record.encode()
+        )
+
+    def failures(self, generation: int, num_nodes: int) -> list[FailureRecord]:
+        records: list[FailureRecord] = []
+        for node in range(num_nodes):
+            count = self._counter(self._keys.failure_count(generation, node))
+            for index in range(1, count + 1):
+                key = self._keys.failure(generation, node, index)
+                if not self._exists(key):
+                    continue
+                try:
+                    records.append(FailureRecord.decode(self._call("get", key)))
+                except RecordError as exc:
+                    logger.error("refusing a failure record of node %d: %s", node, exc)
+        return records
+
+    def mark_done(self, generation: int) -> None:
+        self._call("add", self._keys.done(generation), 1)
+
+    def done_count(self, generation: int) -> int:
+        return self._counter(self._keys.done(generation))
+
+    def mark_exited(self, generation: int) -> None:
+        self._call("add", self._keys.exited(generation), 1)
+
+    def exited_count(self, generation: int) -> int:
+        return self._counter(self._keys.exited(generation))
+
+    def ack_abort(self) -> None:
+        self._call("add", self._keys.abort_acks, 1)
+
+    def abort_acks(self) -> int:
+        return self._counter(self._keys.abort_acks)
+
+    def abort(self, record: AbortRecord) -> None:
+        self._call("compare_set", self._keys.abort, "", record.encode())
+
+    def read_abort(self) -> AbortRecord | None:
+        if not self._exists(self._keys.abort):
+            return None
+        payload = self._call("get", self._keys.abort)
+        try:
+            return AbortRecord.decode(payload)
+        except ProtocolError as exc:
+            raise RendezvousError(f"refusing the job's abort key in the store: {exc}") from None
+
+    def raise_if_aborted(self) -> None:
+        record = self.read_abort()
+        if record is not None:
+            raise JobAborted(record)

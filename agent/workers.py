@@ -1,0 +1,188 @@
+"""WorkerGroup: this node's workers of one generation, started from the pool and supervised."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from rtrain.agent.log_tail import LogTail
+from rtrain.agent.worker_pool import PoolDied, WorkerPool
+from rtrain.core.failures import FailureRecord, RecordError, parse_error_file
+from rtrain.core.launch_spec import LaunchSpec
+from rtrain.core.worker_env import (
+    STDERR,
+    STDOUT,
+    NodeAssignment,
+    attempt_dir,
+    stream_plan,
+    tee_prefix,
+    worker_environment,
+)
+
+logger = logging.getLogger(__name__)
+
+KILL_WAIT_S = 5.0
+
+
+@dataclass
+class Worker:
+    local_rank: int
+    rank: int
+    log_dir: str
+    error_file: str
+    pid: int = 0
+    exitcode: int | None = None
+    exit_time: float = 0.0
+    # Exits after the agent asked the group to stop are the agent's doing, not failures.
+    stopped_by_agent: bool = False
+
+    @property
+    def worker_id(self) -> str:
+        return str(self.local_rank)
+
+
+class WorkerGroup:
+    def __init__(
+        self,
+        pool: WorkerPool,
+        spec: LaunchSpec,
+        assignment: NodeAssignment,
+        run_log_dir: str,
+        base_env: Mapping[str, str],
+        tail: LogTail,
+    ) -> None:
+        self._pool = pool
+        self._spec = spec
+        self.assignment = assignment
+        self._run_log_dir = run_log_dir
+        self._base_env = base_env
+        self._tail = tail
+        self._stopping = False
+        self.workers: list[Worker] = []
+
+    def start(self) -> None:
+        spec, a = self._spec, self.assignment
+        for local_rank in range(a.local_world_size):
+            log_dir = attempt_dir(self._run_log_dir, a.generation, local_rank)
+            os.makedirs(log_dir, exist_ok=True)
+            worker = Worker(
+                local_rank, a.global_rank(local_rank), log_dir, os.path.join(log_dir, "error.json")
+            )
+            plan = stream_plan(spec, local_rank)
+            stdout_file = os.path.join(log_dir, "stdout.log") if plan.redirect & STDOUT else None
+            stderr_file = os.path.join(log_dir, "stderr.log") if plan.redirect & STDERR else None
+            prefix = tee_prefix(spec.role, worker.rank)
+            if stdout_file and plan.tee & STDOUT:
+                self._tail.add(stdout_file, prefix, sys.stdout)
+            if stderr_file and plan.tee & STDERR:
+                self._tail.add(stderr_file, prefix, sys.stderr)
+            env = worker_environment(spec, a, local_rank, worker.error_file, self._base_env)
+            worker.pid = self._pool.spawn(
+                {
+                    "id": worker.worker_id,
+                    "kind": spec.entrypoint.kind,
+                    "target": spec.entrypoint.target,
+                    "args": list(spec.entrypoint.args),
+                    "env": env,
+                    "cwd": os.getcwd(),
+                    "stdout_file": stdout_file,
+                    "stderr_file": stderr_file,
+                }
+            )
+            self.workers.append(worker)
+        logger.info(
+            "started %d workers (ranks %d-%d of %d)",
+            len(self.workers),
+            a.rank_offset,
+            a.rank_offset + a.local_world_size - 1,
+            a.world_size,
+        )
+
+    def poll(self, timeout: float) -> None:
+        try:
+            exits = self._pool.poll_exits(timeout)
+        except PoolDied:
+            exits = []
+            self._mark_all_lost()
+        by_id = {w.worker_id: w for w in self.workers}
+        for event in exits:
+            worker = by_id.get(event.worker_id)
+            if worker is not None and worker.pid == event.pid and worker.exitcode is None:
+                worker.exitcode = event.exitcode
+                worker.exit_time = event.time
+                worker.stopped_by_agent = self._stopping
+
+    def _mark_all_lost(self) -> None:
+        for worker in self.workers:
+            if worker.exitcode is None:
+                worker.exitcode = -int(signal.SIGKILL)
+                worker.exit_time = time.time()
+                worker.stopped_by_agent = self._stopping
+
+    @property
+    def running(self) -> list[Worker]:
+        return [w for w in self.workers if w.exitcode is None]
+
+    @property
+    def failed(self) -> list[Worker]:
+        return [w for w in self.workers if w.exitcode not in (None, 0) and not w.stopped_by_agent]
+
+    @property
+    def succeeded(self) -> bool:
+        return bool(self.workers) and all(w.exitcode == 0 for w in self.workers)
+
+    def stop(self, sig: int, timeout: float) -> None:
+        """Send `sig` to every worker, wait up to `timeout`, then SIGKILL what is left."""
+        self._stopping = True
+        if self.running:
+            self._pool.signal_all(sig)
+            self._wait_all(timeout)
+        if self.running:
+            logger.warning(
+                "%d workers ignored %s; killing them", len(self.running), signal.Signals(sig).name
+            )
+            self._pool.signal_all(signal.SIGKILL)
+            self._wait_all(KILL_WAIT_S)
+        if self.running:
+            self._mark_all_lost()
+        self._tail.flush_and_reset()
+
+    def _wait_all(self, timeout: float) -> None:
+        end = time.monotonic() + timeout
+        while self.running and time.monotonic() < end:
+            self.poll(min(0.05, max(end - time.monotonic(), 0.0)))
+
+    def failure_records(self, host: str) -> list[FailureRecord]:
+        records = []
+        for worker in self.failed:
+            message, trace, when = "", "", worker.exit_time
+            if os.path.exists(worker.error_file):
+                try:
+                    with open(worker.error_file) as handle:
+                        content = parse_error_file(handle.read())
+                    message, trace = content.message, content.traceback
+                except (OSError, RecordError) as exc:
+                    message = f"unreadable error file ({exc})"
+            assert worker.exitcode is not None
+            records.append(
+                FailureRecord(
+                    kind="signal" if worker.exitcode < 0 else "exit",
+                    generation=self.assignment.generation,
+                    node_rank=self.assignment.node_rank,
+                    host=host,
+                    time=when,
+                    local_rank=worker.local_rank,
+                    rank=worker.rank,
+                    pid=worker.pid,
+                    exitcode=worker.exitcode,
+                    message=message,
+                    traceback=trace,
+                    error_file=worker.error_file if os.path.exists(worker.error_file) else "",
+                )
+            )
+        return records

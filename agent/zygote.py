@@ -1,0 +1,144 @@
+"""The worker pool: one process per node that imports torch once and forks workers.
+
+A restart then costs a fork, not a Python start-up plus `import torch` per worker.
+The agent talks to the zygote over a socketpair, one JSON object per line:
+
+  agent -> zygote   {"op": "spawn", "id": ..., "kind", "target", "args", "env", "cwd",
+                     "stdout_file", "stderr_file"}
+                    {"op": "signal", "sig": N}   (every live worker's process group)
+  zygote -> agent   {"ev": "ready", "preload_errors": {...}}
+                    {"ev": "started", "id": ..., "pid": N}
+                    {"ev": "exited", "id": ..., "pid": N, "exitcode": N}  (negative: signal)
+
+The zygote reaps its children (it is their parent), so an exit is reported the moment
+SIGCHLD arrives. It dies with the agent (parent-death signal), and its workers die
+with it; if the agent's socket closes, it kills every worker before exiting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import sys
+from typing import Any
+
+from rtrain.agent.worker_boot import boot, set_parent_death_signal
+
+
+class Zygote:
+    def __init__(self, sock: socket.socket, parent_pid: int) -> None:
+        self._sock = sock
+        self._parent_pid = parent_pid
+        self._children: dict[int, str] = {}
+        self._buffer = b""
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        os.set_blocking(self._wake_r, False)
+
+    def send(self, message: dict[str, Any]) -> None:
+        self._sock.sendall((json.dumps(message) + "\n").encode())
+
+    def serve(self) -> None:
+        signal.set_wakeup_fd(self._wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        while True:
+            readable, _, _ = select.select([self._sock, self._wake_r], [], [], 1.0)
+            if self._wake_r in readable:
+                try:
+                    while os.read(self._wake_r, 512):
+                        pass
+                except BlockingIOError:
+                    pass
+            self._reap()
+            if self._sock in readable:
+                data = self._sock.recv(1 << 16)
+                if not data:  # the agent is gone
+                    self._signal_all(signal.SIGKILL)
+                    return
+                self._buffer += data
+                while b"\n" in self._buffer:
+                    line, self._buffer = self._buffer.split(b"\n", 1)
+                    self._handle(json.loads(line))
+
+    def _handle(self, message: dict[str, Any]) -> None:
+        op = message.get("op")
+        if op == "spawn":
+            self._spawn(message)
+        elif op == "signal":
+            self._signal_all(int(message["sig"]))
+        elif op == "exit":
+            self._signal_all(signal.SIGKILL)
+            raise SystemExit(0)
+
+    def _spawn(self, request: dict[str, Any]) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        zygote_pid = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            boot(request, zygote_pid, [self._sock.fileno(), self._wake_r, self._wake_w])
+        self._children[pid] = request["id"]
+        self.send({"ev": "started", "id": request["id"], "pid": pid})
+
+    def _signal_all(self, sig: int) -> None:
+        # Only unreaped children are signalled, so a pid is never a recycled one.
+        for pid in list(self._children):
+            try:
+                os.killpg(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+
+    def _reap(self) -> None:
+        while self._children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            worker_id = self._children.pop(pid, None)
+            if worker_id is not None:
+                code = os.waitstatus_to_exitcode(status)
+                self.send({"ev": "exited", "id": worker_id, "pid": pid, "exitcode": code})
+
+
+def preload(modules: list[str]) -> dict[str, str]:
+    errors: dict[str, str] = {}
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # a failed preload only costs speed; report it
+            errors[name] = f"{type(exc).__name__}: {exc}"
+    return errors
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="rtrain-zygote")
+    parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--preload", default="")
+    args = parser.parse_args(argv)
+    parent = os.getppid()
+    set_parent_death_signal(signal.SIGKILL)
+    if os.getppid() != parent:
+        return
+    # Ctrl-C reaches the whole foreground group; the agent decides what workers get.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sock = socket.socket(fileno=args.fd)
+    zygote = Zygote(sock, parent)
+    errors = preload([m for m in args.preload.split(",") if m])
+    zygote.send({"ev": "ready", "preload_errors": errors})
+    try:
+        zygote.serve()
+    except (BrokenPipeError, ConnectionResetError):
+        zygote._signal_all(signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    main()

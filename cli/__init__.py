@@ -1,0 +1,1 @@
+"""rtrain.cli: the `rtrain` command. Parses, calls the agent, renders; holds no logic."""

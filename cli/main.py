@@ -1,0 +1,115 @@
+"""The `rtrain` command.
+
+`rtrain launch` keeps torchrun's exact grammar, so its arguments go straight to
+cli.launch_args (argparse) rather than through typer; the other commands are typer's.
+Nothing here imports torch: `rtrain --help` must answer at once.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+import typer
+from rtrain.core.errors import ExitCode, RtrainError
+
+app = typer.Typer(
+    name="rtrain",
+    help="A fault-tolerant launcher for distributed PyTorch training (a drop-in torchrun).",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def launch(ctx: typer.Context) -> None:
+    """Launch training: takes every torchrun flag (see `rtrain launch --help`)."""
+    raise typer.Exit(run_launch(ctx.args, os.environ))
+
+
+@app.callback()
+def _root() -> None:
+    """rtrain: launch training that survives crashed ranks, hung ranks, sick GPUs, lost nodes."""
+
+
+def _error(message: str) -> None:
+    print(f"rtrain: error: {message}", file=sys.stderr)
+
+
+def run_launch(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    from rich.console import Console
+    from rtrain.cli import render
+    from rtrain.cli.launch_args import parse_launch_args
+    from rtrain.core.launch_spec import build_launch_spec
+
+    base_env = dict(environ)
+    try:
+        raw = parse_launch_args(argv, environ)
+        spec = build_launch_spec(raw)
+        from rtrain.agent.preflight import preflight
+
+        nproc = preflight(spec)
+    except RtrainError as exc:
+        _error(str(exc))
+        return exc.exit_code
+    if raw.get("dry_run"):
+        render.dry_run(Console(), spec, nproc)
+        return ExitCode.SUCCESS
+    for flag in spec.ignored_flags:
+        print(
+            f"rtrain: warning: {flag} is accepted for compatibility but not acted on",
+            file=sys.stderr,
+        )
+    if "OMP_NUM_THREADS" not in environ and nproc > 1:
+        print(
+            "rtrain: OMP_NUM_THREADS is unset; setting it to 1 for each worker "
+            "(tune it for your application)",
+            file=sys.stderr,
+        )
+    # The agent's own TCPStore calls must not spray C++ stack traces; workers keep the user's.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+    from rtrain.agent import log
+    from rtrain.agent.agent import Agent, AgentState
+
+    log.configure()
+    result = Agent(spec, base_env, nproc).run()
+    console = Console(stderr=True)
+    if result.state is AgentState.SUCCEEDED:
+        return result.exit_code
+    if result.failures:
+        render.failure_report(
+            console, spec.entrypoint.display_name, result.failures, result.message
+        )
+    else:
+        _error(result.message)
+    return result.exit_code
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if args and args[0] == "launch":
+            code = run_launch(args[1:], os.environ)
+        else:
+            code = app(args=args, prog_name="rtrain", standalone_mode=False) or 0
+    except KeyboardInterrupt:
+        code = 130
+    except typer.Exit as exc:
+        code = exc.exit_code
+    except Exception as exc:  # click's usage errors arrive here with standalone_mode=False
+        import click
+
+        if isinstance(exc, click.ClickException):
+            _error(exc.format_message())
+            code = ExitCode.USAGE
+        else:
+            raise
+    sys.exit(int(code))
+
+
+if __name__ == "__main__":
+    main()

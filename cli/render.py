@@ -1,0 +1,78 @@
+"""Rendering for `rtrain launch`: the failure report and the --dry-run summary."""
+
+from __future__ import annotations
+
+import datetime
+
+from rich.console import Console
+from rich.table import Table
+from rtrain.core.failures import FailureRecord
+from rtrain.core.launch_spec import LaunchSpec
+
+
+def _when(stamp: float) -> str:
+    return datetime.datetime.fromtimestamp(stamp).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def failure_report(
+    console: Console, script: str, failures: list[FailureRecord], message: str
+) -> None:
+    """torchrun's FAILED summary as a table: the root cause (earliest failure) first."""
+    table = Table(title=f"{script} FAILED", title_style="bold red", show_lines=False)
+    for column in ("", "time", "node", "host", "rank", "local", "exit", "pid", "error"):
+        table.add_column(column)
+    for index, record in enumerate(failures):
+        table.add_row(
+            "root cause" if index == 0 else "",
+            _when(record.time),
+            str(record.node_rank),
+            record.host,
+            "" if record.rank is None else str(record.rank),
+            "" if record.local_rank is None else str(record.local_rank),
+            record.describe_exit(),
+            "" if record.pid is None else str(record.pid),
+            record.message or record.kind,
+        )
+    console.print(table)
+    root = failures[0] if failures else None
+    if root is not None and root.traceback:
+        console.print(
+            f"[bold]Traceback of rank {root.rank}[/bold] ({root.error_file}):", highlight=False
+        )
+        console.print(root.traceback.rstrip(), markup=False, highlight=False)
+    console.print(f"[red]rtrain:[/red] {message}", highlight=False)
+
+
+def dry_run(console: Console, spec: LaunchSpec, nproc: int) -> None:
+    table = Table(title="rtrain launch --dry-run", show_header=False)
+    table.add_column("setting", style="bold")
+    table.add_column("value")
+    rdzv = spec.rdzv
+    nodes = spec.nodes
+    rows = [
+        (
+            "nodes",
+            str(nodes.max_nodes)
+            if not nodes.is_elastic
+            else f"{nodes.min_nodes}:{nodes.max_nodes}",
+        ),
+        ("node rank", "assigned at rendezvous" if spec.node_rank is None else str(spec.node_rank)),
+        ("processes per node", str(nproc)),
+        (
+            "rendezvous",
+            f"{rdzv.backend} {rdzv.host}:{rdzv.port}"
+            + (" (standalone)" if spec.standalone else ""),
+        ),
+        ("run id", rdzv.run_id),
+        ("join timeout", f"{rdzv.join_timeout:g}s"),
+        ("max restarts", str(spec.max_restarts)),
+        (
+            "entry point",
+            f"{spec.entrypoint.kind}: {spec.entrypoint.target} {' '.join(spec.entrypoint.args)}",
+        ),
+        ("log dir", spec.log_dir or "(temporary)"),
+        ("preload", ",".join(spec.preload) or "none"),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)

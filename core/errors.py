@@ -1,0 +1,46 @@
+"""Exit codes shared by every rtrain command, and the errors that map onto them.
+
+The table is the one in ARCHITECTURE.md; README.md documents it for users.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    SUCCESS = 0
+    # The job failed and rtrain gave up (restarts exhausted, unrecoverable fault).
+    JOB_FAILED = 1
+    # Bad flag, bad value, contradictory environment: never a health verdict.
+    USAGE = 64
+    # The job cannot go on now but a requeue can (no quorum, store unreachable).
+    TEMPFAIL = 75
+
+
+def exit_code_for_signal(signum: int) -> int:
+    """Shell convention for "terminated by signal N", used when rtrain itself is signalled."""
+    return 128 + signum
+
+
+class RtrainError(Exception):
+    """An error with a one-line message for the user and the exit code it maps to."""
+
+    exit_code: int = ExitCode.JOB_FAILED
+
+    def __init__(self, message: str, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class UsageError(RtrainError):
+    """A bad command line or contradictory configuration."""
+
+    exit_code = ExitCode.USAGE
+
+
+class RendezvousError(RtrainError):
+    """The nodes could not form a generation (timeout, unreachable store): requeue may help."""
+
+    exit_code = ExitCode.TEMPFAIL

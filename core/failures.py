@@ -1,0 +1,145 @@
+"""Failure records: what failed, where, in which generation, and which one came first."""
+
+from __future__ import annotations
+
+import json
+import signal
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+FailureKind = Literal["exit", "signal", "hang", "lost_node", "unhealthy_gpu", "agent"]
+FAILURE_KINDS: tuple[str, ...] = ("exit", "signal", "hang", "lost_node", "unhealthy_gpu", "agent")
+
+
+class RecordError(ValueError):
+    """A record read from the store or an error file that does not have the expected shape."""
+
+
+@dataclass(frozen=True)
+class FailureRecord:
+    kind: FailureKind
+    generation: int
+    node_rank: int
+    host: str
+    time: float
+    local_rank: int | None = None
+    rank: int | None = None
+    pid: int | None = None
+    exitcode: int | None = None
+    message: str = ""
+    traceback: str = ""
+    error_file: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def signal_name(self) -> str | None:
+        if self.exitcode is None or self.exitcode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.exitcode).name
+        except ValueError:
+            return f"signal {-self.exitcode}"
+
+    def describe_exit(self) -> str:
+        name = self.signal_name
+        if name is not None:
+            return f"{name} ({self.exitcode})"
+        return "" if self.exitcode is None else str(self.exitcode)
+
+    def encode(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def decode(cls, payload: bytes | str) -> FailureRecord:
+        data = _json_object(payload, "failure record")
+        try:
+            kind = data["kind"]
+            if kind not in FAILURE_KINDS:
+                raise RecordError(f"failure record: unknown kind {kind!r}")
+            return cls(
+                kind=kind,
+                generation=_int(data, "generation"),
+                node_rank=_int(data, "node_rank"),
+                host=str(data["host"]),
+                time=float(data["time"]),
+                local_rank=_opt_int(data, "local_rank"),
+                rank=_opt_int(data, "rank"),
+                pid=_opt_int(data, "pid"),
+                exitcode=_opt_int(data, "exitcode"),
+                message=str(data.get("message", "")),
+                traceback=str(data.get("traceback", "")),
+                error_file=str(data.get("error_file", "")),
+                extra=dict(data.get("extra") or {}),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, RecordError):
+                raise
+            raise RecordError(f"failure record: malformed ({exc})") from None
+
+
+def root_cause_first(records: list[FailureRecord]) -> list[FailureRecord]:
+    """Earliest failure first: later ones are usually the survivors' reaction to it."""
+    return sorted(
+        records, key=lambda r: (r.time, r.node_rank, r.rank if r.rank is not None else -1)
+    )
+
+
+@dataclass(frozen=True)
+class ErrorFileContent:
+    message: str
+    traceback: str
+    timestamp: float | None
+
+
+def parse_error_file(payload: str) -> ErrorFileContent:
+    """Read torch's `@record` error file format (also what rtrain's workers write)."""
+    data = _json_object(payload, "error file")
+    message = data.get("message")
+    if isinstance(message, str):
+        return ErrorFileContent(message=message, traceback="", timestamp=None)
+    if not isinstance(message, dict):
+        raise RecordError("error file: 'message' is neither text nor an object")
+    extra = message.get("extraInfo") or {}
+    stamp = extra.get("timestamp")
+    try:
+        timestamp = float(stamp) if stamp is not None else None
+    except (TypeError, ValueError):
+        timestamp = None
+    return ErrorFileContent(
+        message=str(message.get("message", "")),
+        traceback=str(extra.get("py_callstack", "")),
+        timestamp=timestamp,
+    )
+
+
+def error_file_payload(message: str, traceback: str, timestamp: float) -> str:
+    return json.dumps(
+        {
+            "message": {
+                "message": message,
+                "extraInfo": {"py_callstack": traceback, "timestamp": str(int(timestamp))},
+            }
+        }
+    )
+
+
+def _json_object(payload: bytes | str, what: str) -> dict[str, Any]:
+    try:
+        text = payload.decode() if isinstance(payload, bytes) else payload
+        data = json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise RecordError(f"{what}: not JSON") from None
+    if not isinstance(data, dict):
+        raise RecordError(f"{what}: expected a JSON object")
+    return data
+
+
+def _int(data: dict[str, Any], key: str) -> int:
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RecordError(f"{key} must be an integer, got {value!r}")
+    return value
+
+
+def _opt_int(data: dict[str, Any], key: str) -> int | None:
+    return None if data.get(key) is None else _int(data, key)
