@@ -84,7 +84,7 @@ class Agent:
         self.spec = spec
         self.nproc = nproc
         self.node_id = uuid.uuid4().hex
-        self.addr = spec.local_addr or ("localhost" if spec.standalone else socket.getfqdn())
+        self.addr = default_node_addr(spec)
         self.state = AgentState.INIT
         self.run_log_dir = make_run_log_dir(spec)
         self._base_env = dict(base_env)
@@ -360,6 +360,17 @@ class Agent:
             generation=self._generation,
             failures=root_cause_first(failures or []),
         )
+
+
+def default_node_addr(spec: LaunchSpec) -> str:
+    """This node's address as peers reach it; torchrun's choice where it makes one."""
+    if spec.local_addr:
+        return spec.local_addr
+    if spec.standalone:
+        return "localhost"
+    if spec.rdzv.backend == "static" and spec.node_rank == 0:
+        return spec.rdzv.host  # node 0 is --master-addr by definition
+    return socket.getfqdn()
 
 
 def membership_rank(membership: Membership, node_id: str) -> int:

@@ -77,7 +77,7 @@ def run_launch(argv: Sequence[str], environ: Mapping[str, str]) -> int:
 
     log.configure()
     result = Agent(spec, base_env, nproc).run()
-    console = Console(stderr=True)
+    console = render.report_console()
     if result.state is AgentState.SUCCEEDED:
         return result.exit_code
     if result.failures:

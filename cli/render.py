@@ -11,7 +11,15 @@ from rtrain.core.launch_spec import LaunchSpec
 
 
 def _when(stamp: float) -> str:
-    return datetime.datetime.fromtimestamp(stamp).strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.datetime.fromtimestamp(stamp).strftime("%H:%M:%S.%f")[:-3]
+
+
+def report_console() -> Console:
+    """stderr; logs and CI are not terminals, and 80 columns would fold the table."""
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        console = Console(stderr=True, width=140)
+    return console
 
 
 def failure_report(
@@ -19,16 +27,18 @@ def failure_report(
 ) -> None:
     """torchrun's FAILED summary as a table: the root cause (earliest failure) first."""
     table = Table(title=f"{script} FAILED", title_style="bold red", show_lines=False)
-    for column in ("", "time", "node", "host", "rank", "local", "exit", "pid", "error"):
-        table.add_column(column)
+    for column in ("", "time", "gen", "node", "host", "rank (local)", "exit", "pid"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("error")
     for index, record in enumerate(failures):
+        rank = "" if record.rank is None else f"{record.rank} ({record.local_rank})"
         table.add_row(
             "root cause" if index == 0 else "",
             _when(record.time),
+            str(record.generation),
             str(record.node_rank),
             record.host,
-            "" if record.rank is None else str(record.rank),
-            "" if record.local_rank is None else str(record.local_rank),
+            rank,
             record.describe_exit(),
             "" if record.pid is None else str(record.pid),
             record.message or record.kind,

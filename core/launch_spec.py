@@ -8,55 +8,47 @@ it has to second-guess. Pure: no processes, no I/O.
 
 from __future__ import annotations
 
-import signal
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from rtrain.core.errors import UsageError
+from rtrain.core.flag_values import (
+    NodeRange,
+    StreamMap,
+    non_negative_int,
+    parse_endpoint,
+    parse_nnodes,
+    parse_preload,
+    parse_ranks_filter,
+    parse_rdzv_conf,
+    parse_signals,
+    parse_stream_map,
+    port_number,
+    positive_float,
+    resolve_nproc,
+    validate_nproc,
+)
+
+__all__ = [
+    "EntryPoint",
+    "LaunchSpec",
+    "NodeRange",
+    "RdzvSpec",
+    "StreamMap",
+    "build_launch_spec",
+    "resolve_nproc",
+]
 
 RDZV_BACKENDS = ("static", "c10d")
 # torchrun accepts these; rtrain's etcd support is its own issue, so say so clearly.
 UNSUPPORTED_RDZV_BACKENDS = ("etcd", "etcd-v2")
-NPROC_KEYWORDS = ("auto", "cpu", "gpu", "xpu")
 DEFAULT_C10D_PORT = 29400
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
 
-# --rdzv-conf keys with torchrun's defaults (seconds).
-RDZV_CONF_DEFAULTS: dict[str, float] = {
-    "join_timeout": 600.0,
-    "last_call_timeout": 30.0,
-    "close_timeout": 30.0,
-    "heartbeat_timeout": 5.0,
-    "read_timeout": 60.0,
-}
-RDZV_CONF_FLAGS = ("is_host",)
-RDZV_CONF_STRINGS = ("store_type",)
-
 EntryKind = Literal["script", "module", "exec"]
-
-
-@dataclass(frozen=True)
-class NodeRange:
-    min_nodes: int
-    max_nodes: int
-
-    @property
-    def is_elastic(self) -> bool:
-        return self.min_nodes != self.max_nodes
-
-
-@dataclass(frozen=True)
-class StreamMap:
-    """Which std streams (1 stdout, 2 stderr, 3 both) go to files, per local rank."""
-
-    default: int = 0
-    per_rank: Mapping[int, int] = field(default_factory=dict)
-
-    def mask(self, local_rank: int) -> int:
-        return self.per_rank.get(local_rank, self.default)
 
 
 @dataclass(frozen=True)
@@ -110,194 +102,6 @@ class LaunchSpec:
     signal_names: tuple[str, ...] = ()
 
 
-def parse_nnodes(value: str) -> NodeRange:
-    text = str(value).strip()
-    parts = text.split(":")
-    if len(parts) not in (1, 2) or not all(p.strip().isdigit() for p in parts):
-        raise UsageError(f"--nnodes: expected N or MIN:MAX with positive integers, got {value!r}")
-    lo, hi = (int(parts[0]), int(parts[-1]))
-    if lo < 1:
-        raise UsageError(f"--nnodes: the node count must be at least 1, got {value!r}")
-    if lo > hi:
-        raise UsageError(f"--nnodes: MIN must not exceed MAX, got {value!r}")
-    return NodeRange(lo, hi)
-
-
-def validate_nproc(value: str) -> str:
-    text = str(value).strip()
-    if text in NPROC_KEYWORDS:
-        return text
-    if not text.isdigit() or int(text) < 1:
-        raise UsageError(
-            f"--nproc-per-node: expected a positive integer or one of "
-            f"{', '.join(NPROC_KEYWORDS)}, got {value!r}"
-        )
-    return str(int(text))
-
-
-def resolve_nproc(value: str, gpu_count: int, cpu_count: int) -> int:
-    """Turn --nproc-per-node into a process count the way torchrun does."""
-    if value.isdigit():
-        return int(value)
-    if value == "cpu":
-        return max(cpu_count, 1)
-    if value == "auto":
-        return gpu_count if gpu_count > 0 else max(cpu_count, 1)
-    if value == "gpu":
-        if gpu_count < 1:
-            raise UsageError("--nproc-per-node=gpu: this node has no visible GPU")
-        return gpu_count
-    raise UsageError(f"--nproc-per-node={value}: rtrain cannot count {value} devices")
-
-
-def parse_stream_map(flag: str, value: str) -> StreamMap:
-    text = str(value).strip()
-    if text.isdigit():
-        mask = int(text)
-        _check_mask(flag, mask, value)
-        return StreamMap(default=mask)
-    per_rank: dict[int, int] = {}
-    for item in text.split(","):
-        rank, sep, mask_text = item.partition(":")
-        if not sep or not rank.strip().isdigit() or not mask_text.strip().isdigit():
-            raise UsageError(f"{flag}: expected 0-3 or LOCAL_RANK:MASK,..., got {value!r}")
-        mask = int(mask_text)
-        _check_mask(flag, mask, value)
-        per_rank[int(rank)] = mask
-    return StreamMap(default=0, per_rank=per_rank)
-
-
-def _check_mask(flag: str, mask: int, value: str) -> None:
-    if mask not in (0, 1, 2, 3):
-        raise UsageError(f"{flag}: stream mask must be 0, 1, 2 or 3, got {value!r}")
-
-
-def parse_endpoint(value: str, default_port: int) -> tuple[str, int]:
-    text = str(value).strip()
-    if not text:
-        raise UsageError("--rdzv-endpoint: empty endpoint")
-    if text.startswith("["):  # [ipv6]:port
-        host, _, rest = text[1:].partition("]")
-        port_text = rest[1:] if rest.startswith(":") else ""
-    elif text.count(":") == 1:
-        host, _, port_text = text.partition(":")
-    else:
-        host, port_text = text, ""
-    if not host:
-        raise UsageError(f"--rdzv-endpoint: missing host in {value!r}")
-    if not port_text:
-        return host, default_port
-    if not port_text.isdigit() or not 0 <= int(port_text) < 65536:
-        raise UsageError(f"--rdzv-endpoint: port must be 0-65535, got {value!r}")
-    return host, int(port_text)
-
-
-def parse_rdzv_conf(value: str) -> dict[str, Any]:
-    conf: dict[str, Any] = dict(RDZV_CONF_DEFAULTS)
-    conf["is_host"] = None
-    text = str(value).strip()
-    if not text:
-        return conf
-    for item in text.split(","):
-        key, sep, raw = item.partition("=")
-        key = key.strip()
-        raw = raw.strip()
-        if not sep or not key:
-            raise UsageError(f"--rdzv-conf: expected key=value pairs, got {item!r}")
-        if key in RDZV_CONF_DEFAULTS:
-            try:
-                seconds = float(raw)
-            except ValueError:
-                raise UsageError(
-                    f"--rdzv-conf: {key} must be a number of seconds, got {raw!r}"
-                ) from None
-            if seconds <= 0:
-                raise UsageError(f"--rdzv-conf: {key} must be positive, got {raw!r}")
-            conf[key] = seconds
-        elif key in RDZV_CONF_FLAGS:
-            conf[key] = _parse_bool(f"--rdzv-conf {key}", raw)
-        elif key in RDZV_CONF_STRINGS:
-            conf[key] = raw
-        else:
-            known = ", ".join([*RDZV_CONF_DEFAULTS, *RDZV_CONF_FLAGS, *RDZV_CONF_STRINGS])
-            raise UsageError(f"--rdzv-conf: unknown key {key!r} (known: {known})")
-    return conf
-
-
-def _parse_bool(flag: str, raw: str) -> bool:
-    lowered = raw.lower()
-    if lowered in ("1", "true", "yes", "y", "on"):
-        return True
-    if lowered in ("0", "false", "no", "n", "off"):
-        return False
-    raise UsageError(f"{flag}: expected true or false, got {raw!r}")
-
-
-def parse_signals(value: str) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    numbers: list[int] = []
-    names: list[str] = []
-    for raw in str(value).split(","):
-        name = raw.strip().upper()
-        if not name:
-            continue
-        if not name.startswith("SIG"):
-            name = "SIG" + name
-        sig = getattr(signal.Signals, name, None)
-        if sig is None or sig in (signal.SIGKILL, signal.SIGSTOP):
-            raise UsageError(
-                f"--signals-to-handle: {raw.strip()!r} is not a signal rtrain can handle"
-            )
-        numbers.append(int(sig))
-        names.append(name)
-    return tuple(numbers), tuple(names)
-
-
-def parse_ranks_filter(value: str) -> frozenset[int] | None:
-    text = str(value).strip()
-    if not text:
-        return None
-    try:
-        ranks = frozenset(int(item) for item in text.split(","))
-    except ValueError:
-        raise UsageError(
-            f"--local-ranks-filter: expected comma-separated local ranks, got {value!r}"
-        ) from None
-    if any(rank < 0 for rank in ranks):
-        raise UsageError(f"--local-ranks-filter: ranks must not be negative, got {value!r}")
-    return ranks
-
-
-def parse_preload(value: str) -> tuple[str, ...]:
-    text = str(value).strip()
-    if text.lower() in ("", "none"):
-        return ()
-    modules = tuple(item.strip() for item in text.split(",") if item.strip())
-    for module in modules:
-        if not all(part.isidentifier() for part in module.split(".")):
-            raise UsageError(f"--preload: {module!r} is not a module name")
-    return modules
-
-
-def _non_negative_int(flag: str, value: Any) -> int:
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise UsageError(f"{flag}: expected a non-negative integer, got {value!r}") from None
-    if number < 0:
-        raise UsageError(f"{flag}: expected a non-negative integer, got {value!r}")
-    return number
-
-
-def _positive_float(flag: str, value: Any) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise UsageError(f"{flag}: expected a positive number of seconds, got {value!r}") from None
-    if not number > 0:
-        raise UsageError(f"{flag}: expected a positive number of seconds, got {value!r}")
-    return number
-
-
 def build_launch_spec(raw: Mapping[str, Any]) -> LaunchSpec:
     """Validate raw flag values (keys are torchrun's argparse dests) into a LaunchSpec."""
     nodes = parse_nnodes(raw["nnodes"])
@@ -317,7 +121,7 @@ def build_launch_spec(raw: Mapping[str, Any]) -> LaunchSpec:
     run_id = str(raw.get("rdzv_id") or "none")
     master_addr = str(raw.get("master_addr") or "127.0.0.1")
     master_port = raw.get("master_port")
-    node_rank_raw = _non_negative_int("--node-rank", raw.get("node_rank", 0))
+    node_rank_raw = non_negative_int("--node-rank", raw.get("node_rank", 0))
 
     # torchrun: static, one node, no endpoint and no master port behaves as --standalone.
     implicit_standalone = (
@@ -340,7 +144,7 @@ def build_launch_spec(raw: Mapping[str, Any]) -> LaunchSpec:
             host, port = parse_endpoint(endpoint, DEFAULT_MASTER_PORT)
         else:
             port_value = DEFAULT_MASTER_PORT if master_port is None else master_port
-            host, port = master_addr, _port("--master-port", port_value)
+            host, port = master_addr, port_number("--master-port", port_value)
         if node_rank_raw >= nodes.max_nodes:
             raise UsageError(
                 f"--node-rank={node_rank_raw} is out of range for --nnodes={nodes.max_nodes}"
@@ -372,8 +176,8 @@ def build_launch_spec(raw: Mapping[str, Any]) -> LaunchSpec:
             is_host=conf["is_host"],
         ),
         node_rank=node_rank,
-        max_restarts=_non_negative_int("--max-restarts", raw.get("max_restarts", 0)),
-        monitor_interval=_positive_float("--monitor-interval", raw.get("monitor_interval", 0.1)),
+        max_restarts=non_negative_int("--max-restarts", raw.get("max_restarts", 0)),
+        monitor_interval=positive_float("--monitor-interval", raw.get("monitor_interval", 0.1)),
         role=str(raw.get("role") or "default"),
         entrypoint=entry,
         log_dir=raw.get("log_dir") or None,
@@ -386,23 +190,13 @@ def build_launch_spec(raw: Mapping[str, Any]) -> LaunchSpec:
         shutdown_timeout=(
             DEFAULT_SHUTDOWN_TIMEOUT_S
             if shutdown is None
-            else _positive_float("--shutdown-timeout", shutdown)
+            else positive_float("--shutdown-timeout", shutdown)
         ),
         standalone=standalone or implicit_standalone,
         virtual_local_rank=bool(raw.get("virtual_local_rank")),
         preload=parse_preload(raw.get("preload", "torch")),
         ignored_flags=tuple(raw.get("ignored_flags", ())),
     )
-
-
-def _port(flag: str, value: Any) -> int:
-    try:
-        port = int(value)
-    except (TypeError, ValueError):
-        raise UsageError(f"{flag}: expected a port number, got {value!r}") from None
-    if not 0 <= port < 65536:
-        raise UsageError(f"{flag}: port must be 0-65535, got {value!r}")
-    return port
 
 
 def _entrypoint(raw: Mapping[str, Any]) -> EntryPoint:

@@ -2,8 +2,9 @@
 
 It records what it saw (environment, timings, steps) to $PROBE_OUT/gen<G>_rank<R>.json
 and injects faults on request, torchft-style: PROBE_FAULT="rank=1,step=2,gen=0,action=exit"
-fails global rank 1 at step 2 of generation 0. Actions: exit (code 3), raise, kill
-(SIGKILL itself), hang (sleep forever), stop (SIGSTOP itself).
+fails global rank 1 at step 2 of generation 0 (gen=0/1/2 fails it in each of those).
+Actions: exit (code 3), raise, kill (SIGKILL itself), hang (sleep forever), stop
+(SIGSTOP itself). PROBE_IGNORE_SIGTERM=1 makes the script ignore SIGTERM.
 """
 
 import json
@@ -27,10 +28,11 @@ def main() -> None:
     steps = int(os.environ.get("PROBE_STEPS", "3"))
     out = os.environ.get("PROBE_OUT")
     rank = int(os.environ["RANK"])
-    generation = int(
-        os.environ.get("RTRAIN_GENERATION", os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    )
+    generation = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     fault = parse_fault()
+    fault_gens = {int(g) for g in fault.get("gen", "0").split("/")}
+    if os.environ.get("PROBE_IGNORE_SIGTERM") == "1":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     record = {
         "argv": sys.argv,
         "env": {k: v for k, v in os.environ.items()},
@@ -49,7 +51,7 @@ def main() -> None:
             fault
             and int(fault.get("rank", -1)) == rank
             and int(fault.get("step", -1)) == step
-            and int(fault.get("gen", 0)) == generation
+            and generation in fault_gens
         ):
             action = fault.get("action", "exit")
             if out:

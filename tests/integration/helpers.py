@@ -1,0 +1,47 @@
+"""Helpers for integration tests: real rtrain and torchrun processes on localhost."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+PROBE = str(ROOT / "tests" / "scripts" / "train_probe.py")
+RTRAIN = [sys.executable, "-m", "rtrain.cli.main", "launch"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def probe_env(out: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "PROBE_"))}
+    env.update({"PROBE_OUT": str(out), "PYTHONUNBUFFERED": "1"}, **extra)
+    return env
+
+
+def run(
+    cmd: list[str], env: dict[str, str], timeout: float = 90
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def records(out: Path) -> dict[tuple[int, int], dict[str, Any]]:
+    """(generation, rank) -> what the probe wrote."""
+    found = {}
+    for path in sorted(out.glob("gen*_rank*.json")):
+        gen, rank = path.stem.removeprefix("gen").split("_rank")
+        found[(int(gen), int(rank))] = json.loads(path.read_text())
+    return found
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("rtrain: error:")]

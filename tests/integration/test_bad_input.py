@@ -1,0 +1,122 @@
+"""Bad input: one clear line on stderr, a documented non-zero exit code, no traceback."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from tests.integration.helpers import PROBE, RTRAIN, error_lines, free_port, probe_env, run
+
+pytestmark = pytest.mark.integration
+
+USAGE, TEMPFAIL = 64, 75
+
+
+def _assert_one_clear_error(result, code: int, fragment: str) -> None:
+    assert result.returncode == code, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = error_lines(result.stderr)
+    assert len(lines) == 1, result.stderr
+    assert fragment in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["missing_script.py"], "training script not found: missing_script.py"),
+        (["--nnodes", "a:b", PROBE], "--nnodes"),
+        (["--nnodes", "3:2", PROBE], "MIN must not exceed MAX"),
+        (["--nnodes", "0", PROBE], "at least 1"),
+        (["--rdzv-backend", "carrier-pigeon", PROBE], "unknown backend"),
+        (["--no-such-flag", PROBE], "unrecognized arguments"),
+        (["--no-python", "definitely-not-a-program-xyz"], "not an executable on PATH"),
+    ],
+)
+def test_usage_errors(tmp_path, argv, fragment):
+    _assert_one_clear_error(run([*RTRAIN, *argv], probe_env(tmp_path), timeout=30), USAGE, fragment)
+
+
+def test_non_executable_with_no_python(tmp_path):
+    script = tmp_path / "not_executable.sh"
+    script.write_text("#!/bin/sh\necho hi\n")
+    result = run([*RTRAIN, "--no-python", str(script)], probe_env(tmp_path), timeout=30)
+    _assert_one_clear_error(result, USAGE, "is not executable")
+
+
+def test_unreachable_endpoint_is_bounded_by_join_timeout(tmp_path):
+    port = free_port()  # nothing listens there
+    argv = [
+        "--nnodes=2",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-conf=is_host=false,join_timeout=3",
+        PROBE,
+    ]
+    started = time.monotonic()
+    result = run([*RTRAIN, *argv], probe_env(tmp_path), timeout=60)
+    _assert_one_clear_error(result, TEMPFAIL, f"127.0.0.1:{port}")
+    assert time.monotonic() - started < 20
+
+
+def test_busy_port_held_by_another_program(tmp_path):
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        argv = [
+            "--nnodes=2",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{port}",
+            "--rdzv-conf=join_timeout=3",
+            PROBE,
+        ]
+        result = run([*RTRAIN, *argv], probe_env(tmp_path), timeout=60)
+    _assert_one_clear_error(result, TEMPFAIL, f"127.0.0.1:{port}")
+
+
+def test_busy_port_when_told_to_host(tmp_path):
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        argv = [
+            "--nnodes=2",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{port}",
+            "--rdzv-conf=is_host=true",
+            PROBE,
+        ]
+        result = run([*RTRAIN, *argv], probe_env(tmp_path), timeout=60)
+    _assert_one_clear_error(result, TEMPFAIL, "in use")
+
+
+def test_too_few_nodes_times_out(tmp_path):
+    argv = [
+        "--nnodes=2",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+        "--rdzv-conf=join_timeout=2",
+        PROBE,
+    ]
+    result = run([*RTRAIN, *argv], probe_env(tmp_path), timeout=60)
+    _assert_one_clear_error(result, TEMPFAIL, "1 of at least 2 nodes joined")
+
+
+def test_garbage_in_the_store_is_refused(tmp_path):
+    """A foreign value under the job's keys ends the join with a clear error, not a crash."""
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    store.set("/rtrain/garbage/round", "not a number")
+    argv = [
+        "--nnodes=1",
+        "--rdzv-backend=c10d",
+        "--rdzv-id=garbage",
+        f"--rdzv-endpoint=127.0.0.1:{store.port}",
+        "--rdzv-conf=is_host=false,join_timeout=5",
+        PROBE,
+    ]
+    result = run([*RTRAIN, *argv], probe_env(tmp_path), timeout=60)
+    _assert_one_clear_error(result, TEMPFAIL, "round counter")

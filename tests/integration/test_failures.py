@@ -1,0 +1,127 @@
+"""Failures injected for real: worker crashes, restarts, signals, a SIGKILLed agent."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+import psutil
+import pytest
+
+from tests.integration.helpers import PROBE, RTRAIN, probe_env, records, run
+
+pytestmark = pytest.mark.integration
+
+
+def test_crash_restarts_with_rising_restart_count(tmp_path):
+    env = probe_env(tmp_path, PROBE_FAULT="rank=1,step=1,gen=0,action=exit", PROBE_STEPS="4")
+    result = run([*RTRAIN, "--nproc-per-node=2", "--max-restarts=1", PROBE], env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = records(tmp_path)
+    assert found[(0, 1)]["fault"] == "exit"
+    for rank in (0, 1):
+        after = found[(1, rank)]
+        assert after["env"]["TORCHELASTIC_RESTART_COUNT"] == "1"
+        assert after["env"]["RTRAIN_GENERATION"] == "1"
+        assert after["steps"] == 4
+    assert "restarting the job (1 of 1 restarts used)" in result.stderr
+
+
+def test_init_process_group_succeeds_after_every_restart(tmp_path):
+    """Five generations in a row fail after their first collective; each one initialised."""
+    env = probe_env(
+        tmp_path, PROBE_FAULT="rank=0,step=0,gen=0/1/2/3/4,action=raise", PROBE_STEPS="2"
+    )
+    result = run([*RTRAIN, "--nproc-per-node=2", "--max-restarts=5", PROBE], env, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = records(tmp_path)
+    for generation in range(5):
+        # the failing rank wrote its record only after init_process_group and a collective
+        assert found[(generation, 0)]["fault"] == "raise"
+        assert found[(generation, 0)]["first_sum"] == 2.0
+    assert found[(5, 0)]["steps"] == 2 and found[(5, 1)]["steps"] == 2
+    pids = {found[(g, 0)]["pid"] for g in range(6)}
+    assert len(pids) == 6  # a fresh process every generation
+
+
+def test_restarts_exhausted_reports_the_root_cause(tmp_path):
+    env = probe_env(tmp_path, PROBE_FAULT="rank=1,step=0,gen=0/1,action=raise")
+    result = run(
+        [*RTRAIN, "--nproc-per-node=2", "--max-restarts=1", f"--log-dir={tmp_path}/logs", PROBE],
+        env,
+    )
+    assert result.returncode == 1
+    assert "train_probe.py FAILED" in result.stderr
+    assert "root cause" in result.stderr
+    assert "RuntimeError: injected failure at step 0" in result.stderr
+    assert "max_restarts=1 exhausted" in result.stderr
+    assert "Traceback of rank 1" in result.stderr
+    error_files = list((tmp_path / "logs").glob("*/attempt_1/1/error.json"))
+    assert len(error_files) == 1
+
+
+def test_killed_worker_is_reported_by_signal(tmp_path):
+    env = probe_env(tmp_path, PROBE_FAULT="rank=0,step=1,gen=0,action=kill")
+    result = run([*RTRAIN, "--nproc-per-node=2", PROBE], env)
+    assert result.returncode == 1
+    assert "SIGKILL (-9)" in result.stderr
+
+
+def _start_long_job(
+    tmp_path, *flags: str, **env_extra: str
+) -> tuple[subprocess.Popen, list[psutil.Process]]:
+    env = probe_env(tmp_path, PROBE_STEPS="100000", PROBE_STEP_SLEEP="0.05", **env_extra)
+    agent = subprocess.Popen(
+        [*RTRAIN, "--nproc-per-node=2", *flags, PROBE],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    workers: list[psutil.Process] = []
+    while time.monotonic() < deadline:
+        tree = psutil.Process(agent.pid).children(recursive=True)
+        # the zygote and its two workers (the workers' parent is the zygote)
+        workers = [p for p in tree if p.ppid() != agent.pid]
+        if len(workers) == 2:
+            return agent, workers
+        time.sleep(0.05)
+    agent.kill()
+    raise AssertionError("workers did not start")
+
+
+def test_sigkill_of_the_agent_leaves_no_worker_alive(tmp_path):
+    agent, workers = _start_long_job(tmp_path)
+    time.sleep(1.0)  # let them get into training
+    agent.send_signal(signal.SIGKILL)
+    agent.wait()
+    _, alive = psutil.wait_procs(workers, timeout=2.0)
+    assert not alive, f"workers survived their agent: {[p.pid for p in alive]}"
+
+
+def test_sigterm_stops_workers_and_exits(tmp_path):
+    agent, workers = _start_long_job(tmp_path)
+    time.sleep(1.0)
+    started = time.monotonic()
+    agent.send_signal(signal.SIGTERM)
+    code = agent.wait(timeout=30)
+    assert code == 128 + signal.SIGTERM
+    assert time.monotonic() - started < 5
+    _, alive = psutil.wait_procs(workers, timeout=1.0)
+    assert not alive
+    assert "received SIGTERM" in agent.stderr.read()
+
+
+def test_worker_ignoring_sigterm_is_killed_after_shutdown_timeout(tmp_path):
+    agent, workers = _start_long_job(tmp_path, "--shutdown-timeout=2", PROBE_IGNORE_SIGTERM="1")
+    time.sleep(1.0)
+    started = time.monotonic()
+    agent.send_signal(signal.SIGTERM)
+    code = agent.wait(timeout=30)
+    elapsed = time.monotonic() - started
+    assert code == 128 + signal.SIGTERM
+    assert 2.0 <= elapsed < 6.0, elapsed
+    _, alive = psutil.wait_procs(workers, timeout=1.0)
+    assert not alive

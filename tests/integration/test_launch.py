@@ -1,0 +1,102 @@
+"""rtrain launch end to end: real workers over gloo, real torchrun as the oracle."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.integration.helpers import PROBE, RTRAIN, TORCHRUN, free_port, probe_env, records, run
+
+pytestmark = pytest.mark.integration
+
+# Values that differ between any two runs, whoever launches them (PROBE_OUT: the test's).
+NONDETERMINISTIC = {"MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "PROBE_OUT"}
+
+
+def _worker_envs(
+    tmp_path, name: str, launcher: list[str], flags: list[str]
+) -> dict[int, dict[str, str]]:
+    out = tmp_path / name
+    result = run([*launcher, *flags, PROBE, "--lr", "0.1"], probe_env(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = records(out)
+    assert sorted(found) == [(0, 0), (0, 1)]
+    for record in found.values():
+        assert record["argv"] == [PROBE, "--lr", "0.1"]
+        assert "--local-rank" not in " ".join(record["argv"])
+    return {rank: found[(0, rank)]["env"] for (_, rank) in found}
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--standalone", "--nproc-per-node=2"],
+        ["--nnodes=1", "--nproc_per_node=2", "--master-addr=127.0.0.1", "--master-port={port}"],
+    ],
+    ids=["standalone", "static"],
+)
+def test_worker_environment_matches_torchrun(tmp_path, flags):
+    theirs = _worker_envs(
+        tmp_path, "torchrun", TORCHRUN, [f.format(port=free_port()) for f in flags]
+    )
+    ours = _worker_envs(tmp_path, "rtrain", RTRAIN, [f.format(port=free_port()) for f in flags])
+    for rank in (0, 1):
+        ours_torch_keys = {k: v for k, v in ours[rank].items() if not k.startswith("RTRAIN_")}
+        assert set(ours_torch_keys) == set(theirs[rank]), set(ours_torch_keys) ^ set(theirs[rank])
+        for key, value in theirs[rank].items():
+            if key not in NONDETERMINISTIC:
+                assert ours_torch_keys[key] == value, key
+        assert ours[rank]["RTRAIN_GENERATION"] == "0"
+        assert ours[rank]["TORCHELASTIC_ERROR_FILE"].endswith(f"attempt_0/{rank}/error.json")
+    assert ours[0]["OMP_NUM_THREADS"] == "1"
+
+
+def test_two_nodes_on_localhost(tmp_path):
+    port = free_port()
+    common = [
+        "--nnodes=2",
+        "--nproc-per-node=2",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+    ]
+
+    env = probe_env(tmp_path, PROBE_STEPS="5")
+    nodes = [
+        subprocess.Popen(
+            [*RTRAIN, *common, f"--local-addr={addr}", "--rdzv-id=two", PROBE],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for addr in ("127.0.0.1", "127.0.0.2")
+    ]
+    outputs = [node.communicate(timeout=90) for node in nodes]
+    for node, (_, err) in zip(nodes, outputs, strict=True):
+        assert node.returncode == 0, err[-3000:]
+    found = records(tmp_path)
+    assert sorted(found) == [(0, r) for r in range(4)]
+    group_ranks = sorted(int(rec["env"]["GROUP_RANK"]) for rec in found.values())
+    assert group_ranks == [0, 0, 1, 1]
+    for rec in found.values():
+        assert rec["env"]["WORLD_SIZE"] == "4" and rec["env"]["GROUP_WORLD_SIZE"] == "2"
+        assert rec["first_sum"] == 4.0 and rec["steps"] == 5
+    # Every worker meets at node 0's worker store, whichever address node 0 has.
+    assert len({rec["env"]["MASTER_ADDR"] for rec in found.values()}) == 1
+    assert found[(0, 0)]["env"]["MASTER_ADDR"] in ("127.0.0.1", "127.0.0.2")
+
+
+def test_module_and_no_python_entry_points(tmp_path):
+    (tmp_path / "probe_pkg").mkdir()
+    (tmp_path / "probe_pkg" / "__init__.py").write_text("")
+    (tmp_path / "probe_pkg" / "hello.py").write_text(
+        "import os, sys\nprint('module', os.environ['RANK'], sys.argv[1:])\n"
+    )
+    env = probe_env(tmp_path, PYTHONPATH=str(tmp_path))
+    result = run([*RTRAIN, "--nproc-per-node=2", "-m", "probe_pkg.hello", "x"], env)
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.split("\n"))[-2:] == ["module 0 ['x']", "module 1 ['x']"]
+    result = run([*RTRAIN, "--nproc-per-node=2", "--no-python", "sh", "-c", "echo rank=$RANK"], env)
+    assert result.returncode == 0, result.stderr
+    assert sorted(line for line in result.stdout.split("\n") if line) == ["rank=0", "rank=1"]

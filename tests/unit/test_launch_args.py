@@ -1,0 +1,101 @@
+"""Flag parsing: every torchrun flag, its underscore alias and its PET_ default."""
+
+from __future__ import annotations
+
+import pytest
+from rtrain.cli.launch_args import launch_help, parse_launch_args
+from rtrain.core.errors import UsageError
+
+# (dashed flag, value, dest, expected parsed value)
+VALUED_FLAGS = [
+    ("--nnodes", "2:4", "nnodes", "2:4"),
+    ("--nproc-per-node", "4", "nproc_per_node", "4"),
+    ("--rdzv-backend", "c10d", "rdzv_backend", "c10d"),
+    ("--rdzv-endpoint", "h:1234", "rdzv_endpoint", "h:1234"),
+    ("--rdzv-id", "job7", "rdzv_id", "job7"),
+    ("--rdzv-conf", "join_timeout=5", "rdzv_conf", "join_timeout=5"),
+    ("--max-restarts", "3", "max_restarts", "3"),
+    ("--monitor-interval", "0.5", "monitor_interval", "0.5"),
+    ("--start-method", "fork", "start_method", "fork"),
+    ("--event-log-handler", "console", "event_log_handler", "console"),
+    ("--role", "trainer", "role", "trainer"),
+    ("--log-dir", "/tmp/x", "log_dir", "/tmp/x"),
+    ("--redirects", "3", "redirects", "3"),
+    ("--tee", "0:1", "tee", "0:1"),
+    ("--local-ranks-filter", "0,1", "local_ranks_filter", "0,1"),
+    ("--node-rank", "1", "node_rank", "1"),
+    ("--master-addr", "10.0.0.1", "master_addr", "10.0.0.1"),
+    ("--master-port", "1234", "master_port", "1234"),
+    ("--local-addr", "n1", "local_addr", "n1"),
+    ("--signals-to-handle", "SIGTERM", "signals_to_handle", "SIGTERM"),
+    ("--shutdown-timeout", "7", "shutdown_timeout", "7"),
+    ("--preload", "none", "preload", "none"),
+]
+SWITCHES = [
+    ("--standalone", "standalone"),
+    ("--module", "module"),
+    ("--no-python", "no_python"),
+    ("--run-path", "run_path"),
+    ("--virtual-local-rank", "virtual_local_rank"),
+    ("--dry-run", "dry_run"),
+]
+
+
+@pytest.mark.parametrize(("flag", "value", "dest", "expected"), VALUED_FLAGS)
+def test_dashed_underscore_and_env_spellings_agree(flag, value, dest, expected):
+    dashed = parse_launch_args([flag, value, "train.py"], {})
+    underscore = parse_launch_args(
+        [flag.replace("-", "_").replace("__", "--", 1), value, "t.py"], {}
+    )
+    from_env = parse_launch_args(["train.py"], {f"PET_{dest.upper()}": value})
+    assert dashed[dest] == underscore[dest] == from_env[dest] == expected
+
+
+@pytest.mark.parametrize(("flag", "dest"), SWITCHES)
+def test_switches_from_flag_and_env(flag, dest):
+    assert parse_launch_args([flag, "train.py"], {})[dest] is True
+    assert parse_launch_args(["train.py"], {})[dest] is False
+    assert parse_launch_args(["train.py"], {f"PET_{dest.upper()}": "1"})[dest] is True
+    assert parse_launch_args(["train.py"], {f"PET_{dest.upper()}": "0"})[dest] is False
+
+
+def test_flag_beats_environment():
+    raw = parse_launch_args(["--nnodes", "3", "train.py"], {"PET_NNODES": "2"})
+    assert raw["nnodes"] == "3"
+
+
+def test_short_flags_and_equals_form():
+    raw = parse_launch_args(["-m", "-r", "1", "-t", "2", "--nproc-per-node=2", "pkg.mod"], {})
+    assert (raw["module"], raw["redirects"], raw["tee"], raw["nproc_per_node"]) == (
+        True,
+        "1",
+        "2",
+        "2",
+    )
+
+
+def test_everything_after_the_script_belongs_to_the_script():
+    raw = parse_launch_args(["--nnodes", "1", "train.py", "--nnodes", "9", "-m", "x"], {})
+    assert raw["training_script"] == "train.py"
+    assert raw["training_script_args"] == ["--nnodes", "9", "-m", "x"]
+    assert raw["nnodes"] == "1"
+
+
+def test_unknown_flag_is_a_usage_error():
+    with pytest.raises(UsageError, match="unrecognized arguments"):
+        parse_launch_args(["--no-such-flag", "train.py"], {})
+
+
+def test_bad_choice_is_a_usage_error():
+    with pytest.raises(UsageError, match="start-method"):
+        parse_launch_args(["--start-method", "teleport", "train.py"], {})
+
+
+def test_flags_not_acted_on_are_reported_and_documented():
+    raw = parse_launch_args(["--start-method", "fork", "--numa-binding", "node", "t.py"], {})
+    assert raw["ignored_flags"] == ("--start-method", "--numa-binding")
+    assert parse_launch_args(["t.py"], {})["ignored_flags"] == ()
+    text = " ".join(launch_help({}).split())
+    for flag in ("--start-method", "--event-log-handler", "--logs-specs", "--numa-binding"):
+        section = text[text.rindex(flag) :][:300]
+        assert "not acted on" in section, flag

@@ -1,0 +1,155 @@
+"""The rendezvous protocol's pure rules, and refusal of values rtrain did not write."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rtrain.core.failures import (
+    FailureRecord,
+    RecordError,
+    error_file_payload,
+    parse_error_file,
+    root_cause_first,
+)
+from rtrain.core.store_protocol import (
+    AbortRecord,
+    MemberInfo,
+    Membership,
+    ProtocolError,
+    decode_master,
+    encode_master,
+    members_to_close,
+    order_members,
+)
+
+
+def member(
+    node_id: str, lws: int = 2, requested: int | None = None, prev: int | None = None
+) -> MemberInfo:
+    return MemberInfo(
+        node_id=node_id,
+        addr=f"{node_id}.host",
+        local_world_size=lws,
+        requested_rank=requested,
+        prev_rank=prev,
+    )
+
+
+def test_member_and_membership_round_trip():
+    m = Membership(3, (member("a"), member("b", lws=4)))
+    decoded = Membership.decode(m.encode(), 3)
+    assert decoded == m
+    assignment = decoded.assignment("b", "a.host", 1234)
+    assert (assignment.node_rank, assignment.rank_offset, assignment.world_size) == (1, 2, 6)
+    assert assignment.global_rank(3) == 5
+
+
+def test_membership_of_another_generation_is_refused():
+    with pytest.raises(ProtocolError, match="generation"):
+        Membership.decode(Membership(3, (member("a"),)).encode(), 4)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"\xff\xfe",
+        b"not json",
+        b"[1, 2]",
+        json.dumps({"v": 99, "node_id": "a", "addr": "h", "local_world_size": 1}),
+        json.dumps({"v": 1, "node_id": "", "addr": "h", "local_world_size": 1}),
+        json.dumps({"v": 1, "node_id": "a", "addr": "h", "local_world_size": 0}),
+        json.dumps({"v": 1, "node_id": "a", "addr": "h", "local_world_size": True}),
+        json.dumps({"v": 1, "node_id": "a", "addr": "h", "local_world_size": 1, "prev_rank": -1}),
+    ],
+)
+def test_garbage_member_is_refused(payload):
+    with pytest.raises(ProtocolError):
+        MemberInfo.decode(payload)
+
+
+def test_garbage_membership_abort_and_master_are_refused():
+    with pytest.raises(ProtocolError):
+        Membership.decode(json.dumps({"v": 1, "generation": 0, "members": []}), 0)
+    with pytest.raises(ProtocolError, match="twice"):
+        Membership.decode(
+            Membership(0, (member("a"),))
+            .encode()
+            .replace("]", ', {"v": 1, "node_id": "a", "addr": "x", "local_world_size": 1}]'),
+            0,
+        )
+    with pytest.raises(ProtocolError):
+        AbortRecord.decode(json.dumps({"generation": "x", "node_rank": 0, "exit_code": 1}))
+    with pytest.raises(ProtocolError):
+        decode_master(json.dumps({"v": 1, "host": "h", "port": 0}))
+    assert decode_master(encode_master("h", 5)) == ("h", 5)
+    assert AbortRecord.decode(AbortRecord(1, 2, "why", 75).encode()) == AbortRecord(1, 2, "why", 75)
+
+
+def test_c10d_order_keeps_previous_ranks_then_join_order():
+    joined = [member("new1"), member("old1", prev=1), member("new2"), member("old0", prev=0)]
+    assert [m.node_id for m in order_members(joined, static=False)] == [
+        "old0",
+        "old1",
+        "new1",
+        "new2",
+    ]
+
+
+def test_static_order_uses_given_ranks_and_refuses_duplicates():
+    joined = [member("x", requested=1), member("y", requested=0)]
+    assert [m.node_id for m in order_members(joined, static=True)] == ["y", "x"]
+    with pytest.raises(ProtocolError, match="exactly once"):
+        order_members([member("x", requested=0), member("y", requested=0)], static=True)
+    with pytest.raises(ProtocolError, match="twice"):
+        order_members([member("x"), member("x")], static=False)
+
+
+@pytest.mark.parametrize(
+    ("joined", "lo", "hi", "age", "last_call", "expected"),
+    [
+        (2, 2, 2, None, 30, 2),  # full: close at once
+        (1, 2, 2, None, 30, None),  # below quorum
+        (2, 2, 4, 0.0, 30, None),  # quorum, last call still open
+        (3, 2, 4, 31.0, 30, 3),  # last call over: close with who is there
+        (5, 2, 4, None, 30, 4),  # more than max: only max are members
+    ],
+)
+def test_members_to_close(joined, lo, hi, age, last_call, expected):
+    assert members_to_close(joined, lo, hi, age, last_call) == expected
+
+
+def test_failure_record_round_trip_and_refusal():
+    record = FailureRecord(
+        kind="signal", generation=1, node_rank=0, host="h", time=5.0, rank=3, exitcode=-9
+    )
+    assert FailureRecord.decode(record.encode()) == record
+    assert record.describe_exit() == "SIGKILL (-9)"
+    with pytest.raises(RecordError):
+        FailureRecord.decode(
+            json.dumps({"kind": "meteor", "generation": 0, "node_rank": 0, "host": "h", "time": 1})
+        )
+    with pytest.raises(RecordError):
+        FailureRecord.decode(b"garbage")
+
+
+def test_root_cause_is_the_earliest_failure():
+    late = FailureRecord(
+        kind="exit", generation=0, node_rank=0, host="h", time=9.0, rank=0, exitcode=1
+    )
+    early = FailureRecord(
+        kind="exit", generation=0, node_rank=1, host="h", time=2.0, rank=2, exitcode=3
+    )
+    assert root_cause_first([late, early]) == [early, late]
+
+
+def test_error_file_format_matches_torch_record():
+    content = parse_error_file(error_file_payload("ValueError: x", "Traceback...", 17.0))
+    assert (content.message, content.traceback, content.timestamp) == (
+        "ValueError: x",
+        "Traceback...",
+        17.0,
+    )
+    assert parse_error_file(json.dumps({"message": "plain"})).message == "plain"
+    with pytest.raises(RecordError):
+        parse_error_file("{")
