@@ -94,6 +94,7 @@ class Agent:
         self._signal: int | None = None
         self._previous_handlers: dict[int, Any] = {}
         self._generation = 0
+        self._restarts_used = 0
         self._node_rank: int | None = spec.node_rank
         self._worker_store: Any = None
         log.set_node(self.addr)
@@ -158,7 +159,6 @@ class Agent:
             return self._result(AgentState.FAILED, exc.exit_code, str(exc))
 
     def _generations(self, rdzv: StoreRendezvous, opened: OpenedStore) -> RunResult:
-        restarts_used = 0
         while True:
             self._set_state(AgentState.RENDEZVOUS)
             member = MemberInfo(
@@ -186,36 +186,56 @@ class Agent:
                 self._stop_group(signal.SIGTERM, RESTART_STOP_GRACE_S)
                 rdzv.open_next_round(generation)
                 continue
-            failures = group.failure_records(self.addr)
-            self._stop_group(signal.SIGTERM, RESTART_STOP_GRACE_S)
-            for record in failures:
-                rdzv.record_failure(record)
-            first = root_cause_first(failures)[0]
-            if restarts_used >= self.spec.max_restarts:
-                reason = (
-                    f"worker rank {first.rank} on node {first.node_rank} failed "
-                    f"(exit {first.describe_exit()}); "
-                    f"max_restarts={self.spec.max_restarts} exhausted"
-                )
-                rdzv.abort(
-                    AbortRecord(generation, membership_rank(membership, self.node_id), reason, 1)
-                )
-                self._linger_after_abort(rdzv, opened, membership)
-                return self._result(
-                    AgentState.FAILED,
-                    ExitCode.JOB_FAILED,
-                    reason,
-                    failures=rdzv.failures(generation, len(membership.members)),
-                )
-            restarts_used += 1
-            logger.warning(
-                "worker rank %s failed (exit %s); restarting the job (%d of %d restarts used)",
-                first.rank,
-                first.describe_exit(),
-                restarts_used,
-                self.spec.max_restarts,
-            )
+            result = self._after_local_failure(rdzv, opened, membership, group)
+            if result is not None:
+                return result
             rdzv.open_next_round(generation)
+
+    def _after_local_failure(
+        self,
+        rdzv: StoreRendezvous,
+        opened: OpenedStore,
+        membership: Membership,
+        group: WorkerGroup,
+    ) -> RunResult | None:
+        """Record the failure; charge a restart if this node was first to report; maybe give up."""
+        generation = membership.generation
+        failures = group.failure_records(self.addr)
+        self._stop_group(signal.SIGTERM, RESTART_STOP_GRACE_S)
+        for record in failures:
+            rdzv.record_failure(record)
+        first = root_cause_first(failures)[0]
+        if not rdzv.claim_restart(generation):
+            logger.info(
+                "worker rank %s failed after another node reported a failure; "
+                "this node is not charged a restart",
+                first.rank,
+            )
+            return None
+        if self._restarts_used >= self.spec.max_restarts:
+            reason = (
+                f"worker rank {first.rank} on node {first.node_rank} failed "
+                f"(exit {first.describe_exit()}); "
+                f"max_restarts={self.spec.max_restarts} exhausted"
+            )
+            node_rank = membership_rank(membership, self.node_id)
+            rdzv.abort(AbortRecord(generation, node_rank, reason, ExitCode.JOB_FAILED))
+            self._linger_after_abort(rdzv, opened, membership)
+            return self._result(
+                AgentState.FAILED,
+                ExitCode.JOB_FAILED,
+                reason,
+                failures=rdzv.failures(generation, len(membership.members)),
+            )
+        self._restarts_used += 1
+        logger.warning(
+            "worker rank %s failed (exit %s); restarting the job (%d of %d restarts used)",
+            first.rank,
+            first.describe_exit(),
+            self._restarts_used,
+            self.spec.max_restarts,
+        )
+        return None
 
     def _start_generation(self, rdzv: StoreRendezvous, membership: Membership) -> WorkerGroup:
         generation = membership.generation

@@ -177,6 +177,14 @@ class StoreRendezvous:
                 f"refusing the membership of generation {generation} found in the store: {exc}"
             ) from None
 
+    def claim_restart(self, generation: int) -> bool:
+        """True for the first agent to report a failure in this generation.
+
+        A worker failure usually takes its peers on other nodes down with it (their
+        collectives lose a partner); only the first reporter is charged the restart.
+        """
+        return int(self._call("add", self._keys.restart_claim(generation), 1)) == 1
+
     def round_moved_past(self, generation: int) -> bool:
         return self.current_round() > generation
 

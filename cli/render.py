@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rtrain.core.failures import FailureRecord
 from rtrain.core.launch_spec import LaunchSpec
@@ -26,7 +27,7 @@ def failure_report(
     console: Console, script: str, failures: list[FailureRecord], message: str
 ) -> None:
     """torchrun's FAILED summary as a table: the root cause (earliest failure) first."""
-    table = Table(title=f"{script} FAILED", title_style="bold red", show_lines=False)
+    table = Table(title=f"{escape(script)} FAILED", title_style="bold red", show_lines=False)
     for column in ("", "time", "gen", "node", "host", "rank (local)", "exit", "pid"):
         table.add_column(column, no_wrap=True)
     table.add_column("error")
@@ -37,11 +38,11 @@ def failure_report(
             _when(record.time),
             str(record.generation),
             str(record.node_rank),
-            record.host,
+            escape(record.host),
             rank,
             record.describe_exit(),
             "" if record.pid is None else str(record.pid),
-            record.message or record.kind,
+            escape(record.message or record.kind),
         )
     console.print(table)
     root = failures[0] if failures else None
@@ -50,7 +51,7 @@ def failure_report(
             f"[bold]Traceback of rank {root.rank}[/bold] ({root.error_file}):", highlight=False
         )
         console.print(root.traceback.rstrip(), markup=False, highlight=False)
-    console.print(f"[red]rtrain:[/red] {message}", highlight=False)
+    console.print(f"[red]rtrain:[/red] {escape(message)}", highlight=False)
 
 
 def dry_run(console: Console, spec: LaunchSpec, nproc: int) -> None:
@@ -84,5 +85,5 @@ def dry_run(console: Console, spec: LaunchSpec, nproc: int) -> None:
         ("preload", ",".join(spec.preload) or "none"),
     ]
     for name, value in rows:
-        table.add_row(name, value)
+        table.add_row(name, escape(value))
     console.print(table)

@@ -8,6 +8,8 @@ A job's keys live under /rtrain/<run_id>/. Generations are rounds:
   r<g>/closed              the final membership, written once by compare_set
   r<g>/master              host:port of this generation's worker store
   r<g>/fail/<node>/<n>     FailureRecords of this generation
+  r<g>/restart_claim       counter: the first agent to report a failure in <g> takes 1
+                           and is the one charged a restart
   r<g>/done                counter of nodes whose workers all succeeded
   r<g>/exited              counter of nodes that saw every node done and are leaving
   abort                    an AbortRecord: the whole job stops
@@ -63,6 +65,9 @@ class StoreKeys:
 
     def failure_count(self, generation: int, node_rank: int) -> str:
         return f"{self.prefix}/r{generation}/fail/{node_rank}/count"
+
+    def restart_claim(self, generation: int) -> str:
+        return f"{self.prefix}/r{generation}/restart_claim"
 
     def done(self, generation: int) -> str:
         return f"{self.prefix}/r{generation}/done"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 
 import pytest
 
@@ -100,3 +101,86 @@ def test_module_and_no_python_entry_points(tmp_path):
     result = run([*RTRAIN, "--nproc-per-node=2", "--no-python", "sh", "-c", "echo rank=$RANK"], env)
     assert result.returncode == 0, result.stderr
     assert sorted(line for line in result.stdout.split("\n") if line) == ["rank=0", "rank=1"]
+
+
+def test_example_trains_to_the_same_weights_as_under_torchrun(tmp_path):
+    script = ["examples/train_mlp.py", "--steps", "60"]
+    flags = ["--standalone", "--nproc-per-node=2"]
+    ours = run([*RTRAIN, *flags, *script], probe_env(tmp_path))
+    theirs = run([*TORCHRUN, *flags, *script], probe_env(tmp_path))
+    assert ours.returncode == 0 and theirs.returncode == 0, ours.stderr + theirs.stderr
+
+    def checksum(stdout: str) -> str:
+        return stdout.strip().splitlines()[-1].rsplit(" ", 1)[-1]
+
+    assert checksum(ours.stdout) == checksum(theirs.stdout)
+
+
+def _two_node_job(tmp_path, *extra: str, **env_extra: str) -> list[subprocess.CompletedProcess]:
+    port = free_port()
+    env = probe_env(tmp_path, **env_extra)
+    procs = [
+        subprocess.Popen(
+            [
+                *RTRAIN,
+                "--nnodes=2",
+                "--nproc-per-node=2",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{port}",
+                f"--local-addr={addr}",
+                *extra,
+                PROBE,
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for addr in ("127.0.0.1", "127.0.0.2")
+    ]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return results
+
+
+def test_a_failure_on_one_node_restarts_every_node(tmp_path):
+    results = _two_node_job(
+        tmp_path, "--max-restarts=1", PROBE_FAULT="rank=3,step=1,gen=0,action=exit", PROBE_STEPS="4"
+    )
+    for result in results:
+        assert result.returncode == 0, result.stderr[-3000:]
+    found = records(tmp_path)
+    assert found[(0, 3)]["fault"] == "exit"
+    for rank in range(4):
+        assert found[(1, rank)]["steps"] == 4
+        assert found[(1, rank)]["env"]["TORCHELASTIC_RESTART_COUNT"] == "1"
+    # only the node whose worker failed spent a restart
+    spent = [r for r in results if "restarts used" in r.stderr]
+    assert len(spent) == 1
+
+
+def test_every_node_stops_when_restarts_are_exhausted(tmp_path):
+    results = _two_node_job(tmp_path, PROBE_FAULT="rank=2,step=0,gen=0,action=raise")
+    assert [r.returncode for r in results] == [1, 1]
+    for result in results:
+        assert "RuntimeError: injected failure at step 0" in result.stderr
+        assert "max_restarts=0 exhausted" in result.stderr
+
+
+def test_help_does_not_import_torch():
+    code = (
+        "import sys\n"
+        "from rtrain.cli.launch_args import launch_help\n"
+        "import rtrain.cli.main\n"
+        "launch_help({})\n"
+        "assert 'torch' not in sys.modules, 'help imported torch'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    for argv in (["--help"], ["launch", "--help"]):
+        result = subprocess.run(
+            [sys.executable, "-m", "rtrain.cli.main", *argv], capture_output=True, text=True
+        )
+        assert result.returncode == 0 and "rtrain" in result.stdout

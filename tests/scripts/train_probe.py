@@ -55,7 +55,8 @@ def main() -> None:
         ):
             action = fault.get("action", "exit")
             if out:
-                _write(out, generation, rank, {**record, "steps": done, "fault": action})
+                info = {"steps": done, "fault": action, "t_fault": time.time()}
+                _write(out, generation, rank, {**record, **info})
             if action == "exit":
                 sys.exit(3)
             if action == "raise":

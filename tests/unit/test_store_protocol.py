@@ -153,3 +153,21 @@ def test_error_file_format_matches_torch_record():
     assert parse_error_file(json.dumps({"message": "plain"})).message == "plain"
     with pytest.raises(RecordError):
         parse_error_file("{")
+
+
+def test_failure_report_prints_text_that_looks_like_markup():
+    """Errors from gloo contain '[/path:line]', which rich would read as a closing tag."""
+    import io
+
+    from rich.console import Console
+    from rtrain.cli.render import failure_report
+
+    record = FailureRecord(
+        kind="exit", generation=0, node_rank=0, host="[h]", time=1.0, rank=0, local_rank=0,
+        exitcode=1, message="Connection closed by peer [/__w/gloo/pair.cc:553]",
+        traceback="Traceback [/x]", error_file="/tmp/[e].json",
+    )  # fmt: skip
+    buffer = io.StringIO()
+    failure_report(Console(file=buffer, width=200), "[/t].py", [record], "gave up [/y]")
+    text = buffer.getvalue()
+    assert "[/__w/gloo/pair.cc:553]" in text and "gave up [/y]" in text and "[/t].py FAILED" in text

@@ -1,0 +1,183 @@
+"""Benchmark rtrain launch against torchrun, side by side on the same script and machine.
+
+(a) start: launcher process start -> the first collective of the first generation.
+(b) restart: a worker crashes (exit 3 after its first steps) -> the first collective of
+    the next generation, with --max-restarts=1.
+
+Each figure is the median of --runs runs, interleaved (torchrun, rtrain, torchrun, ...)
+so that both see the same machine state. A run that does not finish within --timeout
+counts as hung and is reported, not averaged. Results go to docs/benchmarks.md.
+
+    python scripts/bench_launch.py --runs 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+PROBE = str(ROOT / "tests" / "scripts" / "train_probe.py")
+LAUNCHERS = {
+    "torchrun": [sys.executable, "-m", "torch.distributed.run"],
+    "rtrain": [sys.executable, "-m", "rtrain.cli.main", "launch"],
+}
+FLAGS = ["--standalone", "--nproc-per-node=2"]
+MARK_BEGIN, MARK_END = "<!-- bench_launch:begin -->", "<!-- bench_launch:end -->"
+
+
+def _records(out: Path) -> dict[tuple[int, int], dict]:
+    found = {}
+    for path in out.glob("gen*_rank*.json"):
+        gen, rank = path.stem.removeprefix("gen").split("_rank")
+        found[(int(gen), int(rank))] = json.loads(path.read_text())
+    return found
+
+
+def _run(launcher: str, scenario: str, timeout: float) -> float | str:
+    """Seconds for the scenario, or "hung" / "failed"."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "PROBE_"))}
+        env.update(PROBE_OUT=str(out), PROBE_STEPS="3", OMP_NUM_THREADS="1")
+        cmd = [*LAUNCHERS[launcher], *FLAGS]
+        if scenario == "restart":
+            env["PROBE_FAULT"] = "rank=1,step=1,gen=0,action=exit"
+            cmd.append("--max-restarts=1")
+        started = time.time()
+        try:
+            proc = subprocess.run(
+                [*cmd, PROBE], env=env, capture_output=True, timeout=timeout, cwd=ROOT
+            )
+        except subprocess.TimeoutExpired:
+            return "hung"
+        if proc.returncode != 0:
+            return "failed"
+        found = _records(out)
+        if scenario == "start":
+            return found[(0, 0)]["t_first_collective"] - started
+        first_after = min(found[(1, r)]["t_first_collective"] for r in (0, 1))
+        return first_after - found[(0, 1)]["t_fault"]
+
+
+def measure(runs: int, timeout: float) -> dict[tuple[str, str], list[float | str]]:
+    results: dict[tuple[str, str], list[float | str]] = {}
+    with Progress(console=Console(stderr=True)) as progress:
+        task = progress.add_task("benchmark runs", total=runs * 4)
+        for scenario in ("start", "restart"):
+            for _ in range(runs):
+                for launcher in LAUNCHERS:
+                    value = _run(launcher, scenario, timeout)
+                    results.setdefault((launcher, scenario), []).append(value)
+                    progress.advance(task)
+    return results
+
+
+def summarize(results: dict[tuple[str, str], list[float | str]]) -> list[dict]:
+    rows = []
+    for scenario, label in (
+        ("start", "(a) start -> first collective"),
+        ("restart", "(b) crash -> next generation's first collective"),
+    ):
+        medians = {}
+        hung = {}
+        for launcher in LAUNCHERS:
+            outcomes = results[(launcher, scenario)]
+            values = [v for v in outcomes if isinstance(v, float)]
+            hung[launcher] = f"{outcomes.count('hung')} hung, {outcomes.count('failed')} failed"
+            medians[launcher] = statistics.median(values) if values else None
+        t, r = medians["torchrun"], medians["rtrain"]
+        rows.append(
+            {
+                "label": label,
+                "torchrun": t,
+                "rtrain": r,
+                "ratio": (r / t) if (t and r) else None,
+                "speedup": (t / r) if (t and r) else None,
+                "hung": hung,
+            }
+        )
+    return rows
+
+
+def _fmt(value: float | None, unit: str = "s") -> str:
+    return "n/a" if value is None else f"{value:.3f} {unit}".strip()
+
+
+def render(rows: list[dict], runs: int, command: str) -> str:
+    lines = [
+        MARK_BEGIN,
+        "## Launch and restart (`scripts/bench_launch.py`)",
+        "",
+        f"Command: `{command}`  ",
+        f"Machine: {os.cpu_count()} cores, {platform.platform()}, torch {torch.__version__}, "
+        f"gloo on the CPU, 2 workers, median of {runs} interleaved runs, "
+        f"{time.strftime('%Y-%m-%d')}.",
+        "",
+        "| scenario | torchrun | rtrain | rtrain/torchrun | speed-up "
+        "| runs that did not finish (torchrun / rtrain) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['label']} | {_fmt(row['torchrun'])} | {_fmt(row['rtrain'])} | "
+            f"{_fmt(row['ratio'], '')} | {_fmt(row['speedup'], 'x')} | "
+            f"{row['hung']['torchrun']} / {row['hung']['rtrain']} |"
+        )
+    lines += [
+        "",
+        "Targets (issue 2): (a) ratio <= 1.0; (b) speed-up >= 3x.",
+        MARK_END,
+    ]
+    return "\n".join(lines)
+
+
+def write_doc(section: str, path: Path) -> None:
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    if MARK_BEGIN in text:
+        head, rest = text.split(MARK_BEGIN, 1)
+        tail = rest.split(MARK_END, 1)[1]
+        text = head + section + tail
+    else:
+        text = text.rstrip() + "\n\n" + section + "\n"
+    path.write_text(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument("--doc", default=str(ROOT / "docs" / "benchmarks.md"))
+    args = parser.parse_args()
+    rows = summarize(measure(args.runs, args.timeout))
+    table = Table(title="rtrain vs torchrun")
+    for column in ("scenario", "torchrun", "rtrain", "rtrain/torchrun", "speed-up"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(
+            row["label"],
+            _fmt(row["torchrun"]),
+            _fmt(row["rtrain"]),
+            _fmt(row["ratio"], ""),
+            _fmt(row["speedup"], "x"),
+        )
+    Console().print(table)
+    command = f"python scripts/bench_launch.py --runs {args.runs}"
+    write_doc(render(rows, args.runs, command), Path(args.doc))
+
+
+if __name__ == "__main__":
+    main()
