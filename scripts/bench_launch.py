@@ -8,7 +8,7 @@ Each figure is the median of --runs runs, interleaved (torchrun, rtrain, torchru
 so that both see the same machine state. A run that does not finish within --timeout
 counts as hung and is reported, not averaged. Results go to docs/benchmarks.md.
 
-    python scripts/bench_launch.py --runs 5
+    python scripts/bench_launch.py --runs 5 --timeout 30
 """
 
 from __future__ import annotations
@@ -175,7 +175,7 @@ def main() -> None:
             _fmt(row["speedup"], "x"),
         )
     Console().print(table)
-    command = f"python scripts/bench_launch.py --runs {args.runs}"
+    command = f"python scripts/bench_launch.py --runs {args.runs} --timeout {args.timeout:g}"
     write_doc(render(rows, args.runs, command), Path(args.doc))
 
 
