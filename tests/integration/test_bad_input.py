@@ -14,6 +14,17 @@ pytestmark = pytest.mark.integration
 USAGE, TEMPFAIL = 64, 75
 
 
+def _c10d(port: int, conf: str, nnodes: int = 2, run_id: str = "none") -> list[str]:
+    return [
+        f"--nnodes={nnodes}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-id={run_id}",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        f"--rdzv-conf={conf}",
+        PROBE,
+    ]
+
+
 def _assert_one_clear_error(result, code: int, fragment: str) -> None:
     assert result.returncode == code, result.stderr
     assert "Traceback" not in result.stderr
@@ -47,13 +58,7 @@ def test_non_executable_with_no_python(tmp_path):
 
 def test_unreachable_endpoint_is_bounded_by_join_timeout(tmp_path):
     port = free_port()  # nothing listens there
-    argv = [
-        "--nnodes=2",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{port}",
-        "--rdzv-conf=is_host=false,join_timeout=3",
-        PROBE,
-    ]
+    argv = _c10d(port, "is_host=false,join_timeout=3")
     started = time.monotonic()
     result = run([*RTRAIN, *argv], probe_env(tmp_path), timeout=60)
     _assert_one_clear_error(result, TEMPFAIL, f"127.0.0.1:{port}")
@@ -65,13 +70,7 @@ def test_busy_port_held_by_another_program(tmp_path):
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
         port = squatter.getsockname()[1]
-        argv = [
-            "--nnodes=2",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=127.0.0.1:{port}",
-            "--rdzv-conf=join_timeout=3",
-            PROBE,
-        ]
+        argv = _c10d(port, "join_timeout=3")
         result = run([*RTRAIN, *argv], probe_env(tmp_path), timeout=60)
     _assert_one_clear_error(result, TEMPFAIL, f"127.0.0.1:{port}")
 
@@ -81,25 +80,13 @@ def test_busy_port_when_told_to_host(tmp_path):
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
         port = squatter.getsockname()[1]
-        argv = [
-            "--nnodes=2",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=127.0.0.1:{port}",
-            "--rdzv-conf=is_host=true",
-            PROBE,
-        ]
+        argv = _c10d(port, "is_host=true")
         result = run([*RTRAIN, *argv], probe_env(tmp_path), timeout=60)
     _assert_one_clear_error(result, TEMPFAIL, "in use")
 
 
 def test_too_few_nodes_times_out(tmp_path):
-    argv = [
-        "--nnodes=2",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-        "--rdzv-conf=join_timeout=2",
-        PROBE,
-    ]
+    argv = _c10d(free_port(), "join_timeout=2")
     result = run([*RTRAIN, *argv], probe_env(tmp_path), timeout=60)
     _assert_one_clear_error(result, TEMPFAIL, "1 of at least 2 nodes joined")
 
@@ -110,13 +97,6 @@ def test_garbage_in_the_store_is_refused(tmp_path):
 
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     store.set("/rtrain/garbage/round", "not a number")
-    argv = [
-        "--nnodes=1",
-        "--rdzv-backend=c10d",
-        "--rdzv-id=garbage",
-        f"--rdzv-endpoint=127.0.0.1:{store.port}",
-        "--rdzv-conf=is_host=false,join_timeout=5",
-        PROBE,
-    ]
+    argv = _c10d(store.port, "is_host=false,join_timeout=5", nnodes=1, run_id="garbage")
     result = run([*RTRAIN, *argv], probe_env(tmp_path), timeout=60)
     _assert_one_clear_error(result, TEMPFAIL, "round counter")
