@@ -18,7 +18,7 @@ import socket
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from types import FrameType
@@ -134,7 +134,6 @@ class Agent:
 
     def _run(self) -> RunResult:
         rdzv_spec = self.spec.rdzv
-        endpoint = f"{rdzv_spec.host}:{rdzv_spec.port}"
         try:
             opened = open_rendezvous_store(
                 rdzv_spec.host,
@@ -307,7 +306,7 @@ class Agent:
             self._wait_count(lambda: rdzv.exited_count(generation), size)
         return True
 
-    def _wait_count(self, read: Any, expected: int) -> None:
+    def _wait_count(self, read: Callable[[], int], expected: int) -> None:
         end = time.monotonic() + self.spec.rdzv.close_timeout
         try:
             while read() < expected and time.monotonic() < end:

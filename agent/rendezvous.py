@@ -76,18 +76,15 @@ class StoreRendezvous:
     # -- generations --
 
     def current_round(self) -> int:
-        key = self._keys.round
-        if not self._exists(key):
-            self._call("compare_set", key, "", "0")
+        # One round trip: creates the counter at "0" if missing, else returns its value.
         try:
-            return decode_int(self._call("get", key), "round counter")
+            return decode_int(self._call("compare_set", self._keys.round, "", "0"), "round counter")
         except ProtocolError as exc:
             raise RendezvousError(f"refusing the job's state in the store: {exc}") from None
 
-    def open_next_round(self, generation: int) -> int:
+    def open_next_round(self, generation: int) -> None:
         """Advance the job from `generation` to the next one (idempotent across agents)."""
         self._call("compare_set", self._keys.round, str(generation), str(generation + 1))
-        return self.current_round()
 
     def join(self, member: MemberInfo, check_stop: Callable[[], None] | None = None) -> Membership:
         """Block until a generation closes with this node in it; raise on timeout or abort."""
@@ -134,7 +131,6 @@ class StoreRendezvous:
                 )
                 if size is not None:
                     self._try_close(target, size)
-                    continue
             if self._clock() > deadline:
                 raise RendezvousError(
                     f"rendezvous timed out: {joined} of at least {nodes.min_nodes} nodes joined "

@@ -45,6 +45,7 @@ def run_launch(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     from rtrain.cli import render
     from rtrain.cli.launch_args import parse_launch_args
     from rtrain.core.launch_spec import build_launch_spec
+    from rtrain.core.worker_env import omp_threads_default
 
     base_env = dict(environ)
     try:
@@ -64,7 +65,7 @@ def run_launch(argv: Sequence[str], environ: Mapping[str, str]) -> int:
             f"rtrain: warning: {flag} is accepted for compatibility but not acted on",
             file=sys.stderr,
         )
-    if "OMP_NUM_THREADS" not in environ and nproc > 1:
+    if omp_threads_default(environ, nproc) is not None:
         print(
             "rtrain: OMP_NUM_THREADS is unset; setting it to 1 for each worker "
             "(tune it for your application)",
@@ -81,9 +82,7 @@ def run_launch(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     if result.state is AgentState.SUCCEEDED:
         return result.exit_code
     if result.failures:
-        render.failure_report(
-            console, spec.entrypoint.display_name, result.failures, result.message
-        )
+        render.failure_report(console, spec.entrypoint.target, result.failures, result.message)
     else:
         _error(result.message)
     return result.exit_code

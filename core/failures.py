@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 FailureKind = Literal["exit", "signal", "hang", "lost_node", "unhealthy_gpu", "agent"]
@@ -29,7 +29,6 @@ class FailureRecord:
     message: str = ""
     traceback: str = ""
     error_file: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def signal_name(self) -> str | None:
@@ -69,7 +68,6 @@ class FailureRecord:
                 message=str(data.get("message", "")),
                 traceback=str(data.get("traceback", "")),
                 error_file=str(data.get("error_file", "")),
-                extra=dict(data.get("extra") or {}),
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, RecordError):

@@ -72,10 +72,6 @@ class EntryPoint:
     target: str
     args: tuple[str, ...]
 
-    @property
-    def display_name(self) -> str:
-        return self.target
-
 
 @dataclass(frozen=True)
 class LaunchSpec:

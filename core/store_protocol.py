@@ -171,10 +171,9 @@ class Membership:
         raw_members = data.get("members")
         if not isinstance(raw_members, list) or not raw_members:
             raise ProtocolError("membership: members must be a non-empty list")
-        members = tuple(
-            MemberInfo._from_dict(m) if isinstance(m, dict) else _bad("membership: member")
-            for m in raw_members
-        )
+        if not all(isinstance(m, dict) for m in raw_members):
+            raise ProtocolError("membership: every member must be a JSON object")
+        members = tuple(MemberInfo._from_dict(m) for m in raw_members)
         if len({m.node_id for m in members}) != len(members):
             raise ProtocolError("membership: a node appears twice")
         return cls(generation, members)
@@ -274,7 +273,3 @@ def _object(payload: bytes | str, what: str) -> dict[str, Any]:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _bad(what: str) -> MemberInfo:
-    raise ProtocolError(f"{what}: expected a JSON object")
