@@ -13,10 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rtrain.core.errors import RtrainError
+
 logger = logging.getLogger(__name__)
 
 
-class PoolDied(Exception):
+class PoolDied(RtrainError):
     """The zygote exited; every worker it held is gone with it."""
 
 
@@ -128,8 +130,9 @@ class WorkerPool:
             self._pending.extend(self._read(timeout))
         exits = [m for m in self._pending if m.get("ev") == "exited"]
         self._pending = [m for m in self._pending if m.get("ev") != "exited"]
-        now = time.time()
-        return [WorkerExit(m["id"], int(m["pid"]), int(m["exitcode"]), now) for m in exits]
+        return [
+            WorkerExit(m["id"], int(m["pid"]), int(m["exitcode"]), float(m["time"])) for m in exits
+        ]
 
     def _send(self, message: dict[str, Any]) -> None:
         assert self._sock is not None

@@ -8,7 +8,8 @@ The agent talks to the zygote over a socketpair, one JSON object per line:
                     {"op": "signal", "sig": N}   (every live worker's process group)
   zygote -> agent   {"ev": "ready", "preload_errors": {...}}
                     {"ev": "started", "id": ..., "pid": N}
-                    {"ev": "exited", "id": ..., "pid": N, "exitcode": N}  (negative: signal)
+                    {"ev": "exited", "id": ..., "pid": N, "exitcode": N, "time": T}
+                    (exitcode negative: killed by that signal; time: when it was reaped)
 
 The zygote reaps its children (it is their parent), so an exit is reported the moment
 SIGCHLD arrives. It dies with the agent (parent-death signal), and its workers die
@@ -26,6 +27,7 @@ import select
 import signal
 import socket
 import sys
+import time
 from typing import Any
 
 from rtrain.agent.worker_boot import boot, set_parent_death_signal
@@ -106,7 +108,15 @@ class Zygote:
             worker_id = self._children.pop(pid, None)
             if worker_id is not None:
                 code = os.waitstatus_to_exitcode(status)
-                self.send({"ev": "exited", "id": worker_id, "pid": pid, "exitcode": code})
+                self.send(
+                    {
+                        "ev": "exited",
+                        "id": worker_id,
+                        "pid": pid,
+                        "exitcode": code,
+                        "time": time.time(),
+                    }
+                )
 
 
 def preload(modules: list[str]) -> dict[str, str]:

@@ -71,7 +71,7 @@ def test_killed_worker_is_reported_by_signal(tmp_path):
 def _start_long_job(
     tmp_path, *flags: str, **env_extra: str
 ) -> tuple[subprocess.Popen, list[psutil.Process]]:
-    env = probe_env(tmp_path, PROBE_STEPS="100000", PROBE_STEP_SLEEP="0.05", **env_extra)
+    env = probe_env(tmp_path, **{"PROBE_STEPS": "100000", "PROBE_STEP_SLEEP": "0.05", **env_extra})
     agent = subprocess.Popen(
         [*RTRAIN, "--nproc-per-node=2", *flags, PROBE],
         env=env,
@@ -125,3 +125,20 @@ def test_worker_ignoring_sigterm_is_killed_after_shutdown_timeout(tmp_path):
     assert 2.0 <= elapsed < 6.0, elapsed
     _, alive = psutil.wait_procs(workers, timeout=1.0)
     assert not alive
+
+
+def test_killed_worker_pool_is_a_worker_failure_and_restarts(tmp_path):
+    """SIGKILL of the zygote takes its workers down; the agent restarts a new pool."""
+    agent, workers = _start_long_job(tmp_path, "--max-restarts=1", PROBE_STEPS="60")
+    time.sleep(1.0)
+    zygote = psutil.Process(workers[0].ppid())
+    zygote.send_signal(signal.SIGKILL)
+    _, alive = psutil.wait_procs(workers, timeout=2.0)
+    assert not alive
+    code = agent.wait(timeout=90)
+    stderr = agent.stderr.read()
+    assert code == 0, stderr[-3000:]
+    assert "restarting the job (1 of 1 restarts used)" in stderr
+    assert "starting a new one" in stderr  # the pool was replaced
+    found = records(tmp_path)
+    assert found[(1, 0)]["steps"] == 60 and found[(1, 1)]["steps"] == 60
