@@ -65,24 +65,18 @@ def test_unreachable_endpoint_is_bounded_by_join_timeout(tmp_path):
     assert time.monotonic() - started < 20
 
 
-def test_busy_port_held_by_another_program(tmp_path):
+@pytest.mark.parametrize(
+    ("conf", "fragment"),
+    [("join_timeout=3", "127.0.0.1:{port}"), ("is_host=true", "in use")],
+    ids=["joins-as-client", "told-to-host"],
+)
+def test_busy_port_held_by_another_program(tmp_path, conf, fragment):
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
         port = squatter.getsockname()[1]
-        argv = _c10d(port, "join_timeout=3")
-        result = run([*RTRAIN, *argv], probe_env(tmp_path), timeout=60)
-    _assert_one_clear_error(result, TEMPFAIL, f"127.0.0.1:{port}")
-
-
-def test_busy_port_when_told_to_host(tmp_path):
-    with socket.socket() as squatter:
-        squatter.bind(("127.0.0.1", 0))
-        squatter.listen()
-        port = squatter.getsockname()[1]
-        argv = _c10d(port, "is_host=true")
-        result = run([*RTRAIN, *argv], probe_env(tmp_path), timeout=60)
-    _assert_one_clear_error(result, TEMPFAIL, "in use")
+        result = run([*RTRAIN, *_c10d(port, conf)], probe_env(tmp_path), timeout=60)
+    _assert_one_clear_error(result, TEMPFAIL, fragment.format(port=port))
 
 
 def test_too_few_nodes_times_out(tmp_path):
