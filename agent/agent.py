@@ -6,7 +6,9 @@
                  +------ UNHEALTHY -> FAILED
 
 Each pass through RENDEZVOUS is a new generation with a fresh worker store, so no
-state of an earlier generation can reach a later one.
+state of an earlier generation can reach a later one. While HEALTHY the agent watches
+its workers (exits, heartbeats), its peers' leases, and the round counter: a round
+that moved past this generation fences the node, which stops its workers and rejoins.
 """
 
 from __future__ import annotations
@@ -16,30 +18,35 @@ import os
 import signal
 import socket
 import tempfile
-import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from types import FrameType
 from typing import Any
 
 from rtrain.agent import log
+from rtrain.agent.faults import FaultPolicy, kill_hung
+from rtrain.agent.generation import Generation, generation_topology, write_topology
+from rtrain.agent.hang_watch import HangWatch
+from rtrain.agent.job_end import JobEnd
+from rtrain.agent.lease import LeaseKeeper, PeerLeases
 from rtrain.agent.log_tail import LogTail
 from rtrain.agent.rendezvous import JobAborted, StoreRendezvous
-from rtrain.agent.store import OpenedStore, host_store, open_rendezvous_store
+from rtrain.agent.store import connect_store, host_store, open_rendezvous_store
 from rtrain.agent.worker_pool import WorkerPool
 from rtrain.agent.workers import WorkerGroup
 from rtrain.core.errors import ExitCode, RendezvousError, RtrainError, exit_code_for_signal
 from rtrain.core.failures import FailureRecord, root_cause_first
 from rtrain.core.launch_spec import LaunchSpec
-from rtrain.core.store_protocol import AbortRecord, MemberInfo, Membership
+from rtrain.core.store_protocol import MemberInfo, Membership, StoreKeys
+from rtrain.core.topology import LayoutError
+from rtrain.core.worker_api import TOPOLOGY_FILE
 
 logger = logging.getLogger(__name__)
 
 # Workers of a failed generation get this long after SIGTERM before SIGKILL.
 RESTART_STOP_GRACE_S = 3.0
-POLL_S = 0.02
 
 
 class AgentState(str, Enum):
@@ -90,12 +97,10 @@ class Agent:
         self._base_env = dict(base_env)
         self._pool = WorkerPool(spec.preload, base_env)
         self._tail = LogTail()
-        self._group: WorkerGroup | None = None
         self._signal: int | None = None
         self._previous_handlers: dict[int, Any] = {}
-        self._generation = 0
-        self._restarts_used = 0
-        self._node_rank: int | None = spec.node_rank
+        self._gen: Generation | None = None
+        self._lease: LeaseKeeper | None = None
         self._worker_store: Any = None
         log.set_node(self.addr)
 
@@ -104,10 +109,6 @@ class Agent:
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self._signal = signum
 
-    def _install_signal_handlers(self) -> None:
-        for signum in self.spec.signals_to_handle:
-            self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
-
     def _check_signal(self) -> None:
         if self._signal is not None:
             raise Interrupted(self._signal)
@@ -115,13 +116,15 @@ class Agent:
     # -- the run --
 
     def run(self) -> RunResult:
-        self._install_signal_handlers()
+        for signum in self.spec.signals_to_handle:
+            self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
         self._pool.start()
         try:
             return self._run()
         finally:
-            if self._group is not None:
-                self._group.stop(signal.SIGKILL, 1.0)
+            self._stop_group(signal.SIGKILL, 1.0)
+            if self._lease is not None:
+                self._lease.close()
             self._pool.close()
             self._tail.close()
             for signum, handler in self._previous_handlers.items():
@@ -147,33 +150,64 @@ class Agent:
             return self._result(AgentState.FAILED, exc.exit_code, str(exc))
         endpoint = f"{rdzv_spec.host}:{opened.port}"
         rdzv = StoreRendezvous(opened.store, self.spec, endpoint)
+        self._lease = LeaseKeeper(
+            lambda: connect_store(rdzv_spec.host, opened.port, 10.0, rdzv_spec.read_timeout).store,
+            StoreKeys(rdzv_spec.run_id),
+            self.spec.faults.heartbeat_interval,
+        )
+        end = JobEnd(rdzv, opened.is_host, rdzv_spec.close_timeout, self._check_signal)
+        self._policy = FaultPolicy(rdzv, self.spec, self.addr, self._check_signal)
         try:
-            return self._generations(rdzv, opened)
+            return self._generations(rdzv, end)
         except Interrupted as exc:
-            return self._interrupted(rdzv, opened, exc.signum)
+            name = signal.Signals(exc.signum).name
+            logger.warning(
+                "received %s; stopping workers (up to %gs)", name, self.spec.shutdown_timeout
+            )
+            self._stop_group(exc.signum, self.spec.shutdown_timeout)
+            end.end_job(self._gen, ExitCode.TEMPFAIL, f"received {name}")
+            return self._result(
+                AgentState.FAILED, exit_code_for_signal(exc.signum), f"stopped by {name}"
+            )
         except JobAborted as exc:
-            return self._aborted(rdzv, exc.record)
+            self._stop_group(signal.SIGTERM, RESTART_STOP_GRACE_S)
+            failures = end.read_abort(self._gen, exc.record)
+            message = f"job ended by node {exc.record.node_rank}: {exc.record.reason}"
+            return self._result(AgentState.FAILED, exc.record.exit_code, message, failures)
+        except LayoutError as exc:
+            self._stop_group(signal.SIGTERM, RESTART_STOP_GRACE_S)
+            end.end_job(self._gen, ExitCode.LAYOUT, str(exc))
+            return self._result(AgentState.FAILED, ExitCode.LAYOUT, str(exc))
         except RtrainError as exc:
             self._stop_group(signal.SIGTERM, RESTART_STOP_GRACE_S)
-            return self._result(AgentState.FAILED, exc.exit_code, str(exc))
+            message = end.explain(self._gen, exc, self.spec.nodes.min_nodes)
+            return self._result(AgentState.FAILED, exc.exit_code, message)
 
-    def _generations(self, rdzv: StoreRendezvous, opened: OpenedStore) -> RunResult:
+    def _generations(self, rdzv: StoreRendezvous, end: JobEnd) -> RunResult:
         while True:
             self._set_state(AgentState.RENDEZVOUS)
+            if rdzv.is_excluded(self.addr):
+                limit = self.spec.faults.max_node_failures
+                raise RtrainError(
+                    f"this node ({self.addr}) is excluded from the job: it failed {limit} times "
+                    f"(--max-node-failures={limit})"
+                )
+            previous = self._gen
             member = MemberInfo(
                 node_id=self.node_id,
                 addr=self.addr,
                 local_world_size=self.nproc,
                 requested_rank=self.spec.node_rank,
-                prev_rank=self._node_rank,
+                prev_rank=previous.node_rank if previous is not None else None,
             )
-            membership = rdzv.join(member, check_stop=self._check_signal)
-            group = self._start_generation(rdzv, membership)
+            membership = rdzv.join(
+                member, check_stop=self._check_signal, expected=self._policy.survivors(previous)
+            )
+            gen = self._start_generation(rdzv, membership, previous)
             self._set_state(AgentState.HEALTHY)
-            outcome = self._monitor(rdzv, membership)
-            generation = membership.generation
+            outcome = self._monitor(rdzv, gen)
             if outcome is Outcome.SUCCEEDED:
-                if self._exit_barrier(rdzv, opened, membership):
+                if end.exit_barrier(membership):
                     self._set_state(AgentState.SUCCEEDED)
                     return self._result(
                         AgentState.SUCCEEDED, ExitCode.SUCCESS, "all workers succeeded"
@@ -181,68 +215,27 @@ class Agent:
                 logger.info("another node restarted the job after this node finished; rejoining")
                 continue
             self._set_state(AgentState.UNHEALTHY)
-            if outcome is Outcome.MEMBERSHIP_CHANGE:
-                self._stop_group(signal.SIGTERM, RESTART_STOP_GRACE_S)
-                rdzv.open_next_round(generation)
-                continue
-            result = self._after_local_failure(rdzv, opened, membership, group)
-            if result is not None:
-                return result
-            rdzv.open_next_round(generation)
+            self._stop_group(signal.SIGTERM, RESTART_STOP_GRACE_S)
+            if outcome is Outcome.LOCAL_FAILURE:
+                give_up = self._policy.after_local_failure(gen)
+                if give_up is not None:
+                    end.end_job(gen, give_up.exit_code, give_up.reason)
+                    return self._result(
+                        AgentState.FAILED, give_up.exit_code, give_up.reason, give_up.failures
+                    )
+            rdzv.open_next_round(gen.number)
 
-    def _after_local_failure(
-        self,
-        rdzv: StoreRendezvous,
-        opened: OpenedStore,
-        membership: Membership,
-        group: WorkerGroup,
-    ) -> RunResult | None:
-        """Record the failure; charge a restart if this node was first to report; maybe give up."""
+    def _start_generation(
+        self, rdzv: StoreRendezvous, membership: Membership, previous: Generation | None
+    ) -> Generation:
         generation = membership.generation
-        failures = group.failure_records(self.addr)
-        self._stop_group(signal.SIGTERM, RESTART_STOP_GRACE_S)
-        for record in failures:
-            rdzv.record_failure(record)
-        first = root_cause_first(failures)[0]
-        if not rdzv.claim_restart(generation):
-            logger.info(
-                "worker rank %s failed after another node reported a failure; "
-                "this node is not charged a restart",
-                first.rank,
-            )
-            return None
-        if self._restarts_used >= self.spec.max_restarts:
-            reason = (
-                f"worker rank {first.rank} on node {first.node_rank} failed "
-                f"(exit {first.describe_exit()}); "
-                f"max_restarts={self.spec.max_restarts} exhausted"
-            )
-            node_rank = membership_rank(membership, self.node_id)
-            rdzv.abort(AbortRecord(generation, node_rank, reason, ExitCode.JOB_FAILED))
-            self._linger_after_abort(rdzv, opened, membership)
-            return self._result(
-                AgentState.FAILED,
-                ExitCode.JOB_FAILED,
-                reason,
-                failures=rdzv.failures(generation, len(membership.members)),
-            )
-        self._restarts_used += 1
-        logger.warning(
-            "worker rank %s failed (exit %s); restarting the job (%d of %d restarts used)",
-            first.rank,
-            first.describe_exit(),
-            self._restarts_used,
-            self.spec.max_restarts,
-        )
-        return None
-
-    def _start_generation(self, rdzv: StoreRendezvous, membership: Membership) -> WorkerGroup:
-        generation = membership.generation
-        self._generation = generation
         log.set_generation(generation)
         node_rank = membership_rank(membership, self.node_id)
-        self._node_rank = node_rank
         log.set_node(f"node{node_rank}")
+        assert self._lease is not None
+        self._lease.hold(generation, node_rank)
+        topology = generation_topology(rdzv, self.spec.layout, membership, previous)
+        logger.info("generation %d layout: %s", generation, topology.summary())
         self._worker_store = None  # the previous generation's store closes here
         if node_rank == 0:
             opened = host_store(self.addr, 0, self.spec.rdzv.read_timeout)
@@ -261,108 +254,71 @@ class Agent:
             master[0],
             master[1],
         )
+        topology_file = write_topology(self.run_log_dir, topology)
+        hangs = HangWatch(self.spec.faults.hang_timeout)
+
+        def extra_env(local_rank: int, log_dir: str) -> dict[str, str]:
+            return {TOPOLOGY_FILE: topology_file, **hangs.worker_env(local_rank, log_dir)}
+
         self._pool.ensure_running()
         group = WorkerGroup(
-            self._pool, self.spec, assignment, self.run_log_dir, self._base_env, self._tail
+            self._pool,
+            self.spec,
+            assignment,
+            self.run_log_dir,
+            self._base_env,
+            self._tail,
+            extra_env,
         )
-        self._group = group
+        peers = PeerLeases(
+            rdzv.call,
+            StoreKeys(self.spec.rdzv.run_id),
+            generation,
+            [n for n in range(len(membership.members)) if n != node_rank],
+            self.spec.faults.heartbeat_timeout,
+            self.spec.faults.heartbeat_interval,
+        )
+        self._gen = Generation(membership, node_rank, group, peers, hangs, topology)
+        self._policy.settle(previous, self._gen)
         group.start()
-        return group
+        return self._gen
 
-    def _monitor(self, rdzv: StoreRendezvous, membership: Membership) -> Outcome:
-        group = self._group
-        assert group is not None
-        generation = membership.generation
-        room_to_grow = len(membership.members) < self.spec.nodes.max_nodes
+    def _monitor(self, rdzv: StoreRendezvous, gen: Generation) -> Outcome:
+        group, generation = gen.group, gen.number
+        room_to_grow = len(gen.membership.members) < self.spec.nodes.max_nodes
         while True:
             self._check_signal()
             group.poll(self.spec.monitor_interval)
+            if rdzv.round_moved_past(generation):
+                self._log_fenced(rdzv, gen)
+                return Outcome.MEMBERSHIP_CHANGE
+            hung = gen.hangs.hung([w.local_rank for w in group.running])
+            if hung:
+                kill_hung(group, gen.hangs, hung)
             if group.failed:
                 return Outcome.LOCAL_FAILURE
             if group.succeeded:
                 return Outcome.SUCCEEDED
             rdzv.raise_if_aborted()
-            if rdzv.round_moved_past(generation):
-                logger.info("another node started generation %d; restarting", generation + 1)
+            if self._policy.check_peers(gen):
                 return Outcome.MEMBERSHIP_CHANGE
             if room_to_grow and rdzv.waiting_nodes(generation) > 0:
                 logger.info("a new node is waiting to join; restarting to admit it")
                 return Outcome.MEMBERSHIP_CHANGE
 
-    def _exit_barrier(
-        self, rdzv: StoreRendezvous, opened: OpenedStore, membership: Membership
-    ) -> bool:
-        """Wait for every node to finish; False if the job moved to a new generation instead."""
-        generation, size = membership.generation, len(membership.members)
-        rdzv.mark_done(generation)
-        while rdzv.done_count(generation) < size:
-            self._check_signal()
-            rdzv.raise_if_aborted()
-            if rdzv.round_moved_past(generation):
-                return False
-            time.sleep(POLL_S)
-        rdzv.mark_exited(generation)
-        if opened.is_host:  # keep the store up until every node has seen the barrier pass
-            self._wait_count(lambda: rdzv.exited_count(generation), size)
-        return True
-
-    def _wait_count(self, read: Callable[[], int], expected: int) -> None:
-        end = time.monotonic() + self.spec.rdzv.close_timeout
-        try:
-            while read() < expected and time.monotonic() < end:
-                time.sleep(POLL_S)
-        except RendezvousError:
-            pass
-
-    def _linger_after_abort(
-        self, rdzv: StoreRendezvous, opened: OpenedStore, membership: Membership
-    ) -> None:
-        if opened.is_host:  # let the others read why before the store goes away
-            self._wait_count(rdzv.abort_acks, len(membership.members) - 1)
+    def _log_fenced(self, rdzv: StoreRendezvous, gen: Generation) -> None:
+        if gen.node_rank in self._policy.lost(gen):
+            logger.warning(
+                "fenced: the other nodes found this node's lease expired in generation %d and "
+                "went on without it; stopping its workers and rejoining",
+                gen.number,
+            )
+        else:
+            logger.info("another node started generation %d; restarting", gen.number + 1)
 
     def _stop_group(self, sig: int, timeout: float) -> None:
-        if self._group is not None:
-            self._group.stop(sig, timeout)
-
-    def _interrupted(self, rdzv: StoreRendezvous, opened: OpenedStore, signum: int) -> RunResult:
-        name = signal.Signals(signum).name
-        logger.warning(
-            "received %s; stopping workers (up to %gs)", name, self.spec.shutdown_timeout
-        )
-        self._stop_group(signum, self.spec.shutdown_timeout)
-        node = self._node_rank if self._node_rank is not None else -1
-        try:
-            rdzv.abort(
-                AbortRecord(
-                    self._generation, node, f"node {node} received {name}", ExitCode.TEMPFAIL
-                )
-            )
-            if opened.is_host:
-                self._wait_count(rdzv.abort_acks, self._known_peers())
-        except RendezvousError:
-            pass
-        return self._result(AgentState.FAILED, exit_code_for_signal(signum), f"stopped by {name}")
-
-    def _known_peers(self) -> int:
-        group = self._group
-        return max(group.assignment.num_nodes - 1, 0) if group is not None else 0
-
-    def _aborted(self, rdzv: StoreRendezvous, record: AbortRecord) -> RunResult:
-        self._stop_group(signal.SIGTERM, RESTART_STOP_GRACE_S)
-        failures: list[FailureRecord] = []
-        try:
-            rdzv.ack_abort()
-            group = self._group
-            if group is not None:
-                failures = rdzv.failures(record.generation, group.assignment.num_nodes)
-        except RendezvousError:
-            pass
-        return self._result(
-            AgentState.FAILED,
-            record.exit_code,
-            f"job ended by node {record.node_rank}: {record.reason}",
-            failures,
-        )
+        if self._gen is not None:
+            self._gen.group.stop(sig, timeout)
 
     def _result(
         self,
@@ -376,7 +332,7 @@ class Agent:
             exit_code=int(code),
             message=message,
             run_log_dir=self.run_log_dir,
-            generation=self._generation,
+            generation=self._gen.number if self._gen is not None else 0,
             failures=root_cause_first(failures or []),
         )
 

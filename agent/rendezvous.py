@@ -35,6 +35,10 @@ POLL_S = 0.02
 SLOT_WRITE_GRACE_S = 5.0
 
 
+def _text(value: bytes | str) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
 class JobAborted(Exception):
     def __init__(self, record: AbortRecord) -> None:
         super().__init__(record.reason)
@@ -71,7 +75,14 @@ class StoreRendezvous:
         return bool(self._call("check", [key]))
 
     def _counter(self, key: str) -> int:
-        return int(self._call("add", key, 0))
+        # get, not add(key, 0): the store drops the connection of an add on a value that
+        # is not an integer, and garbage must be refused with a clear error instead.
+        if not self._exists(key):
+            return 0
+        try:
+            return decode_int(self._call("get", key), key)
+        except ProtocolError as exc:
+            raise RendezvousError(f"refusing the job's state in the store: {exc}") from None
 
     # -- generations --
 
@@ -86,8 +97,18 @@ class StoreRendezvous:
         """Advance the job from `generation` to the next one (idempotent across agents)."""
         self._call("compare_set", self._keys.round, str(generation), str(generation + 1))
 
-    def join(self, member: MemberInfo, check_stop: Callable[[], None] | None = None) -> Membership:
-        """Block until a generation closes with this node in it; raise on timeout or abort."""
+    def join(
+        self,
+        member: MemberInfo,
+        check_stop: Callable[[], None] | None = None,
+        expected: Callable[[], int | None] | None = None,
+    ) -> Membership:
+        """Block until a generation closes with this node in it; raise on timeout or abort.
+
+        expected: how many nodes are known to be coming (the previous generation's
+        survivors), asked on every pass so that a peer found dead meanwhile stops
+        being waited for.
+        """
         rdzv = self._spec.rdzv
         deadline = self._clock() + rdzv.join_timeout
         while True:
@@ -96,7 +117,7 @@ class StoreRendezvous:
             slot = int(self._call("add", self._keys.joins(target), 1))
             self._call("set", self._keys.slot(target, slot), member.encode())
             logger.info("joined round %d as slot %d", target, slot)
-            membership = self._await_close(target, member, deadline, check_stop)
+            membership = self._await_close(target, member, deadline, check_stop, expected)
             if membership is not None:
                 return membership
             logger.info("round %d closed without this node; waiting for the next", target)
@@ -107,6 +128,7 @@ class StoreRendezvous:
         member: MemberInfo,
         deadline: float,
         check_stop: Callable[[], None] | None,
+        expected: Callable[[], int | None] | None,
     ) -> Membership | None:
         nodes = self._spec.nodes
         quorum_since: float | None = None
@@ -116,7 +138,7 @@ class StoreRendezvous:
                 check_stop()
             closed_key = self._keys.closed(target)
             if self._exists(closed_key):
-                membership = self._read_membership(target)
+                membership = self.read_membership(target)
                 if membership.node_rank_of(member.node_id) is None:
                     return None
                 return membership
@@ -127,7 +149,12 @@ class StoreRendezvous:
                     quorum_since = now
                 age = None if quorum_since is None else now - quorum_since
                 size = members_to_close(
-                    joined, nodes.min_nodes, nodes.max_nodes, age, self._spec.rdzv.last_call_timeout
+                    joined,
+                    nodes.min_nodes,
+                    nodes.max_nodes,
+                    age,
+                    self._spec.rdzv.last_call_timeout,
+                    expected() if expected is not None else None,
                 )
                 if size is not None:
                     self._try_close(target, size)
@@ -151,9 +178,14 @@ class StoreRendezvous:
                 )
                 continue
             try:
-                members.append(MemberInfo.decode(self._call("get", key)))
+                member = MemberInfo.decode(self._call("get", key))
             except ProtocolError as exc:
                 logger.error("refusing slot %d of round %d: %s", slot, target, exc)
+                continue
+            if self.is_excluded(member.addr):
+                logger.warning("leaving out %s: excluded for failing too often", member.addr)
+                continue
+            members.append(member)
         if len(members) < self._spec.nodes.min_nodes:
             return
         static = self._spec.rdzv.backend == "static"
@@ -164,7 +196,7 @@ class StoreRendezvous:
         record = Membership(target, ordered).encode()
         self._call("compare_set", self._keys.closed(target), "", record)
 
-    def _read_membership(self, generation: int) -> Membership:
+    def read_membership(self, generation: int) -> Membership:
         payload = self._call("get", self._keys.closed(generation))
         try:
             return Membership.decode(payload, generation)
@@ -212,6 +244,33 @@ class StoreRendezvous:
                 f"refusing the worker store address in the store: {exc}"
             ) from None
 
+    # -- leases and lost nodes --
+
+    def call(self, op: str, *args: Any) -> Any:
+        """A store call with the same error handling, for the lease watchers."""
+        return self._call(op, *args)
+
+    def mark_lost(self, generation: int, node_rank: int, by_node: int) -> bool:
+        """Declare node_rank's lease expired; True for the first agent to declare it."""
+        key = self._keys.lost(generation, node_rank)
+        current = self._call("compare_set", key, "", str(by_node))
+        return _text(current) == str(by_node)
+
+    def lost_nodes(self, generation: int, num_nodes: int) -> list[int]:
+        keys = [self._keys.lost(generation, n) for n in range(num_nodes)]
+        return [n for n, key in enumerate(keys) if self._exists(key)]
+
+    def count_node_failure(self, addr: str) -> int:
+        return int(self._call("add", self._keys.node_failures(addr), 1))
+
+    def node_failures(self, addr: str) -> int:
+        return self._counter(self._keys.node_failures(addr))
+
+    def is_excluded(self, addr: str) -> bool:
+        """A flapping node: charged --max-node-failures failures (0 means never excluded)."""
+        limit = self._spec.faults.max_node_failures
+        return limit > 0 and self.node_failures(addr) >= limit
+
     # -- failures, completion, abort --
 
     def record_failure(self, record: FailureRecord) -> None:
@@ -254,8 +313,10 @@ class StoreRendezvous:
     def abort_acks(self) -> int:
         return self._counter(self._keys.abort_acks)
 
-    def abort(self, record: AbortRecord) -> None:
-        self._call("compare_set", self._keys.abort, "", record.encode())
+    def abort(self, record: AbortRecord) -> bool:
+        """Write the abort record unless one exists; True if this call wrote it."""
+        payload = record.encode()
+        return _text(self._call("compare_set", self._keys.abort, "", payload)) == payload
 
     def read_abort(self) -> AbortRecord | None:
         if not self._exists(self._keys.abort):

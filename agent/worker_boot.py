@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import faulthandler
 import io
 import os
 import runpy
@@ -24,6 +25,7 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, NoReturn
 
+from rtrain.agent.hang_watch import STACK_FILE, STACK_SIGNAL
 from rtrain.core.failures import error_file_payload
 
 PR_SET_PDEATHSIG = 1
@@ -67,6 +69,21 @@ def _become_worker(request: dict[str, Any], parent_pid: int, inherited_fds: Sequ
     os.chdir(request["cwd"])
     _redirect(request.get("stdout_file"), 1)
     _redirect(request.get("stderr_file"), 2)
+    _arm_stack_dump()
+
+
+# Kept open for the worker's life: faulthandler writes to it from a signal handler.
+_stack_file: Any = None
+
+
+def _arm_stack_dump() -> None:
+    """Let the agent ask for this worker's stack when it looks hung (see hang_watch)."""
+    global _stack_file
+    path = os.environ.get(STACK_FILE)
+    if not path:
+        return
+    _stack_file = open(path, "a")  # noqa: SIM115 - must outlive this function
+    faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
 
 
 def _redirect(path: str | None, fd: int) -> None:

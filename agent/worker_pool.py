@@ -124,6 +124,10 @@ class WorkerPool:
         if self.running:
             self._send({"op": "signal", "sig": int(sig)})
 
+    def signal(self, worker_id: str, sig: int) -> None:
+        if self.running:
+            self._send({"op": "signal", "sig": int(sig), "id": worker_id})
+
     def poll_exits(self, timeout: float) -> list[WorkerExit]:
         """Worker exits reported since the last call, waiting up to `timeout` for the first."""
         if not any(m.get("ev") == "exited" for m in self._pending):

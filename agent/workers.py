@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from rtrain.agent.log_tail import LogTail
@@ -40,6 +40,9 @@ class Worker:
     exit_time: float = 0.0
     # Exits after the agent asked the group to stop are the agent's doing, not failures.
     stopped_by_agent: bool = False
+    # Set when the agent found the worker hung and killed it: why, and its stack.
+    hang_message: str = ""
+    hang_stack: str = ""
 
     @property
     def worker_id(self) -> str:
@@ -55,8 +58,10 @@ class WorkerGroup:
         run_log_dir: str,
         base_env: Mapping[str, str],
         tail: LogTail,
+        extra_env: Callable[[int, str], Mapping[str, str]] | None = None,
     ) -> None:
         self._pool = pool
+        self._extra_env = extra_env
         self._spec = spec
         self.assignment = assignment
         self._run_log_dir = run_log_dir
@@ -82,6 +87,8 @@ class WorkerGroup:
             if stderr_file and plan.tee & STDERR:
                 self._tail.add(stderr_file, prefix, sys.stderr)
             env = worker_environment(spec, a, local_rank, worker.error_file, self._base_env)
+            if self._extra_env is not None:
+                env.update(self._extra_env(local_rank, log_dir))
             worker.pid = self._pool.spawn(
                 {
                     "id": worker.worker_id,
@@ -136,6 +143,16 @@ class WorkerGroup:
     def succeeded(self) -> bool:
         return bool(self.workers) and all(w.exitcode == 0 for w in self.workers)
 
+    def kill_hung(self, worker: Worker, message: str, stack: str) -> None:
+        """SIGKILL one hung worker (SIGTERM would stay pending on a stopped process)."""
+        worker.hang_message, worker.hang_stack = message, stack
+        self._pool.signal(worker.worker_id, signal.SIGKILL)
+        end = time.monotonic() + KILL_WAIT_S
+        while worker.exitcode is None and time.monotonic() < end:
+            self.poll(0.05)
+        if worker.exitcode is None:
+            worker.exitcode, worker.exit_time = -int(signal.SIGKILL), time.time()
+
     def stop(self, sig: int, timeout: float) -> None:
         """Send `sig` to every worker, wait up to `timeout`, then SIGKILL what is left."""
         self._stopping = True
@@ -169,9 +186,15 @@ class WorkerGroup:
                 except (OSError, RecordError) as exc:
                     message = f"unreadable error file ({exc})"
             assert worker.exitcode is not None
+            if worker.hang_message:
+                message, trace = worker.hang_message, worker.hang_stack
             records.append(
                 FailureRecord(
-                    kind="signal" if worker.exitcode < 0 else "exit",
+                    kind="hang"
+                    if worker.hang_message
+                    else "signal"
+                    if worker.exitcode < 0
+                    else "exit",
                     generation=self.assignment.generation,
                     node_rank=self.assignment.node_rank,
                     host=host,

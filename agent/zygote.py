@@ -5,7 +5,8 @@ The agent talks to the zygote over a socketpair, one JSON object per line:
 
   agent -> zygote   {"op": "spawn", "id": ..., "kind", "target", "args", "env", "cwd",
                      "stdout_file", "stderr_file"}
-                    {"op": "signal", "sig": N}   (every live worker's process group)
+                    {"op": "signal", "sig": N, "id": ...}   (that worker's process group;
+                                                            without "id", every worker's)
   zygote -> agent   {"ev": "ready", "preload_errors": {...}}
                     {"ev": "started", "id": ..., "pid": N}
                     {"ev": "exited", "id": ..., "pid": N, "exitcode": N, "time": T}
@@ -73,7 +74,7 @@ class Zygote:
         if op == "spawn":
             self._spawn(message)
         elif op == "signal":
-            self._signal_all(int(message["sig"]))
+            self._signal_all(int(message["sig"]), message.get("id"))
         elif op == "exit":
             self._signal_all(signal.SIGKILL)
             raise SystemExit(0)
@@ -88,9 +89,11 @@ class Zygote:
         self._children[pid] = request["id"]
         self.send({"ev": "started", "id": request["id"], "pid": pid})
 
-    def _signal_all(self, sig: int) -> None:
+    def _signal_all(self, sig: int, worker_id: str | None = None) -> None:
         # Only unreaped children are signalled, so a pid is never a recycled one.
-        for pid in list(self._children):
+        for pid, wid in list(self._children.items()):
+            if worker_id is not None and wid != worker_id:
+                continue
             try:
                 os.killpg(pid, sig)
             except (ProcessLookupError, PermissionError):

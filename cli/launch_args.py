@@ -49,10 +49,11 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=(
-            "rtrain's own variables for the training script: RTRAIN_GENERATION (the job's "
-            "generation, +1 at every restart). Exit codes: 0 success; 1 the job failed and "
+            "Training scripts may call rtrain.core.heartbeat(step) (hang detection) and "
+            "rtrain.core.topology() (their dp/pp/tp ranks); RTRAIN_GENERATION is the job's "
+            "generation, +1 at every restart. Exit codes: 0 success; 1 the job failed and "
             "rtrain gave up; 64 bad command line; 75 temporary failure (requeue may help); "
-            "128+N stopped by signal N."
+            "76 the nodes left cannot hold the --tp/--pp layout; 128+N stopped by signal N."
         ),
     )
 
@@ -148,6 +149,30 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         help="Modules the worker pool imports once so restarts skip them (comma list, or none).",
     )
     switch(*both("dry-run"), help="Print what rtrain resolved and exit without starting anything.")
+    value("--tp", default=1, help="Tensor-parallel size; each TP group stays on one node.")
+    value("--pp", default=1, help="Pipeline stages; DP is the world size / (PP x TP).")
+    value(
+        *both("heartbeat-interval"),
+        default=1.0,
+        help="Seconds between an agent's lease renewals (default 1).",
+    )
+    value(
+        *both("heartbeat-timeout"),
+        default=None,
+        help="Seconds without a renewal before a node counts as lost "
+        "(default 5, or --rdzv-conf heartbeat_timeout).",
+    )
+    value(
+        *both("hang-timeout"),
+        default=60.0,
+        help="Seconds a worker may go without rtrain.core.heartbeat() after its first call "
+        "before it counts as hung (default 60).",
+    )
+    value(
+        *both("max-node-failures"),
+        default=0,
+        help="Exclude a node from the job after this many failures charged to it (0: never).",
+    )
     parser.add_argument("training_script", nargs="?", help="The script (or module, with -m).")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER)
     return parser

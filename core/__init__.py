@@ -1,6 +1,10 @@
-"""rtrain.core: pure logic (launch spec, store protocol, failure records) and, as the
-issues land, the worker-side API that training scripts call.
+"""rtrain.core: pure logic (launch spec, store protocol, topology, failure records) and
+the worker-side API that training scripts call: `heartbeat(step)` and `topology()`.
 
 Importing this package must stay cheap: `rtrain --help` goes through it, so nothing
 here imports torch at module level.
 """
+
+from rtrain.core.worker_api import WorkerTopology, heartbeat, topology
+
+__all__ = ["WorkerTopology", "heartbeat", "topology"]

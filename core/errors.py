@@ -16,6 +16,9 @@ class ExitCode(IntEnum):
     USAGE = 64
     # The job cannot go on now but a requeue can (no quorum, store unreachable).
     TEMPFAIL = 75
+    # The surviving nodes cannot hold the declared --tp/--pp layout: a requeue onto
+    # the same nodes will not help, more nodes will.
+    LAYOUT = 76
 
 
 def exit_code_for_signal(signum: int) -> int:

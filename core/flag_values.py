@@ -222,6 +222,13 @@ def non_negative_int(flag: str, value: Any) -> int:
     return number
 
 
+def positive_int(flag: str, value: Any) -> int:
+    number = non_negative_int(flag, value)
+    if number == 0:
+        raise UsageError(f"{flag}: expected a positive integer, got {value!r}")
+    return number
+
+
 def positive_float(flag: str, value: Any) -> float:
     try:
         number = float(value)

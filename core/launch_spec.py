@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rtrain.core.errors import UsageError
@@ -27,13 +27,17 @@ from rtrain.core.flag_values import (
     parse_stream_map,
     port_number,
     positive_float,
+    positive_int,
     resolve_nproc,
     validate_nproc,
 )
+from rtrain.core.topology import Layout
 
 __all__ = [
     "EntryPoint",
+    "FaultSpec",
     "LaunchSpec",
+    "Layout",
     "NodeRange",
     "RdzvSpec",
     "StreamMap",
@@ -67,6 +71,20 @@ class RdzvSpec:
 
 
 @dataclass(frozen=True)
+class FaultSpec:
+    """How faults are detected and how often a node may fail (rtrain's own flags)."""
+
+    # Agents renew their lease every heartbeat_interval; a lease not renewed for
+    # heartbeat_timeout means the node is lost.
+    heartbeat_interval: float = 1.0
+    heartbeat_timeout: float = 5.0
+    # A worker that called rtrain.core.heartbeat() and then stopped for this long is hung.
+    hang_timeout: float = 60.0
+    # A node charged this many failures is excluded from the job; 0: never.
+    max_node_failures: int = 0
+
+
+@dataclass(frozen=True)
 class EntryPoint:
     kind: EntryKind
     target: str
@@ -96,6 +114,8 @@ class LaunchSpec:
     # Flags given on the command line that rtrain accepts but does not act on.
     ignored_flags: tuple[str, ...] = ()
     signal_names: tuple[str, ...] = ()
+    layout: Layout = field(default_factory=Layout)
+    faults: FaultSpec = field(default_factory=FaultSpec)
 
 
 def build_launch_spec(raw: Mapping[str, Any]) -> LaunchSpec:
@@ -192,6 +212,44 @@ def build_launch_spec(raw: Mapping[str, Any]) -> LaunchSpec:
         virtual_local_rank=bool(raw.get("virtual_local_rank")),
         preload=parse_preload(raw.get("preload", "torch")),
         ignored_flags=tuple(raw.get("ignored_flags", ())),
+        layout=_layout(raw, nodes, nproc),
+        faults=_faults(raw, conf["heartbeat_timeout"]),
+    )
+
+
+def _layout(raw: Mapping[str, Any], nodes: NodeRange, nproc: str) -> Layout:
+    tp = positive_int("--tp", raw.get("tp", 1))
+    pp = positive_int("--pp", raw.get("pp", 1))
+    layout = Layout(tp=tp, pp=pp)
+    if nproc.isdigit():  # gpu/auto/cpu are resolved on the node; checked there
+        if int(nproc) % tp:
+            raise UsageError(
+                f"--tp={tp} must divide --nproc-per-node={nproc}: "
+                "a tensor-parallel group must stay on one node"
+            )
+        if nodes.min_nodes * int(nproc) < layout.replica_size:
+            raise UsageError(
+                f"--pp={pp} x --tp={tp} needs {layout.replica_size} workers, but "
+                f"{nodes.min_nodes} node(s) x {nproc} give {nodes.min_nodes * int(nproc)}"
+            )
+    return layout
+
+
+def _faults(raw: Mapping[str, Any], conf_heartbeat_timeout: float) -> FaultSpec:
+    interval = positive_float("--heartbeat-interval", raw.get("heartbeat_interval", 1.0))
+    given = raw.get("heartbeat_timeout")
+    timeout = (
+        conf_heartbeat_timeout if given is None else positive_float("--heartbeat-timeout", given)
+    )
+    if timeout <= interval:
+        raise UsageError(
+            f"--heartbeat-timeout={timeout:g} must be longer than --heartbeat-interval={interval:g}"
+        )
+    return FaultSpec(
+        heartbeat_interval=interval,
+        heartbeat_timeout=timeout,
+        hang_timeout=positive_float("--hang-timeout", raw.get("hang_timeout", 60.0)),
+        max_node_failures=non_negative_int("--max-node-failures", raw.get("max_node_failures", 0)),
     )
 
 

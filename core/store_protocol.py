@@ -12,6 +12,9 @@ A job's keys live under /rtrain/<run_id>/. Generations are rounds:
                            and is the one charged a restart
   r<g>/done                counter of nodes whose workers all succeeded
   r<g>/exited              counter of nodes that saw every node done and are leaving
+  r<g>/lease/<node>        the node's lease: a counter its agent renews every heartbeat
+  r<g>/lost/<node>         the node rank of the agent that found <node>'s lease expired
+  node_failures/<addr>     counter of failures charged to the node at <addr> (flapping)
   abort                    an AbortRecord: the whole job stops
   abort_acks               counter of agents that read the abort record
 
@@ -78,6 +81,15 @@ class StoreKeys:
     @property
     def abort_acks(self) -> str:
         return f"{self.prefix}/abort_acks"
+
+    def lease(self, generation: int, node_rank: int) -> str:
+        return f"{self.prefix}/r{generation}/lease/{node_rank}"
+
+    def lost(self, generation: int, node_rank: int) -> str:
+        return f"{self.prefix}/r{generation}/lost/{node_rank}"
+
+    def node_failures(self, addr: str) -> str:
+        return f"{self.prefix}/node_failures/{addr}"
 
 
 @dataclass(frozen=True)
@@ -224,14 +236,23 @@ def order_members(joined: Sequence[MemberInfo], static: bool) -> tuple[MemberInf
 
 
 def members_to_close(
-    joined: int, min_nodes: int, max_nodes: int, quorum_age: float | None, last_call: float
+    joined: int,
+    min_nodes: int,
+    max_nodes: int,
+    quorum_age: float | None,
+    last_call: float,
+    expected: int | None = None,
 ) -> int | None:
     """How many slots to close the round with now, or None to keep waiting.
 
     quorum_age: seconds since this agent first saw at least min_nodes joined.
+    expected: how many nodes are known to be coming (the survivors of the previous
+    generation); once they are all in there is nobody to wait last_call for.
     """
     if joined >= max_nodes:
         return max_nodes
+    if expected is not None and joined >= max(expected, min_nodes):
+        return joined
     if joined >= min_nodes and quorum_age is not None and quorum_age >= last_call:
         return joined
     return None

@@ -1,0 +1,183 @@
+"""FaultPolicy: what an agent does about a fault, and what it costs the job.
+
+- A peer whose lease expired is declared lost in the store (the first declarer wins,
+  so the loss is recorded and counted once) and the job moves to the next generation.
+- A hung worker has its stack taken and is killed, so the worker-failure path below
+  records and recovers it like any other.
+- A worker failure is recorded; only the first node to report one in a generation is
+  charged a restart, and the charge is refunded when the failure turns out to be the
+  loss of a peer node. Every charge and every loss counts against the node's
+  --max-node-failures, which excludes a flapping node.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rtrain.agent.generation import Generation
+from rtrain.agent.hang_watch import HangWatch, capture_stack
+from rtrain.agent.rendezvous import StoreRendezvous
+from rtrain.agent.workers import WorkerGroup
+from rtrain.core.errors import ExitCode
+from rtrain.core.failures import FailureRecord, root_cause_first
+from rtrain.core.launch_spec import LaunchSpec
+from rtrain.core.restart_budget import RestartBudget
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GiveUp:
+    """The job cannot go on: why, with the failures recorded in the store."""
+
+    reason: str
+    failures: list[FailureRecord]
+    exit_code: int = ExitCode.JOB_FAILED
+
+
+class FaultPolicy:
+    def __init__(
+        self,
+        rdzv: StoreRendezvous,
+        spec: LaunchSpec,
+        addr: str,
+        check_signal: Callable[[], None],
+    ) -> None:
+        self._rdzv = rdzv
+        self._spec = spec
+        self._addr = addr
+        self._check_signal = check_signal
+        self.budget = RestartBudget(spec.max_restarts)
+
+    # -- lost nodes --
+
+    def lost(self, gen: Generation) -> list[int]:
+        return self._rdzv.lost_nodes(gen.number, gen.num_nodes)
+
+    def check_peers(self, gen: Generation) -> bool:
+        """Declare every peer whose lease expired; True if any did."""
+        stale = gen.peers.stale()
+        for node in stale:
+            self._declare_lost(gen, node)
+            gen.peers.forget(node)
+        if stale:
+            self._rdzv.open_next_round(gen.number)
+        return bool(stale)
+
+    def _declare_lost(self, gen: Generation, node: int) -> None:
+        addr = gen.membership.members[node].addr
+        if not self._rdzv.mark_lost(gen.number, node, gen.node_rank):
+            return  # another agent declared it first and recorded it
+        timeout = gen.peers.timeout
+        logger.warning(
+            "node %d (%s) lost: its lease was not renewed for %gs; starting generation %d "
+            "without it",
+            node,
+            addr,
+            timeout,
+            gen.number + 1,
+        )
+        self._rdzv.record_failure(
+            FailureRecord(
+                kind="lost_node",
+                generation=gen.number,
+                node_rank=node,
+                host=addr,
+                time=time.time(),
+                message=(
+                    f"lease not renewed for {timeout:g}s (agent, machine or network gone); "
+                    f"detected by node {gen.node_rank}"
+                ),
+            )
+        )
+        self._rdzv.count_node_failure(addr)
+
+    def survivors(self, gen: Generation | None) -> Callable[[], int | None] | None:
+        """For closing the next round: how many nodes of `gen` are still alive."""
+        if gen is None:
+            return None
+
+        def count() -> int:
+            self.check_peers(gen)
+            return gen.num_nodes - len(self.lost(gen))
+
+        return count
+
+    # -- worker failures --
+
+    def after_local_failure(self, gen: Generation) -> GiveUp | None:
+        """Record this node's failed workers (already stopped); None to restart the job."""
+        failures = gen.group.failure_records(self._addr)
+        for record in failures:
+            self._rdzv.record_failure(record)
+        first = root_cause_first(failures)[0]
+        if not self._rdzv.claim_restart(gen.number):
+            logger.info(
+                "worker rank %s failed after another node reported a failure; "
+                "this node is not charged a restart",
+                first.rank,
+            )
+            return None
+        self._rdzv.count_node_failure(self._addr)
+        if self.budget.exhausted and self._peer_loss_explains(gen):
+            logger.info("worker rank %s failed because a peer node was lost", first.rank)
+            return None
+        if self.budget.exhausted:
+            reason = (
+                f"worker rank {first.rank} on node {first.node_rank} failed "
+                f"({first.kind} {first.describe_exit()}); "
+                f"max_restarts={self._spec.max_restarts} exhausted"
+            )
+            return GiveUp(reason, self._rdzv.failures(gen.number, gen.num_nodes))
+        self.budget.charge(gen.number)
+        logger.warning(
+            "worker rank %s failed (%s %s); restarting the job (%d of %d restarts used)",
+            first.rank,
+            first.kind,
+            first.describe_exit(),
+            self.budget.used,
+            self._spec.max_restarts,
+        )
+        return None
+
+    def _peer_loss_explains(self, gen: Generation) -> bool:
+        """Before giving up: wait one lease timeout to see whether a peer node is gone."""
+        if gen.num_nodes < 2:
+            return False
+        deadline = time.monotonic() + gen.peers.timeout + self._spec.faults.heartbeat_interval
+        while time.monotonic() < deadline:
+            self._check_signal()
+            self.check_peers(gen)
+            if self.lost(gen):
+                return True
+            time.sleep(self._spec.monitor_interval)
+        return False
+
+    def settle(self, previous: Generation | None, gen: Generation) -> None:
+        """At a new generation: a restart charged for one that lost a node is refunded."""
+        if previous is not None and self.budget.settle(
+            [m.node_id for m in previous.membership.members],
+            [m.node_id for m in gen.membership.members],
+            gen.number,
+        ):
+            logger.info(
+                "a node of generation %d was lost: its restart is not charged", previous.number
+            )
+
+
+def kill_hung(group: WorkerGroup, hangs: HangWatch, hung: list[int]) -> None:
+    """Take each hung worker's stack into its failure record, then kill it."""
+    by_rank = {w.local_rank: w for w in group.workers}
+    for local_rank in hung:
+        worker = by_rank[local_rank]
+        beat = hangs.read(local_rank)
+        step = f" after step {beat[1]}" if beat is not None and beat[1] >= 0 else ""
+        message = (
+            f"hung: no heartbeat for {hangs.silent_for(local_rank):.1f}s{step} "
+            f"(--hang-timeout={hangs.timeout:g}s); stack taken, worker killed"
+        )
+        logger.warning("worker rank %d %s", worker.rank, message)
+        group.kill_hung(worker, message, capture_stack(worker.pid, hangs.stack_file(local_rank)))

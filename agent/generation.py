@@ -1,0 +1,61 @@
+"""Generation: what one node holds while it runs one generation, and how its grid is made."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from rtrain.agent.hang_watch import HangWatch
+from rtrain.agent.lease import PeerLeases
+from rtrain.agent.rendezvous import StoreRendezvous
+from rtrain.agent.workers import WorkerGroup
+from rtrain.core.store_protocol import Membership
+from rtrain.core.topology import Layout, NodeSlot, Topology, build_grid, recompute_topology
+
+
+@dataclass
+class Generation:
+    membership: Membership
+    node_rank: int
+    group: WorkerGroup
+    peers: PeerLeases
+    hangs: HangWatch
+    topology: Topology
+
+    @property
+    def number(self) -> int:
+        return self.membership.generation
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.membership.members)
+
+
+def generation_topology(
+    rdzv: StoreRendezvous, layout: Layout, membership: Membership, previous: Generation | None
+) -> Topology:
+    """This generation's grid; DP peers and lost ranks come from the one before it.
+
+    Every agent computes the same grid from the same memberships, so none is sent around.
+    """
+    slots = [NodeSlot(m.node_id, m.local_world_size) for m in membership.members]
+    before: Topology | None = None
+    if previous is not None and previous.number == membership.generation - 1:
+        before = previous.topology
+    elif membership.generation > 0:  # joined late: rebuild the last grid from the store
+        last = rdzv.read_membership(membership.generation - 1)
+        before = build_grid(
+            layout,
+            last.generation,
+            [NodeSlot(m.node_id, m.local_world_size) for m in last.members],
+        )
+    return recompute_topology(layout, membership.generation, slots, before)
+
+
+def write_topology(run_log_dir: str, topology: Topology) -> str:
+    """<run log dir>/attempt_<g>/topology.json, which rtrain.core.topology() reads."""
+    path = os.path.join(run_log_dir, f"attempt_{topology.generation}", "topology.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as handle:
+        handle.write(topology.encode())
+    return path
