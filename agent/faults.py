@@ -95,16 +95,17 @@ class FaultPolicy:
         )
         self._rdzv.count_node_failure(addr)
 
-    def survivors(self, gen: Generation | None) -> Callable[[], int | None] | None:
-        """For closing the next round: how many nodes of `gen` are still alive."""
+    def survivors(self, gen: Generation | None) -> Callable[[], set[str]] | None:
+        """For closing the next round: the node ids of `gen` that are still alive."""
         if gen is None:
             return None
 
-        def count() -> int:
+        def alive() -> set[str]:
             self.check_peers(gen)
-            return gen.num_nodes - len(self.lost(gen))
+            lost = set(self.lost(gen))
+            return {m.node_id for n, m in enumerate(gen.membership.members) if n not in lost}
 
-        return count
+        return alive
 
     # -- worker failures --
 

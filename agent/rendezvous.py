@@ -7,6 +7,7 @@ Only non-blocking store calls are used, so the agent stays responsive to signals
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -101,13 +102,12 @@ class StoreRendezvous:
         self,
         member: MemberInfo,
         check_stop: Callable[[], None] | None = None,
-        expected: Callable[[], int | None] | None = None,
+        expected: Callable[[], set[str]] | None = None,
     ) -> Membership:
         """Block until a generation closes with this node in it; raise on timeout or abort.
 
-        expected: how many nodes are known to be coming (the previous generation's
-        survivors), asked on every pass so that a peer found dead meanwhile stops
-        being waited for.
+        expected: the node ids known to be coming (the previous generation's survivors),
+        asked on every pass so that a peer found dead meanwhile stops being waited for.
         """
         rdzv = self._spec.rdzv
         deadline = self._clock() + rdzv.join_timeout
@@ -128,7 +128,7 @@ class StoreRendezvous:
         member: MemberInfo,
         deadline: float,
         check_stop: Callable[[], None] | None,
-        expected: Callable[[], int | None] | None,
+        expected: Callable[[], set[str]] | None,
     ) -> Membership | None:
         nodes = self._spec.nodes
         quorum_since: float | None = None
@@ -154,7 +154,7 @@ class StoreRendezvous:
                     nodes.max_nodes,
                     age,
                     self._spec.rdzv.last_call_timeout,
-                    expected() if expected is not None else None,
+                    expected is not None and expected() <= self._joined_ids(target, joined),
                 )
                 if size is not None:
                     self._try_close(target, size)
@@ -164,6 +164,16 @@ class StoreRendezvous:
                     f"generation {target} within join_timeout={self._spec.rdzv.join_timeout:g}s"
                 )
             time.sleep(POLL_S)
+
+    def _joined_ids(self, target: int, joined: int) -> set[str]:
+        ids = set()
+        for slot in range(1, joined + 1):
+            key = self._keys.slot(target, slot)
+            # Garbage is refused with a log line when the round closes.
+            if self._exists(key):
+                with contextlib.suppress(ProtocolError):
+                    ids.add(MemberInfo.decode(self._call("get", key)).node_id)
+        return ids
 
     def _try_close(self, target: int, size: int) -> None:
         members: list[MemberInfo] = []

@@ -241,17 +241,17 @@ def members_to_close(
     max_nodes: int,
     quorum_age: float | None,
     last_call: float,
-    expected: int | None = None,
+    survivors_in: bool = False,
 ) -> int | None:
     """How many slots to close the round with now, or None to keep waiting.
 
     quorum_age: seconds since this agent first saw at least min_nodes joined.
-    expected: how many nodes are known to be coming (the survivors of the previous
-    generation); once they are all in there is nobody to wait last_call for.
+    survivors_in: every node of the previous generation that is still alive has joined;
+    nobody else is known to be coming, so there is no last call to wait for.
     """
     if joined >= max_nodes:
         return max_nodes
-    if expected is not None and joined >= max(expected, min_nodes):
+    if joined >= min_nodes and survivors_in:
         return joined
     if joined >= min_nodes and quorum_age is not None and quorum_age >= last_call:
         return joined

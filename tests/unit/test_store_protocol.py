@@ -119,6 +119,15 @@ def test_members_to_close(joined, lo, hi, age, last_call, expected):
     assert members_to_close(joined, lo, hi, age, last_call) == expected
 
 
+def test_members_to_close_skips_last_call_once_the_survivors_are_in():
+    # after a node loss: the 2 survivors joined, nobody else is known to come
+    assert members_to_close(2, 2, 3, 0.0, 30, survivors_in=True) == 2
+    # a survivor is missing: wait for it (or for the last call)
+    assert members_to_close(2, 2, 3, 0.0, 30, survivors_in=False) is None
+    # survivors in, but fewer than --nnodes MIN: keep waiting for a replacement
+    assert members_to_close(1, 2, 3, 0.0, 30, survivors_in=True) is None
+
+
 def test_failure_record_round_trip_and_refusal():
     record = FailureRecord(
         kind="signal", generation=1, node_rank=0, host="h", time=5.0, rank=3, exitcode=-9

@@ -1,0 +1,142 @@
+"""LocalCluster: several rtrain agents on localhost, each one a "node" with its own address.
+
+Node i runs with --local-addr 127.0.0.<i+1>; node 0 hosts the rendezvous store (the
+others get is_host=false, so which one starts first does not matter). Faults
+are injected for real: a node is killed (agent, pool and workers together, like a
+machine that dies) or stopped with SIGSTOP (like one that hangs or is cut off).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from tests.integration.helpers import ROOT, RTRAIN, free_port, probe_env
+
+RESUMABLE = str(ROOT / "tests" / "scripts" / "train_resumable.py")
+
+
+class LocalCluster:
+    def __init__(
+        self,
+        tmp: Path,
+        nodes: int,
+        nnodes: str,
+        flags: list[str],
+        conf: str = "join_timeout=30",
+        **env: str,
+    ) -> None:
+        self.conf = conf
+        self.tmp = tmp
+        self.out = tmp / "out"
+        self.port = free_port()
+        self.env = probe_env(self.out, PROBE_CKPT=str(tmp / "ckpt.pt"), **env)
+        self.procs: list[subprocess.Popen[str]] = []
+        self.logs: list[Path] = []
+        for index in range(nodes):
+            self.start_node(index, nnodes, flags)
+
+    def start_node(self, index: int, nnodes: str, flags: list[str]) -> None:
+        log = self.tmp / f"node{index}.log"
+        cmd = [
+            *RTRAIN,
+            f"--nnodes={nnodes}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{self.port}",
+            f"--local-addr=127.0.0.{index + 1}",
+            "--rdzv-id=recovery",
+            f"--rdzv-conf={self.conf},is_host={'true' if index == 0 else 'false'}",
+            *flags,
+            RESUMABLE,
+        ]
+        handle = open(log, "w")  # noqa: SIM115 - the node writes to it until it exits
+        proc = subprocess.Popen(
+            cmd, env=self.env, stdout=handle, stderr=subprocess.STDOUT, text=True, cwd=ROOT
+        )
+        if index < len(self.procs):
+            self.procs[index], self.logs[index] = proc, log
+        else:
+            self.procs.append(proc)
+            self.logs.append(log)
+
+    def node_pids(self, index: int) -> list[int]:
+        """The node's agent and every process under it (pool, workers)."""
+        agent = psutil.Process(self.procs[index].pid)
+        return [agent.pid, *(p.pid for p in agent.children(recursive=True))]
+
+    def kill_node(self, index: int) -> float:
+        pids = self.node_pids(index)
+        when = time.time()
+        for pid in pids:
+            _signal(pid, signal.SIGKILL)
+        return when
+
+    def stop_agent(self, index: int) -> float:
+        when = time.time()
+        os.kill(self.procs[index].pid, signal.SIGSTOP)
+        return when
+
+    def cont_agent(self, index: int) -> None:
+        os.kill(self.procs[index].pid, signal.SIGCONT)
+
+    def progress(self) -> int:
+        """Steps applied so far (rank 0 writes it after every step)."""
+        path = self.out / "progress"
+        try:
+            return int(path.read_text() or 0)
+        except (OSError, ValueError):
+            return 0
+
+    def wait_progress(self, steps: int, timeout: float = 60) -> None:
+        end = time.monotonic() + timeout
+        while self.progress() < steps:
+            assert time.monotonic() < end, f"training never reached step {steps}:\n{self.log(0)}"
+            time.sleep(0.05)
+
+    def wait(self, timeout: float = 120) -> list[int | None]:
+        end = time.monotonic() + timeout
+        codes = []
+        for proc in self.procs:
+            try:
+                codes.append(proc.wait(timeout=max(end - time.monotonic(), 0.1)))
+            except subprocess.TimeoutExpired:
+                codes.append(None)
+        return codes
+
+    def log(self, index: int) -> str:
+        return self.logs[index].read_text()
+
+    def records(self) -> dict[tuple[int, int], dict[str, Any]]:
+        found = {}
+        for path in sorted(self.out.glob("gen*_rank*.json")):
+            gen, rank = path.stem.removeprefix("gen").split("_rank")
+            found[(int(gen), int(rank))] = json.loads(path.read_text())
+        return found
+
+    def fault_time(self, rank: int) -> float:
+        return json.loads((self.out / f"fault_rank{rank}.json").read_text())["t_fault"]
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    pids = self.node_pids(self.procs.index(proc))
+                except psutil.Error:
+                    pids = [proc.pid]
+                for pid in pids:
+                    _signal(pid, signal.SIGCONT)
+                    _signal(pid, signal.SIGKILL)
+                proc.wait()
+
+
+def _signal(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)

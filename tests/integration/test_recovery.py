@@ -1,0 +1,108 @@
+"""Recovery from faults the worker's exit code does not show: lost nodes, stopped agents,
+hung workers. Every fault is injected for real into a LocalCluster of agents."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.integration.cluster import LocalCluster
+
+STEPS = "40"
+FAST = ["--heartbeat-interval=0.5", "--heartbeat-timeout=2"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The weights the job ends with when nothing fails (world size does not matter)."""
+    tmp = tmp_path_factory.mktemp("reference")
+    cluster = LocalCluster(tmp, 1, "1", ["--nproc-per-node=2"], PROBE_STEPS=STEPS)
+    try:
+        assert cluster.wait() == [0], cluster.log(0)
+        return cluster.records()[(0, 0)]["weights"]
+    finally:
+        cluster.close()
+
+
+def final_records(cluster: LocalCluster) -> dict[int, dict]:
+    """rank -> record of the last generation that finished."""
+    found = cluster.records()
+    last = max(gen for gen, _ in found)
+    return {rank: rec for (gen, rank), rec in found.items() if gen == last}
+
+
+def assert_same_weights(ours: list[float], reference: list[float]) -> None:
+    assert len(ours) == len(reference)
+    for a, b in zip(ours, reference, strict=True):
+        assert abs(a - b) <= 1e-9 * max(1.0, abs(b)), (ours, reference)
+
+
+def test_node_killed_survivors_shrink_and_finish_with_the_same_weights(tmp_path, reference):
+    cluster = LocalCluster(tmp_path, 3, "2:3", ["--nproc-per-node=2", *FAST], PROBE_STEPS=STEPS)
+    try:
+        cluster.wait_progress(5)
+        cluster.kill_node(2)
+        codes = cluster.wait()
+        assert codes[:2] == [0, 0], cluster.log(0) + cluster.log(1)
+    finally:
+        cluster.close()
+    final = final_records(cluster)
+    assert sorted(final) == [0, 1, 2, 3]
+    for rec in final.values():
+        assert rec["world_size"] == 4 and rec["applied"] == int(STEPS)
+        topo = rec["topology"]
+        assert topo["dp_size"] == 4 and len(topo["lost_ranks"]) == 2
+        # the four surviving ranks of the last generation held the only stage
+        assert len(topo["previous_stage_holders"]) == 4
+        assert_same_weights(rec["weights"], reference)
+    survivors = cluster.log(0) + cluster.log(1)
+    assert "lost: its lease was not renewed" in survivors
+    # with --max-restarts=0, only a peer's loss could have let the job go on
+    assert "max_restarts=0 exhausted" not in survivors
+
+
+def test_stopped_agent_is_fenced_and_rejoins_at_the_next_generation(tmp_path, reference):
+    cluster = LocalCluster(tmp_path, 3, "2:3", ["--nproc-per-node=2", *FAST], PROBE_STEPS="60")
+    try:
+        cluster.wait_progress(5)
+        stale_workers = cluster.node_pids(2)[2:]
+        cluster.stop_agent(2)  # its workers run on, its lease lapses
+        # the others go on without it (a generation of 4 workers trains) ...
+        end = time.monotonic() + 30
+        while not any(w == 4 for w in _world_sizes_seen(cluster)):
+            assert time.monotonic() < end, cluster.log(0)
+            time.sleep(0.1)
+        cluster.cont_agent(2)
+        codes = cluster.wait()
+    finally:
+        cluster.close()
+    assert codes == [0, 0, 0], cluster.log(2)
+    stale_log = cluster.log(2)
+    assert "fenced: the other nodes found this node's lease expired in generation 0" in stale_log
+    # ... the stale node's generation-0 workers are gone, none of them finished ...
+    assert not any(_alive(pid) for pid in stale_workers)
+    assert not any(gen == 0 for gen, _ in cluster.records())
+    # ... and it came back at a generation boundary: the last one has all 6 workers again.
+    final = final_records(cluster)
+    assert sorted(final) == list(range(6))
+    for rec in final.values():
+        assert rec["applied"] == 60
+
+
+def _world_sizes_seen(cluster: LocalCluster) -> set[int]:
+    sizes = set()
+    for index in range(2):
+        for line in cluster.log(index).splitlines():
+            if "world size" in line and "generation" in line:
+                sizes.add(int(line.split("world size ")[1].split(",")[0]))
+    return sizes
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
