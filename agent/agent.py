@@ -207,10 +207,13 @@ class Agent:
             self._set_state(AgentState.HEALTHY)
             outcome = self._monitor(rdzv, gen)
             if outcome is Outcome.SUCCEEDED:
+                # One node reports what the job recovered from, not every node; read it
+                # before the barrier, after which the store's host may leave.
+                history = rdzv.history(gen.number) if gen.node_rank == 0 else []
                 if end.exit_barrier(membership):
                     self._set_state(AgentState.SUCCEEDED)
                     return self._result(
-                        AgentState.SUCCEEDED, ExitCode.SUCCESS, "all workers succeeded"
+                        AgentState.SUCCEEDED, ExitCode.SUCCESS, "all workers succeeded", history
                     )
                 logger.info("another node restarted the job after this node finished; rejoining")
                 continue

@@ -81,8 +81,13 @@ class HangWatch:
 
 
 def capture_stack(pid: int, stack_file: str) -> str:
-    """The worker's Python stack, by py-spy if it works, else by its faulthandler."""
-    text = _py_spy(pid)
+    """The worker's Python stack, by py-spy if it works, else by its faulthandler.
+
+    RTRAIN_STACK_TOOL=faulthandler skips py-spy (where ptrace is not allowed it only
+    costs time).
+    """
+    use_py_spy = os.environ.get("RTRAIN_STACK_TOOL", "py-spy") != "faulthandler"
+    text = _py_spy(pid) if use_py_spy else None
     if text is None:
         text = _faulthandler(pid, stack_file)
     if text is None:

@@ -305,6 +305,18 @@ class StoreRendezvous:
                     logger.error("refusing a failure record of node %d: %s", node, exc)
         return records
 
+    def history(self, generations: int) -> list[FailureRecord]:
+        """Every failure recorded in generations 0 .. generations-1."""
+        records: list[FailureRecord] = []
+        for generation in range(generations):
+            try:
+                size = len(self.read_membership(generation).members)
+            except RendezvousError as exc:
+                logger.error("%s", exc)
+                continue
+            records.extend(self.failures(generation, size))
+        return records
+
     def mark_done(self, generation: int) -> None:
         self._call("add", self._keys.done(generation), 1)
 

@@ -80,6 +80,8 @@ def run_launch(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     result = Agent(spec, base_env, nproc).run()
     console = render.report_console()
     if result.state is AgentState.SUCCEEDED:
+        if result.failures:
+            render.recovery_report(console, spec.entrypoint.target, result.failures)
         return result.exit_code
     if result.failures:
         render.failure_report(console, spec.entrypoint.target, result.failures, result.message)

@@ -27,8 +27,37 @@ def failure_report(
     console: Console, script: str, failures: list[FailureRecord], message: str
 ) -> None:
     """torchrun's FAILED summary as a table: the root cause (earliest failure) first."""
-    table = Table(title=f"{escape(script)} FAILED", title_style="bold red", show_lines=False)
-    for column in ("", "time", "gen", "node", "host", "rank (local)", "exit", "pid"):
+    _failure_table(console, f"{escape(script)} FAILED", "bold red", failures)
+    root = failures[0] if failures else None
+    if root is not None and root.traceback:
+        console.print(
+            f"[bold]Traceback of rank {root.rank}[/bold] ({root.error_file}):", highlight=False
+        )
+        console.print(root.traceback.rstrip(), markup=False, highlight=False)
+    _hung_stacks(console, failures[1:])
+    console.print(f"[red]rtrain:[/red] {escape(message)}", highlight=False)
+
+
+def recovery_report(console: Console, script: str, failures: list[FailureRecord]) -> None:
+    """After a job that succeeded despite faults: what happened, and what rtrain did."""
+    generations = len({f.generation for f in failures})
+    title = (
+        f"{escape(script)} succeeded after {len(failures)} fault(s) in {generations} generation(s)"
+    )
+    _failure_table(console, title, "bold yellow", failures)
+    _hung_stacks(console, failures)
+
+
+def _hung_stacks(console: Console, failures: list[FailureRecord]) -> None:
+    for record in failures:
+        if record.kind == "hang" and record.traceback:
+            console.print(f"[bold]Stack of hung rank {record.rank}:[/bold]", highlight=False)
+            console.print(record.traceback.rstrip(), markup=False, highlight=False)
+
+
+def _failure_table(console: Console, title: str, style: str, failures: list[FailureRecord]) -> None:
+    table = Table(title=title, title_style=style, show_lines=False)
+    for column in ("", "time", "gen", "kind", "node", "host", "rank (local)", "exit", "pid"):
         table.add_column(column, no_wrap=True)
     table.add_column("error")
     for index, record in enumerate(failures):
@@ -37,6 +66,7 @@ def failure_report(
             "root cause" if index == 0 else "",
             _when(record.time),
             str(record.generation),
+            record.kind,
             str(record.node_rank),
             escape(record.host),
             rank,
@@ -45,13 +75,6 @@ def failure_report(
             escape(record.message or record.kind),
         )
     console.print(table)
-    root = failures[0] if failures else None
-    if root is not None and root.traceback:
-        console.print(
-            f"[bold]Traceback of rank {root.rank}[/bold] ({root.error_file}):", highlight=False
-        )
-        console.print(root.traceback.rstrip(), markup=False, highlight=False)
-    console.print(f"[red]rtrain:[/red] {escape(message)}", highlight=False)
 
 
 def dry_run(console: Console, spec: LaunchSpec, nproc: int) -> None:

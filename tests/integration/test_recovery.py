@@ -106,3 +106,46 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+@pytest.mark.parametrize(
+    ("action", "tool", "frame"),
+    [("stop", "py-spy", "inject"), ("deadlock", "faulthandler", "deadlocked_here")],
+)
+def test_hung_worker_is_detected_its_stack_reported_and_the_job_recovers(
+    tmp_path, reference, action, tool, frame
+):
+    hang_timeout = 2.0
+    cluster = LocalCluster(
+        tmp_path,
+        1,
+        "1",
+        ["--nproc-per-node=2", "--max-restarts=1", f"--hang-timeout={hang_timeout}"],
+        PROBE_STEPS=STEPS,
+        PROBE_FAULT=f"rank=1,step=6,gen=0,action={action}",
+        RTRAIN_STACK_TOOL=tool,
+    )
+    try:
+        codes = cluster.wait()
+    finally:
+        cluster.close()
+    log = cluster.log(0)
+    assert codes == [0], log
+    final = final_records(cluster)
+    assert sorted(final) == [0, 1]
+    for rec in final.values():
+        assert rec["applied"] == int(STEPS)
+        assert_same_weights(rec["weights"], reference)
+    assert "worker rank 1 hung: no heartbeat for" in log
+    assert "after step 5" in log  # the last step it reported
+    # detected within hang-timeout + 1 s of the fault (the log line has 1 s resolution)
+    detected = next(line for line in log.splitlines() if "hung: no heartbeat" in line)
+    silent = float(detected.split("no heartbeat for ")[1].split("s")[0])
+    assert hang_timeout < silent < hang_timeout + 1.0
+    # the stack is in the log when found, and in the report at the end
+    # rank 0 went silent too (waiting for rank 1 in all_reduce): rank 1 is the root cause
+    report = log[log.index("succeeded after 2 fault(s)") :]
+    root = next(line for line in report.splitlines() if "root cause" in line)
+    assert "hang" in root and "1 (1)" in root, report
+    rank1_stack = report.split("Stack of hung rank 1:")[1].split("Stack of hung rank 0:")[0]
+    assert frame in rank1_stack, report

@@ -1,0 +1,72 @@
+"""Staleness of leases and heartbeats, and restart accounting (pure, clock handed in)."""
+
+from __future__ import annotations
+
+import pytest
+from rtrain.core.errors import UsageError
+from rtrain.core.liveness import StalenessTracker
+from rtrain.core.restart_budget import RestartBudget
+
+from tests.unit.test_launch_spec import spec_of
+
+
+def test_a_lease_is_stale_after_timeout_without_a_change():
+    tracker: StalenessTracker[int] = StalenessTracker(5.0)
+    tracker.observe(1, 7, now=100.0)
+    tracker.observe(1, 8, now=103.0)
+    tracker.observe(1, 8, now=107.9)
+    assert tracker.stale(107.9) == []
+    assert tracker.stale(108.1) == [1]
+    tracker.observe(1, 9, now=108.2)  # renewed: alive again
+    assert tracker.stale(108.2) == []
+
+
+def test_a_lease_never_written_counts_from_the_first_look():
+    tracker: StalenessTracker[int] = StalenessTracker(2.0)
+    tracker.observe(3, None, now=0.0)
+    assert tracker.stale(2.5) == [3]
+
+
+def test_a_heartbeat_only_counts_after_the_first_call():
+    tracker: StalenessTracker[int] = StalenessTracker(2.0, armed_by_first_change=True)
+    tracker.observe(0, 0, now=0.0)
+    assert tracker.stale(100.0) == []  # never called heartbeat(): liveness only
+    tracker.observe(0, 1, now=100.0)
+    assert tracker.stale(101.0) == [] and tracker.stale(102.5) == [0]
+    assert tracker.silent_for(0, 102.5) == pytest.approx(2.5)
+
+
+def test_restart_budget_refunds_a_restart_when_a_node_was_lost():
+    budget = RestartBudget(max_restarts=1)
+    budget.charge(0)
+    assert budget.exhausted
+    assert budget.settle({"a", "b"}, {"a"}, 1)  # node b is gone: not this node's fault
+    assert budget.used == 0 and not budget.exhausted
+    budget.charge(1)
+    assert not budget.settle({"a"}, {"a"}, 2)  # same nodes: the charge stands
+    assert budget.exhausted
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["--tp=0"], "--tp: expected a positive integer"),
+        (["--pp=x"], "--pp: expected a non-negative integer"),
+        (["--tp=3", "--nproc-per-node=4"], "--tp=3 must divide --nproc-per-node=4"),
+        (["--pp=8", "--nproc-per-node=2"], "needs 8 workers"),
+        (["--heartbeat-interval=5", "--heartbeat-timeout=2"], "must be longer than"),
+        (["--hang-timeout=-1"], "--hang-timeout: expected a positive number"),
+        (["--max-node-failures=-2"], "--max-node-failures: expected a non-negative"),
+    ],
+)
+def test_fault_and_layout_flags_are_validated(argv, fragment):
+    with pytest.raises(UsageError, match=fragment):
+        spec_of(*argv, "train.py")
+
+
+def test_fault_flags_defaults_and_rdzv_conf_heartbeat_timeout():
+    spec = spec_of("train.py")
+    assert spec.faults.heartbeat_interval == 1.0 and spec.faults.heartbeat_timeout == 5.0
+    assert spec.faults.hang_timeout == 60.0 and spec.faults.max_node_failures == 0
+    spec = spec_of("--rdzv-conf=heartbeat_timeout=9", "--tp=2", "--nproc-per-node=4", "t.py")
+    assert spec.faults.heartbeat_timeout == 9.0 and spec.layout.tp == 2
