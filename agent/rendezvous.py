@@ -75,6 +75,12 @@ class StoreRendezvous:
     def _exists(self, key: str) -> bool:
         return bool(self._call("check", [key]))
 
+    def _increment(self, key: str) -> int:
+        """add(key, 1), after checking the key holds a number: the store answers an add on
+        anything else by dropping the connection, which would read as a lost store."""
+        self._counter(key)
+        return int(self._call("add", key, 1))
+
     def _counter(self, key: str) -> int:
         # get, not add(key, 0): the store drops the connection of an add on a value that
         # is not an integer, and garbage must be refused with a clear error instead.
@@ -114,7 +120,7 @@ class StoreRendezvous:
         while True:
             current = self.current_round()
             target = current + 1 if self._exists(self._keys.closed(current)) else current
-            slot = int(self._call("add", self._keys.joins(target), 1))
+            slot = self._increment(self._keys.joins(target))
             self._call("set", self._keys.slot(target, slot), member.encode())
             logger.info("joined round %d as slot %d", target, slot)
             membership = self._await_close(target, member, deadline, check_stop, expected)
@@ -221,7 +227,7 @@ class StoreRendezvous:
         A worker failure usually takes its peers on other nodes down with it (their
         collectives lose a partner); only the first reporter is charged the restart.
         """
-        return int(self._call("add", self._keys.restart_claim(generation), 1)) == 1
+        return self._increment(self._keys.restart_claim(generation)) == 1
 
     def round_moved_past(self, generation: int) -> bool:
         return self.current_round() > generation
@@ -271,7 +277,7 @@ class StoreRendezvous:
         return [n for n, key in enumerate(keys) if self._exists(key)]
 
     def count_node_failure(self, addr: str) -> int:
-        return int(self._call("add", self._keys.node_failures(addr), 1))
+        return self._increment(self._keys.node_failures(addr))
 
     def node_failures(self, addr: str) -> int:
         return self._counter(self._keys.node_failures(addr))
@@ -284,9 +290,7 @@ class StoreRendezvous:
     # -- failures, completion, abort --
 
     def record_failure(self, record: FailureRecord) -> None:
-        index = int(
-            self._call("add", self._keys.failure_count(record.generation, record.node_rank), 1)
-        )
+        index = self._increment(self._keys.failure_count(record.generation, record.node_rank))
         self._call(
             "set", self._keys.failure(record.generation, record.node_rank, index), record.encode()
         )
@@ -318,19 +322,19 @@ class StoreRendezvous:
         return records
 
     def mark_done(self, generation: int) -> None:
-        self._call("add", self._keys.done(generation), 1)
+        self._increment(self._keys.done(generation))
 
     def done_count(self, generation: int) -> int:
         return self._counter(self._keys.done(generation))
 
     def mark_exited(self, generation: int) -> None:
-        self._call("add", self._keys.exited(generation), 1)
+        self._increment(self._keys.exited(generation))
 
     def exited_count(self, generation: int) -> int:
         return self._counter(self._keys.exited(generation))
 
     def ack_abort(self) -> None:
-        self._call("add", self._keys.abort_acks, 1)
+        self._increment(self._keys.abort_acks)
 
     def abort_acks(self) -> int:
         return self._counter(self._keys.abort_acks)

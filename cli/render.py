@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 from rtrain.core.failures import FailureRecord
 from rtrain.core.launch_spec import LaunchSpec
+from rtrain.core.topology import LayoutError, NodeSlot, build_grid
 
 
 def _when(stamp: float) -> str:
@@ -106,7 +107,50 @@ def dry_run(console: Console, spec: LaunchSpec, nproc: int) -> None:
         ),
         ("log dir", spec.log_dir or "(temporary)"),
         ("preload", ",".join(spec.preload) or "none"),
+        (
+            "leases",
+            f"renewed every {spec.faults.heartbeat_interval:g}s, "
+            f"node lost after {spec.faults.heartbeat_timeout:g}s",
+        ),
+        ("hang timeout", f"{spec.faults.hang_timeout:g}s after a worker's first heartbeat()"),
+        (
+            "max node failures",
+            str(spec.faults.max_node_failures or "unlimited (no node is excluded)"),
+        ),
     ]
     for name, value in rows:
         table.add_row(name, escape(value))
     console.print(table)
+    layout_table(console, spec, nproc)
+
+
+def layout_table(console: Console, spec: LaunchSpec, nproc: int) -> None:
+    """The grid for the full node count, as the agents will compute it (first 64 ranks)."""
+    nodes = [NodeSlot(f"node{i}", nproc) for i in range(spec.nodes.max_nodes)]
+    try:
+        topo = build_grid(spec.layout, 0, nodes)
+    except LayoutError as exc:
+        console.print(f"[red]layout:[/red] {escape(str(exc))}", highlight=False)
+        return
+    table = Table(title=f"layout at {spec.nodes.max_nodes} nodes: {escape(topo.summary())}")
+    for column in ("rank", "node", "dp", "pp", "tp", "tp group", "dp peers"):
+        table.add_column(column, justify="right")
+    for coord in topo.coords[:64]:
+        spare = coord.dp is None
+        table.add_row(
+            str(coord.rank),
+            str(coord.node_rank),
+            "spare" if spare else str(coord.dp),
+            "" if spare else str(coord.pp),
+            "" if spare else str(coord.tp),
+            "" if spare else _ranks(topo.tp_group(coord.rank)),
+            "" if spare else _ranks(topo.dp_group(coord.rank)),
+        )
+    if topo.world_size > 64:
+        table.caption = f"... {topo.world_size - 64} more ranks"
+    console.print(table)
+
+
+def _ranks(ranks: tuple[int, ...]) -> str:
+    text = ",".join(map(str, ranks))
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -44,7 +44,9 @@ class LocalCluster:
         for index in range(nodes):
             self.start_node(index, nnodes, flags)
 
-    def start_node(self, index: int, nnodes: str, flags: list[str]) -> None:
+    def start_node(
+        self, index: int, nnodes: str, flags: list[str], env: dict[str, str] | None = None
+    ) -> None:
         log = self.tmp / f"node{index}.log"
         cmd = [
             *RTRAIN,
@@ -59,7 +61,7 @@ class LocalCluster:
         ]
         handle = open(log, "w")  # noqa: SIM115 - the node writes to it until it exits
         proc = subprocess.Popen(
-            cmd, env=self.env, stdout=handle, stderr=subprocess.STDOUT, text=True, cwd=ROOT
+            cmd, env={**self.env, **(env or {})}, stdout=handle, stderr=subprocess.STDOUT, text=True, cwd=ROOT
         )
         if index < len(self.procs):
             self.procs[index], self.logs[index] = proc, log

@@ -149,3 +149,123 @@ def test_hung_worker_is_detected_its_stack_reported_and_the_job_recovers(
     assert "hang" in root and "1 (1)" in root, report
     rank1_stack = report.split("Stack of hung rank 1:")[1].split("Stack of hung rank 0:")[0]
     assert frame in rank1_stack, report
+
+
+def test_fixed_size_job_pauses_for_a_replacement_node(tmp_path, reference):
+    flags = ["--nproc-per-node=2", *FAST]
+    cluster = LocalCluster(tmp_path, 2, "2", flags, PROBE_STEPS=STEPS)
+    try:
+        cluster.wait_progress(5)
+        cluster.kill_node(1)
+        time.sleep(3)  # the survivor finds the node lost and waits: --nnodes=2 cannot shrink
+        assert cluster.procs[0].poll() is None
+        cluster.start_node(1, "2", flags)  # the replacement joins the waiting round
+        codes = cluster.wait()
+    finally:
+        cluster.close()
+    assert codes == [0, 0], cluster.log(0) + cluster.log(1)
+    final = final_records(cluster)
+    assert sorted(final) == [0, 1, 2, 3]
+    for rec in final.values():
+        assert rec["applied"] == int(STEPS)
+        assert_same_weights(rec["weights"], reference)
+
+
+def test_too_few_nodes_left_ends_with_75_naming_the_lost_node(tmp_path):
+    cluster = LocalCluster(
+        tmp_path, 2, "2", ["--nproc-per-node=1", *FAST], conf="join_timeout=4", PROBE_STEPS="400"
+    )
+    try:
+        cluster.wait_progress(3)
+        cluster.kill_node(1)
+        codes = cluster.wait(timeout=30)
+    finally:
+        cluster.close()
+    assert codes[0] == 75, cluster.log(0)
+    last = cluster.log(0).strip().splitlines()[-1]
+    assert "rendezvous timed out" in last
+    assert "lost in generation 0: node 1 (127.0.0.2)" in last
+    assert "--nnodes needs at least 2 nodes" in last
+
+
+def test_a_node_that_cannot_hold_a_tp_group_ends_the_job_with_76(tmp_path):
+    # --nproc-per-node=gpu: each node runs one worker per GPU it has; node 1 has one
+    # GPU fewer, so it cannot hold a TP group of 2, which only shows at rendezvous.
+    flags = ["--nproc-per-node=gpu", "--tp=2"]
+    cluster = LocalCluster(tmp_path, 0, "2", flags)
+    try:
+        cluster.start_node(0, "2", flags, env={"CUDA_VISIBLE_DEVICES": "0,1"})
+        cluster.start_node(1, "2", flags, env={"CUDA_VISIBLE_DEVICES": "0"})
+        codes = cluster.wait(timeout=60)
+    finally:
+        cluster.close()
+    assert codes == [76, 76], cluster.log(0) + cluster.log(1)
+    for index in range(2):
+        assert "a tensor-parallel group must stay on one node" in cluster.log(index)
+
+
+def test_losing_the_store_host_is_a_clear_temporary_failure(tmp_path):
+    cluster = LocalCluster(tmp_path, 2, "2", ["--nproc-per-node=1", *FAST], PROBE_STEPS="400")
+    try:
+        cluster.wait_progress(3)
+        killed = cluster.kill_node(0)  # node 0 hosts the rendezvous store
+        codes = cluster.wait(timeout=30)
+        took = time.time() - killed
+    finally:
+        cluster.close()
+    assert codes[1] == 75, cluster.log(1)
+    last = cluster.log(1).strip().splitlines()[-1]
+    assert "lost the rendezvous store at 127.0.0.1" in last
+    assert "--rdzv-endpoint" in last  # says what to do
+    assert took < 10
+
+
+def test_two_nodes_lost_in_quick_succession(tmp_path, reference):
+    cluster = LocalCluster(tmp_path, 3, "1:3", ["--nproc-per-node=2", *FAST], PROBE_STEPS=STEPS)
+    try:
+        cluster.wait_progress(5)
+        cluster.kill_node(2)
+        time.sleep(0.5)
+        cluster.kill_node(1)
+        codes = cluster.wait()
+    finally:
+        cluster.close()
+    assert codes[0] == 0, cluster.log(0)
+    final = final_records(cluster)
+    assert sorted(final) == [0, 1]
+    for rec in final.values():
+        assert rec["world_size"] == 2 and rec["applied"] == int(STEPS)
+        assert_same_weights(rec["weights"], reference)
+
+
+def test_garbage_in_the_jobs_keys_is_refused_not_a_crash(tmp_path):
+    import datetime
+
+    import torch.distributed as dist
+
+    cluster = LocalCluster(tmp_path, 2, "2", ["--nproc-per-node=1", *FAST], PROBE_STEPS="400")
+    try:
+        cluster.wait_progress(3)
+        store = dist.TCPStore(
+            "127.0.0.1", cluster.port, is_master=False, timeout=datetime.timedelta(seconds=5)
+        )
+        # a lease that is not a number is not trusted: logged, and the job goes on
+        store.set("/rtrain/recovery/r0/lease/1", "garbage")
+        time.sleep(1.0)
+        assert all(proc.poll() is None for proc in cluster.procs)
+        # a round counter that is not a number ends the job with one clear line
+        store.set("/rtrain/recovery/round", "not a number")
+        codes = cluster.wait(timeout=30)
+    finally:
+        cluster.close()
+    assert codes == [75, 75]
+    for index in range(2):
+        log = cluster.log(index)
+        last = log.strip().splitlines()[-1]
+        assert last.startswith("rtrain: error: refusing the job's state in the store"), last
+        assert "round counter: expected an integer" in last
+        # no traceback from the agent itself (workers may print theirs as they are stopped)
+        assert not any(
+            line.strip().startswith("File") and "/agent/" in line for line in log.splitlines()
+        )
+    assert "refusing lease of node 1: expected an integer" in cluster.log(0)
