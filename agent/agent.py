@@ -186,12 +186,7 @@ class Agent:
     def _generations(self, rdzv: StoreRendezvous, end: JobEnd) -> RunResult:
         while True:
             self._set_state(AgentState.RENDEZVOUS)
-            if rdzv.is_excluded(self.addr):
-                limit = self.spec.faults.max_node_failures
-                raise RtrainError(
-                    f"this node ({self.addr}) is excluded from the job: it failed {limit} times "
-                    f"(--max-node-failures={limit})"
-                )
+            rdzv.raise_if_excluded(self.addr)
             previous = self._gen
             member = MemberInfo(
                 node_id=self.node_id,

@@ -6,8 +6,9 @@
   records and recovers it like any other.
 - A worker failure is recorded; only the first node to report one in a generation is
   charged a restart, and the charge is refunded when the failure turns out to be the
-  loss of a peer node. Every charge and every loss counts against the node's
-  --max-node-failures, which excludes a flapping node.
+  loss of a peer node. A node's losses, and the failures it was the root cause of
+  (charged when the next round closes), count against --max-node-failures, which
+  excludes a flapping node.
 """
 
 from __future__ import annotations
@@ -123,7 +124,6 @@ class FaultPolicy:
                 first.rank,
             )
             return None
-        self._rdzv.count_node_failure(self._addr)
         if self.budget.exhausted and self._peer_loss_explains(gen):
             logger.info("worker rank %s failed because a peer node was lost", first.rank)
             return None

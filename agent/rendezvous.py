@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rtrain.core.errors import RendezvousError
-from rtrain.core.failures import FailureRecord, RecordError
+from rtrain.core.errors import RendezvousError, RtrainError
+from rtrain.core.failures import FailureRecord, RecordError, root_cause_first
 from rtrain.core.launch_spec import LaunchSpec
 from rtrain.core.store_protocol import (
     AbortRecord,
@@ -126,6 +126,7 @@ class StoreRendezvous:
             membership = self._await_close(target, member, deadline, check_stop, expected)
             if membership is not None:
                 return membership
+            self.raise_if_excluded(member.addr)
             logger.info("round %d closed without this node; waiting for the next", target)
 
     def _await_close(
@@ -163,7 +164,7 @@ class StoreRendezvous:
                     expected is not None and expected() <= self._joined_ids(target, joined),
                 )
                 if size is not None:
-                    self._try_close(target, size)
+                    self._try_close(target, size, member.node_id)
             if self._clock() > deadline:
                 raise RendezvousError(
                     f"rendezvous timed out: {joined} of at least {nodes.min_nodes} nodes joined "
@@ -181,7 +182,30 @@ class StoreRendezvous:
                     ids.add(MemberInfo.decode(self._call("get", key)).node_id)
         return ids
 
-    def _try_close(self, target: int, size: int) -> None:
+    def _charge_root_cause(self, target: int, closer: str) -> None:
+        """Charge the node at the root of generation target-1's failure, exactly once.
+
+        Every member records its failures before it rejoins, so when the round closes
+        the records of everyone in it are there; the earliest one is the culprit (its
+        peers failed because of it). Lost nodes were charged by whoever declared them.
+        """
+        if target == 0:
+            return
+        try:
+            size = len(self.read_membership(target - 1).members)
+        except RendezvousError:
+            return
+        records = [r for r in self.failures(target - 1, size) if r.kind != "lost_node"]
+        if not records:
+            return
+        root = root_cause_first(records)[0]
+        token = f"{closer}:{root.host}"
+        if _text(self._call("compare_set", self._keys.charged(target - 1), "", token)) == token:
+            count = self.count_node_failure(root.host)
+            logger.info("failure of generation %d charged to %s (%d)", target - 1, root.host, count)
+
+    def _try_close(self, target: int, size: int, closer: str) -> None:
+        self._charge_root_cause(target, closer)
         members: list[MemberInfo] = []
         grace_end = self._clock() + SLOT_WRITE_GRACE_S
         for slot in range(1, size + 1):
@@ -281,6 +305,14 @@ class StoreRendezvous:
 
     def node_failures(self, addr: str) -> int:
         return self._counter(self._keys.node_failures(addr))
+
+    def raise_if_excluded(self, addr: str) -> None:
+        if self.is_excluded(addr):
+            limit = self._spec.faults.max_node_failures
+            raise RtrainError(
+                f"this node ({addr}) is excluded from the job: it was lost, or the root cause "
+                f"of a failure, {limit} times (--max-node-failures={limit})"
+            )
 
     def is_excluded(self, addr: str) -> bool:
         """A flapping node: charged --max-node-failures failures (0 means never excluded)."""

@@ -14,6 +14,7 @@ A job's keys live under /rtrain/<run_id>/. Generations are rounds:
   r<g>/exited              counter of nodes that saw every node done and are leaving
   r<g>/lease/<node>        the node's lease: a counter its agent renews every heartbeat
   r<g>/lost/<node>         the node rank of the agent that found <node>'s lease expired
+  r<g>/charged             which node was charged the root cause of <g>'s failure (once)
   node_failures/<addr>     counter of failures charged to the node at <addr> (flapping)
   abort                    an AbortRecord: the whole job stops
   abort_acks               counter of agents that read the abort record
@@ -87,6 +88,9 @@ class StoreKeys:
 
     def lost(self, generation: int, node_rank: int) -> str:
         return f"{self.prefix}/r{generation}/lost/{node_rank}"
+
+    def charged(self, generation: int) -> str:
+        return f"{self.prefix}/r{generation}/charged"
 
     def node_failures(self, addr: str) -> str:
         return f"{self.prefix}/node_failures/{addr}"

@@ -61,7 +61,12 @@ class LocalCluster:
         ]
         handle = open(log, "w")  # noqa: SIM115 - the node writes to it until it exits
         proc = subprocess.Popen(
-            cmd, env={**self.env, **(env or {})}, stdout=handle, stderr=subprocess.STDOUT, text=True, cwd=ROOT
+            cmd,
+            env={**self.env, **(env or {})},
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=ROOT,
         )
         if index < len(self.procs):
             self.procs[index], self.logs[index] = proc, log

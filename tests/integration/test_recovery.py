@@ -269,3 +269,31 @@ def test_garbage_in_the_jobs_keys_is_refused_not_a_crash(tmp_path):
             line.strip().startswith("File") and "/agent/" in line for line in log.splitlines()
         )
     assert "refusing lease of node 1: expected an integer" in cluster.log(0)
+
+
+def test_a_flapping_node_is_excluded_and_the_others_go_on(tmp_path, reference):
+    # Node rank 2 (ranks 4-5) keeps the same place across generations, so its rank 4
+    # fails in generation 0 and again in 1; the third time it would be in, it is out.
+    cluster = LocalCluster(
+        tmp_path,
+        3,
+        "2:3",
+        ["--nproc-per-node=2", "--max-restarts=5", "--max-node-failures=2", *FAST],
+        PROBE_STEPS=STEPS,
+        PROBE_FAULT="rank=4,step=3,gen=0/1,action=exit",
+    )
+    try:
+        codes = cluster.wait()
+    finally:
+        cluster.close()
+    logs = [cluster.log(i) for i in range(3)]
+    excluded = [i for i, log in enumerate(logs) if "is excluded from the job" in log]
+    assert len(excluded) == 1, logs
+    assert codes[excluded[0]] == 1
+    assert "--max-node-failures=2" in logs[excluded[0]].strip().splitlines()[-1]
+    assert sorted(c for i, c in enumerate(codes) if i != excluded[0]) == [0, 0]
+    final = final_records(cluster)
+    assert sorted(final) == [0, 1, 2, 3]
+    for rec in final.values():
+        assert rec["applied"] == int(STEPS)
+        assert_same_weights(rec["weights"], reference)
