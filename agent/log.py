@@ -41,7 +41,8 @@ def configure(level: str | None = None) -> None:
     handler.addFilter(_ContextFilter())
     handler.setFormatter(
         logging.Formatter(
-            "[rtrain %(asctime)s %(rtrain_node)s %(rtrain_gen)s %(levelname)s] %(message)s",
+            "[rtrain %(asctime)s.%(msecs)03d %(rtrain_node)s %(rtrain_gen)s %(levelname)s] "
+            "%(message)s",
             datefmt="%H:%M:%S",
         )
     )

@@ -146,10 +146,11 @@ def main(argv: list[str] | None = None) -> None:
     sock = socket.socket(fileno=args.fd)
     zygote = Zygote(sock, parent)
     errors = preload([m for m in args.preload.split(",") if m])
-    zygote.send({"ev": "ready", "preload_errors": errors})
     try:
+        zygote.send({"ev": "ready", "preload_errors": errors})
         zygote.serve()
     except (BrokenPipeError, ConnectionResetError):
+        # The agent went away (it may fail before the preload is even done): so do we.
         zygote._signal_all(signal.SIGKILL)
 
 

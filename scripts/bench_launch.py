@@ -145,11 +145,12 @@ def render(rows: list[dict], runs: int, command: str) -> str:
     return "\n".join(lines)
 
 
-def write_doc(section: str, path: Path) -> None:
+def write_doc(section: str, path: Path, begin: str = MARK_BEGIN, end: str = MARK_END) -> None:
+    """Replace the section between the begin/end markers (or append it)."""
     text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if MARK_BEGIN in text:
-        head, rest = text.split(MARK_BEGIN, 1)
-        tail = rest.split(MARK_END, 1)[1]
+    if begin in text:
+        head, rest = text.split(begin, 1)
+        tail = rest.split(end, 1)[1]
         text = head + section + tail
     else:
         text = text.rstrip() + "\n\n" + section + "\n"
