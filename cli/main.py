@@ -109,6 +109,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             code = ExitCode.USAGE
         else:
             raise
+    if args and args[0] == "launch":
+        # A TCPStore connect that outlived its deadline still runs in a C++ thread;
+        # interpreter shutdown would then abort ("terminate called without an active
+        # exception", exit -6). The agent has cleaned up by now: leave without it.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(int(code))
     sys.exit(int(code))
 
 
