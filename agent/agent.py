@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import socket
 import tempfile
@@ -102,6 +103,9 @@ class Agent:
         self._gen: Generation | None = None
         self._lease: LeaseKeeper | None = None
         self._worker_store: Any = None
+        # Small per-run files the workers map (heartbeats): memory-backed where possible.
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        self._runtime_dir = tempfile.mkdtemp(prefix="rtrain_", dir=shm)
         log.set_node(self.addr)
 
     # -- signals --
@@ -127,6 +131,7 @@ class Agent:
                 self._lease.close()
             self._pool.close()
             self._tail.close()
+            shutil.rmtree(self._runtime_dir, ignore_errors=True)
             for signum, handler in self._previous_handlers.items():
                 signal.signal(signum, handler)
 
@@ -253,7 +258,9 @@ class Agent:
             master[1],
         )
         topology_file = write_topology(self.run_log_dir, topology)
-        hangs = HangWatch(self.spec.faults.hang_timeout)
+        beat_dir = os.path.join(self._runtime_dir, f"gen{generation}")
+        os.makedirs(beat_dir, exist_ok=True)
+        hangs = HangWatch(self.spec.faults.hang_timeout, beat_dir)
 
         def extra_env(local_rank: int, log_dir: str) -> dict[str, str]:
             return {TOPOLOGY_FILE: topology_file, **hangs.worker_env(local_rank, log_dir)}

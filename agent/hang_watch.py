@@ -36,7 +36,10 @@ MAX_STACK_CHARS = 8000
 
 
 class HangWatch:
-    def __init__(self, timeout: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, timeout: float, beat_dir: str, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._beat_dir = beat_dir
         self._tracker: StalenessTracker[int] = StalenessTracker(timeout, armed_by_first_change=True)
         self._files: dict[int, str] = {}
         self._stacks: dict[int, str] = {}
@@ -44,8 +47,12 @@ class HangWatch:
         self.timeout = timeout
 
     def worker_env(self, local_rank: int, log_dir: str) -> dict[str, str]:
-        """Create the worker's heartbeat file; the variables that point the worker at it."""
-        path = os.path.join(log_dir, "heartbeat")
+        """Create the worker's heartbeat file; the variables that point the worker at it.
+
+        Heartbeat files live in beat_dir (memory-backed where /dev/shm exists), not in
+        the log dir, which may be a network file system.
+        """
+        path = os.path.join(self._beat_dir, f"rank{local_rank}.beat")
         with open(path, "wb") as handle:
             handle.write(b"\0" * HEARTBEAT_SIZE)
         self._files[local_rank] = path

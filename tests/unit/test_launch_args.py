@@ -99,3 +99,27 @@ def test_flags_not_acted_on_are_reported_and_documented():
     for flag in ("--start-method", "--event-log-handler", "--logs-specs", "--numa-binding"):
         section = text[text.rindex(flag) :][:300]
         assert "not acted on" in section, flag
+
+
+def test_dry_run_shows_the_layout_grid_and_fault_settings(capsys):
+    from rtrain.cli.main import run_launch
+
+    argv = [
+        "--dry-run",
+        "--nnodes=2",
+        "--nproc-per-node=4",
+        "--tp=2",
+        "--pp=2",
+        "--hang-timeout=30",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=head:29400",
+        "examples/train_mlp.py",
+    ]
+    assert run_launch(argv, {}) == 0
+    out = capsys.readouterr().out
+    assert "DP=2 x PP=2 x TP=2 over 2 nodes" in out
+    assert "30s after a worker's first heartbeat()" in out
+    rows = [line for line in out.splitlines() if line.startswith("│") and "│" in line[1:]]
+    grid = [[cell.strip() for cell in row.strip("│").split("│")] for row in rows]
+    # rank 5: node 1, second replica, first stage, TP rank 1; TP group 4,5; DP peers 1,5
+    assert ["5", "1", "1", "0", "1", "4,5", "1,5"] in grid
