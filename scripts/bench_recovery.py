@@ -5,7 +5,10 @@ last one) on 2 nodes x 2 workers on localhost, `--nnodes=1:2 --max-restarts=3`, 
 rendezvous. Faults, injected for real once training is under way:
 
   worker crash   rank 1 exits with code 3 at step 5
-  node loss      node 1 (its launcher and workers) is SIGKILLed after step 5
+  node loss      node 1 (its launcher and workers) is SIGKILLed after step 5; the
+                 kernel closes its sockets, so peers' collectives fail at once
+  silent loss    node 1 is SIGSTOPped instead: no socket closes, as when a machine
+                 dies or its network is cut; only a lease (or a timeout) can tell
   hung worker    rank 1 SIGSTOPs itself at step 5 (rtrain: --hang-timeout=5)
 
 Figures, per launcher, median over --runs runs (interleaved):
@@ -58,6 +61,7 @@ LAUNCHERS = {
 SCENARIOS = {
     "crash": ("worker crash", "rank=1,step=5,gen=0,action=exit"),
     "node": ("node loss (SIGKILL)", ""),
+    "freeze": ("silent node loss (SIGSTOP)", ""),
     "hang": ("hung worker (SIGSTOP)", "rank=1,step=5,gen=0,action=stop"),
 }
 STEPS = 60
@@ -100,6 +104,16 @@ def _start(
     return subprocess.Popen(
         [*cmd, SCRIPT], env=env, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT
     )
+
+
+def _stop_tree(proc: subprocess.Popen) -> None:
+    try:
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.Error:
+        return
+    for p in tree:
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(signal.SIGSTOP)
 
 
 def _kill_tree(proc: subprocess.Popen) -> None:
@@ -164,18 +178,18 @@ def _observe(
 ) -> Outcome:
     end = time.monotonic() + timeout
     survivors = [0, 1]
-    if scenario == "node":
+    if scenario in ("node", "freeze"):
         while _progress(out) < 5:
             if time.monotonic() > end or any(p.poll() is not None for p in procs):
                 return Outcome(status="failed before the fault")
             time.sleep(0.05)
         t_fault = time.time()
-        _kill_tree(procs[1])
+        (_kill_tree if scenario == "node" else _stop_tree)(procs[1])
         survivors = [0]
     for index in survivors:
         with contextlib.suppress(subprocess.TimeoutExpired):
             procs[index].wait(timeout=max(end - time.monotonic(), 0.1))
-    if scenario != "node":
+    if scenario in ("crash", "hang"):
         fault_file = out / "fault_rank1.json"
         if not fault_file.exists():
             return Outcome(status="failed before the fault")
