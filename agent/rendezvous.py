@@ -161,7 +161,7 @@ class StoreRendezvous:
                     nodes.max_nodes,
                     age,
                     self._spec.rdzv.last_call_timeout,
-                    expected is not None and expected() <= self._joined_ids(target, joined),
+                    self._survivors_in(target, joined, expected),
                 )
                 if size is not None:
                     self._try_close(target, size, member.node_id)
@@ -171,6 +171,15 @@ class StoreRendezvous:
                     f"generation {target} within join_timeout={self._spec.rdzv.join_timeout:g}s"
                 )
             time.sleep(POLL_S)
+
+    def _survivors_in(
+        self, target: int, joined: int, expected: Callable[[], set[str]] | None
+    ) -> bool:
+        """Whether every expected node has joined; slots are read only once enough have."""
+        if expected is None or joined < self._spec.nodes.min_nodes:
+            return False
+        alive = expected()
+        return joined >= len(alive) and alive <= self._joined_ids(target, joined)
 
     def _joined_ids(self, target: int, joined: int) -> set[str]:
         ids = set()
