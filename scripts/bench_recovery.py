@@ -106,27 +106,24 @@ def _start(
     )
 
 
-def _stop_tree(proc: subprocess.Popen) -> None:
+def _signal_tree(proc: subprocess.Popen, *signals: int) -> None:
+    """Send each signal to the launcher and every process under it (pool, workers)."""
     try:
         tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
     except psutil.Error:
         return
     for p in tree:
-        with contextlib.suppress(psutil.Error):
-            p.send_signal(signal.SIGSTOP)
+        for sig in signals:
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(sig)
+
+
+def _stop_tree(proc: subprocess.Popen) -> None:
+    _signal_tree(proc, signal.SIGSTOP)
 
 
 def _kill_tree(proc: subprocess.Popen) -> None:
-    try:
-        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.Error:
-        return
-    for p in tree:
-        try:
-            p.send_signal(signal.SIGCONT)
-            p.kill()
-        except psutil.Error:
-            pass
+    _signal_tree(proc, signal.SIGCONT, signal.SIGKILL)
 
 
 def _progress(out: Path) -> int:
