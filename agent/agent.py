@@ -34,6 +34,7 @@ from rtrain.agent.job_end import JobEnd
 from rtrain.agent.lease import LeaseKeeper, PeerLeases
 from rtrain.agent.log_tail import LogTail
 from rtrain.agent.rendezvous import JobAborted, StoreRendezvous
+from rtrain.agent.snapshots import SnapshotService, default_budget
 from rtrain.agent.store import connect_store, host_store, open_rendezvous_store
 from rtrain.agent.worker_pool import WorkerPool
 from rtrain.agent.workers import WorkerGroup
@@ -106,6 +107,15 @@ class Agent:
         # Small per-run files the workers map (heartbeats): memory-backed where possible.
         shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
         self._runtime_dir = tempfile.mkdtemp(prefix="rtrain_", dir=shm)
+        shard_root = os.path.join(self._runtime_dir, "shards")
+        os.makedirs(shard_root)
+        self._snapshots = SnapshotService(
+            shard_root,
+            self.addr if self.addr != "localhost" else "127.0.0.1",
+            spec.snapshots.memory or default_budget(shard_root),
+            spec.snapshots.copies,
+            spec.rdzv.run_id,
+        )
         log.set_node(self.addr)
 
     # -- signals --
@@ -131,6 +141,7 @@ class Agent:
                 self._lease.close()
             self._pool.close()
             self._tail.close()
+            self._snapshots.close()
             shutil.rmtree(self._runtime_dir, ignore_errors=True)
             for signum, handler in self._previous_handlers.items():
                 signal.signal(signum, handler)
@@ -258,12 +269,19 @@ class Agent:
             master[1],
         )
         topology_file = write_topology(self.run_log_dir, topology)
+        snapshot_env = self._snapshots.prepare(
+            rdzv, membership, topology, node_rank, self.nproc, self.spec.rdzv.join_timeout
+        )
         beat_dir = os.path.join(self._runtime_dir, f"gen{generation}")
         os.makedirs(beat_dir, exist_ok=True)
         hangs = HangWatch(self.spec.faults.hang_timeout, beat_dir)
 
         def extra_env(local_rank: int, log_dir: str) -> dict[str, str]:
-            return {TOPOLOGY_FILE: topology_file, **hangs.worker_env(local_rank, log_dir)}
+            return {
+                TOPOLOGY_FILE: topology_file,
+                **snapshot_env,
+                **hangs.worker_env(local_rank, log_dir),
+            }
 
         self._pool.ensure_running()
         group = WorkerGroup(

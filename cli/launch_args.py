@@ -169,6 +169,17 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "before it counts as hung (default 60).",
     )
     value(
+        *both("snapshot-memory"),
+        default=None,
+        help="Shared memory for in-memory snapshots on this node, e.g. 8G "
+        "(default: half of /dev/shm).",
+    )
+    value(
+        *both("snapshot-copies"),
+        default=2,
+        help="Copies of each snapshot shard on distinct nodes, the original included (default 2).",
+    )
+    value(
         *both("max-node-failures"),
         default=0,
         help="Exclude a node from the job after this many failures charged to it (0: never).",

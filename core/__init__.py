@@ -1,10 +1,12 @@
 """rtrain.core: pure logic (launch spec, store protocol, topology, failure records) and
-the worker-side API that training scripts call: `heartbeat(step)` and `topology()`.
+the worker-side API that training scripts call: `heartbeat(step)`, `topology()`,
+`snapshot(state, step)` and `restore()`.
 
 Importing this package must stay cheap: `rtrain --help` goes through it, so nothing
 here imports torch at module level.
 """
 
+from rtrain.core.snapshot import SnapshotError, restore, snapshot
 from rtrain.core.worker_api import WorkerTopology, heartbeat, topology
 
-__all__ = ["WorkerTopology", "heartbeat", "topology"]
+__all__ = ["SnapshotError", "WorkerTopology", "heartbeat", "restore", "snapshot", "topology"]

@@ -247,3 +247,19 @@ def port_number(flag: str, value: Any) -> int:
     if not 0 <= port < 65536:
         raise UsageError(f"{flag}: port must be 0-65535, got {value!r}")
     return port
+
+
+SIZE_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def parse_size(flag: str, value: Any) -> int:
+    """A byte count: 1073741824, 512M, 8G (binary units; a trailing B or iB is allowed)."""
+    text = str(value).strip().upper().removesuffix("IB").removesuffix("B")
+    number, unit = (text[:-1], text[-1]) if text[-1:] in SIZE_UNITS and text[-1:] else (text, "")
+    try:
+        size = float(number) * SIZE_UNITS[unit]
+    except (ValueError, KeyError):
+        raise UsageError(f"{flag}: expected a size such as 512M or 8G, got {value!r}") from None
+    if not size > 0:
+        raise UsageError(f"{flag}: expected a positive size, got {value!r}")
+    return int(size)

@@ -24,6 +24,7 @@ from rtrain.core.flag_values import (
     parse_ranks_filter,
     parse_rdzv_conf,
     parse_signals,
+    parse_size,
     parse_stream_map,
     port_number,
     positive_float,
@@ -40,6 +41,7 @@ __all__ = [
     "Layout",
     "NodeRange",
     "RdzvSpec",
+    "SnapshotSpec",
     "StreamMap",
     "build_launch_spec",
     "resolve_nproc",
@@ -85,6 +87,17 @@ class FaultSpec:
 
 
 @dataclass(frozen=True)
+class SnapshotSpec:
+    """In-memory snapshots: how much shared memory they may use, how many copies to keep."""
+
+    # Bytes of this node's shared memory for its workers' slots and peers' replicas;
+    # None: half of /dev/shm.
+    memory: int | None = None
+    # Copies of each shard on distinct nodes, the original included.
+    copies: int = 2
+
+
+@dataclass(frozen=True)
 class EntryPoint:
     kind: EntryKind
     target: str
@@ -116,6 +129,7 @@ class LaunchSpec:
     signal_names: tuple[str, ...] = ()
     layout: Layout = field(default_factory=Layout)
     faults: FaultSpec = field(default_factory=FaultSpec)
+    snapshots: SnapshotSpec = field(default_factory=SnapshotSpec)
 
 
 def build_launch_spec(raw: Mapping[str, Any]) -> LaunchSpec:
@@ -214,6 +228,12 @@ def build_launch_spec(raw: Mapping[str, Any]) -> LaunchSpec:
         ignored_flags=tuple(raw.get("ignored_flags", ())),
         layout=_layout(raw, nodes, nproc),
         faults=_faults(raw, conf["heartbeat_timeout"]),
+        snapshots=SnapshotSpec(
+            memory=None
+            if raw.get("snapshot_memory") in (None, "")
+            else parse_size("--snapshot-memory", raw["snapshot_memory"]),
+            copies=positive_int("--snapshot-copies", raw.get("snapshot_copies", 2)),
+        ),
     )
 
 

@@ -1,0 +1,125 @@
+"""Replicator: checksums each new snapshot of this node's workers and copies it to peers.
+
+It runs on its own thread, off the training step's path. For every worker slot that
+holds a committed snapshot not yet replicated it computes the chunk checksums, sends
+the shard to the ring successors (core.restore_plan.ring_successors), and then marks
+the slot replicated, which is what lets the worker's next snapshot go ahead (the
+"wait" policy in rtrain.core.snapshot). A peer that cannot take the shard is retried
+on the next pass; if it is gone for good, its lease expiry ends the generation.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import mmap
+import os
+import threading
+import time
+from typing import Any
+
+from rtrain.agent.shard_server import ShardClient, ShardError
+from rtrain.agent.shard_store import SLOT, ShardStore
+from rtrain.core.restore_plan import ShardId
+from rtrain.core.snapshot_format import (
+    COMMITTED,
+    checksums,
+    read_header,
+    replicated_step,
+    set_replicated,
+)
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 0.002
+
+
+class Replicator:
+    def __init__(self, store: ShardStore, secret: bytes) -> None:
+        self._store = store
+        self._secret = secret
+        self._generation: int | None = None
+        self._peers: list[tuple[str, int]] = []
+        self._clients: dict[tuple[str, int], ShardClient] = {}
+        self._maps: dict[str, mmap.mmap] = {}
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._warned: set[tuple[str, int, int]] = set()
+        self._thread = threading.Thread(target=self._run, name="rtrain-replicate", daemon=True)
+        self._thread.start()
+
+    def follow(self, generation: int, peers: list[tuple[str, int]]) -> None:
+        """Replicate the slots of `generation` to these peers (host, shard port)."""
+        with self._lock:
+            self._generation, self._peers = generation, list(peers)
+            for client in self._clients.values():
+                client.close()
+            self._clients = {}
+            for buffer in self._maps.values():
+                buffer.close()
+            self._maps = {}
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._closed.is_set():
+            with self._lock:
+                busy = self._generation is not None and self._pass(self._generation)
+            if not busy:
+                time.sleep(POLL_S)
+
+    def _pass(self, generation: int) -> bool:
+        pattern = os.path.join(self._store.snap_dir(generation), "rank*.slot*")
+        worked = False
+        for path in glob.glob(pattern):
+            buffer = self._map(path)
+            if buffer is None:
+                continue
+            header = read_header(buffer)
+            if header is None or header.state != COMMITTED:
+                continue
+            if replicated_step(buffer) >= header.step:
+                continue
+            match = SLOT.search(path)
+            assert match is not None
+            shard = ShardId(generation, int(match[2]), header.step)
+            crcs = checksums(buffer, header.size)
+            self._store.remember_crcs(shard, crcs)
+            if self._send(shard, buffer, header.size, crcs):
+                set_replicated(buffer, header.step)
+                worked = True
+        return worked
+
+    def _send(self, shard: ShardId, buffer: Any, size: int, crcs: list[int]) -> bool:
+        for peer in self._peers:
+            try:
+                client = self._clients.get(peer) or ShardClient(peer[0], peer[1], self._secret)
+                self._clients[peer] = client
+                client.put(shard, buffer, size, crcs)
+            except (OSError, ShardError) as exc:
+                self._clients.pop(peer, None)
+                key = (peer[0], peer[1], shard.step)
+                if key not in self._warned:
+                    self._warned.add(key)
+                    logger.warning("replicating %s to %s:%d failed: %s", shard, *peer, exc)
+                return False
+        return True
+
+    def _map(self, path: str) -> mmap.mmap | None:
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            return None
+        buffer = self._maps.get(path)
+        if buffer is not None and len(buffer) == size:
+            return buffer
+        if buffer is not None:
+            buffer.close()
+        if size == 0:
+            return None
+        with open(path, "r+b") as handle:
+            buffer = mmap.mmap(handle.fileno(), size)
+        self._maps[path] = buffer
+        return buffer

@@ -1,0 +1,175 @@
+"""ShardStore: the shards this node keeps in shared memory, owned by the agent.
+
+  <root>/snap/gen<G>/rank<R>.slot<0|1>   the workers' own slots (they write, we read)
+  <root>/replica/g<G>_r<R>_s<S>.shard     peers' shards kept here, newest two steps each
+
+<root> is on /dev/shm, so everything here is memory, and it outlives the workers:
+a restarted worker finds its state here. Space is reserved with posix_fallocate, so a
+full /dev/shm or a full --snapshot-memory budget is a clear error, never a SIGBUS.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import logging
+import mmap
+import os
+import re
+import shutil
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from rtrain.core.restore_plan import ShardId
+from rtrain.core.snapshot_format import COMMITTED, checksums, read_header
+
+logger = logging.getLogger(__name__)
+
+SLOT = re.compile(r"gen(\d+)/rank(\d+)\.slot[01]$")
+REPLICA = re.compile(r"g(\d+)_r(\d+)_s(-?\d+)\.shard$")
+KEEP_STEPS = 2
+
+
+class ShardStore:
+    def __init__(self, root: str, budget: int) -> None:
+        self.root = root
+        self.budget = budget
+        self._crcs: dict[ShardId, list[int]] = {}
+        self._lock = threading.Lock()
+        os.makedirs(os.path.join(root, "snap"), exist_ok=True)
+        os.makedirs(os.path.join(root, "replica"), exist_ok=True)
+
+    def snap_dir(self, generation: int) -> str:
+        path = os.path.join(self.root, "snap", f"gen{generation}")
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    # -- what is here --
+
+    def local_slots(self) -> list[tuple[ShardId, str]]:
+        found = []
+        for path in glob.glob(os.path.join(self.root, "snap", "gen*", "rank*.slot*")):
+            match = SLOT.search(path)
+            header = _header_of(path)
+            if match and header is not None and header.state == COMMITTED:
+                found.append((ShardId(int(match[1]), int(match[2]), header.step), path))
+        return found
+
+    def replicas(self) -> list[tuple[ShardId, str]]:
+        found = []
+        for path in glob.glob(os.path.join(self.root, "replica", "*.shard")):
+            match = REPLICA.search(path)
+            if match:
+                found.append((ShardId(int(match[1]), int(match[2]), int(match[3])), path))
+        return found
+
+    def inventory(self) -> list[ShardId]:
+        return sorted({shard for shard, _ in self.local_slots() + self.replicas()}, key=str)
+
+    def used_bytes(self) -> int:
+        paths = glob.glob(os.path.join(self.root, "snap", "gen*", "*"))
+        paths += glob.glob(os.path.join(self.root, "replica", "*"))
+        return sum(_size(p) for p in paths)
+
+    # -- checksums --
+
+    def remember_crcs(self, shard: ShardId, crcs: list[int]) -> None:
+        with self._lock:
+            self._crcs[shard] = crcs
+
+    def open_shard(self, shard: ShardId) -> tuple[Any, int, list[int]] | None:
+        """A read-only mapping of a shard held here, its size and its checksums."""
+        for known, path in self.replicas() + self.local_slots():
+            if known != shard:
+                continue
+            buffer = _map(path, writable=False)
+            header = read_header(buffer)
+            if header is None or header.state != COMMITTED or header.step != shard.step:
+                continue  # a slot the worker is overwriting right now
+            with self._lock:
+                crcs = self._crcs.get(shard)
+            if crcs is None:
+                crcs = checksums(buffer, header.size)
+                self.remember_crcs(shard, crcs)
+            return buffer, header.size, crcs
+        return None
+
+    # -- receiving --
+
+    @contextlib.contextmanager
+    def receive(self, shard: ShardId, size: int) -> Iterator[Any]:
+        """A writable buffer for an incoming replica, within the memory budget."""
+        if self.budget and self.used_bytes() + size > self.budget:
+            raise OSError(f"replica of {size} bytes would exceed --snapshot-memory")
+        path = self._replica_path(shard) + ".part"
+        buffer = _allocate(path, size)
+        try:
+            yield buffer
+        finally:
+            buffer.close()
+
+    def keep_replica(self, shard: ShardId, size: int, crcs: list[int]) -> None:
+        final = self._replica_path(shard)
+        os.replace(final + ".part", final)
+        self.remember_crcs(shard, crcs)
+        same = sorted(
+            (
+                s
+                for s, _ in self.replicas()
+                if (s.generation, s.rank) == (shard.generation, shard.rank)
+            ),
+            key=lambda s: s.step,
+        )
+        for old in same[:-KEEP_STEPS]:
+            with contextlib.suppress(OSError):
+                os.remove(self._replica_path(old))
+
+    def restore_target(self, generation: int, rank: int, size: int) -> Any:
+        """The new worker's slot 0, sized for a restored shard."""
+        path = os.path.join(self.snap_dir(generation), f"rank{rank}.slot0")
+        return _allocate(path, size)
+
+    def prune(self, keep_from: int) -> None:
+        """Forget the shards of generations before keep_from."""
+        for directory in glob.glob(os.path.join(self.root, "snap", "gen*")):
+            if int(directory.rsplit("gen", 1)[1]) < keep_from:
+                shutil.rmtree(directory, ignore_errors=True)
+        for shard, path in self.replicas():
+            if shard.generation < keep_from:
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+
+    def _replica_path(self, shard: ShardId) -> str:
+        name = f"g{shard.generation}_r{shard.rank}_s{shard.step}.shard"
+        return os.path.join(self.root, "replica", name)
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _header_of(path: str) -> Any:
+    try:
+        with open(path, "rb") as handle:
+            return read_header(handle.read(64))
+    except OSError:
+        return None
+
+
+def _map(path: str, writable: bool) -> mmap.mmap:
+    with open(path, "r+b" if writable else "rb") as handle:
+        access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+        return mmap.mmap(handle.fileno(), 0, access=access)
+
+
+def _allocate(path: str, size: int) -> mmap.mmap:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, max(size, 1))
+        return mmap.mmap(fd, max(size, 1))
+    finally:
+        os.close(fd)

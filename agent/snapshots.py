@@ -1,0 +1,92 @@
+"""SnapshotService: the agent's side of in-memory snapshots, for one run.
+
+It owns the shard store on /dev/shm, the ShardServer peers fetch from and replicate
+to, and the Replicator; at each generation start it restores the new workers' state
+(agent/restorer.py) and points the replicator at the ring successors.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+
+from rtrain.agent.rendezvous import StoreRendezvous
+from rtrain.agent.replicator import Replicator
+from rtrain.agent.restorer import gather, publish, restore_local_ranks
+from rtrain.agent.shard_server import ShardServer
+from rtrain.agent.shard_store import ShardStore
+from rtrain.core.restore_plan import ring_successors
+from rtrain.core.snapshot import SNAPSHOT_BUDGET, SNAPSHOT_DIR
+from rtrain.core.store_protocol import Membership, StoreKeys
+from rtrain.core.topology import Topology
+
+logger = logging.getLogger(__name__)
+
+
+class SnapshotService:
+    def __init__(self, root: str, host: str, budget: int, copies: int, run_id: str) -> None:
+        self.store = ShardStore(root, budget)
+        self._host = host
+        self._budget = budget
+        self._copies = copies
+        self._keys = StoreKeys(run_id)
+        self._secret: bytes | None = None
+        self._server: ShardServer | None = None
+        self._replicator: Replicator | None = None
+
+    def _start(self, rdzv: StoreRendezvous) -> None:
+        """The job secret: RTRAIN_SECRET, else one random value the first agent sets."""
+        given = os.environ.get("RTRAIN_SECRET")
+        if given:
+            self._secret = given.encode()
+        else:
+            value = rdzv.call("compare_set", self._keys.secret, "", secrets.token_hex(32))
+            self._secret = value if isinstance(value, bytes) else str(value).encode()
+        self._server = ShardServer(self._host, self._secret, self.store)
+        self._replicator = Replicator(self.store, self._secret)
+
+    def prepare(
+        self,
+        rdzv: StoreRendezvous,
+        membership: Membership,
+        topology: Topology,
+        node_rank: int,
+        local_world_size: int,
+        timeout: float,
+    ) -> dict[str, str]:
+        """Restore this node's new workers; the environment that points them at their slots."""
+        if self._server is None:
+            self._start(rdzv)
+        assert self._server is not None and self._replicator is not None
+        assert self._secret is not None
+        generation = membership.generation
+        publish(rdzv, self._keys, self.store, generation, node_rank, self._host, self._server.port)
+        inventory, servers = gather(rdzv, self._keys, membership, timeout)
+        result = restore_local_ranks(
+            self.store, self._secret, topology, node_rank, inventory, servers
+        )
+        logger.info("%s", result.describe())
+        successors = ring_successors(node_rank, len(membership.members), self._copies)
+        self._replicator.follow(generation, [servers[n] for n in successors])
+        self.store.prune(keep_from=generation - 1)
+        per_slot = self._budget // max(local_world_size * 2 * self._copies, 1)
+        logger.info(
+            "snapshot memory: %.1f MiB in use, budget %.1f MiB (%.1f MiB per snapshot slot)",
+            self.store.used_bytes() / 2**20,
+            self._budget / 2**20,
+            per_slot / 2**20,
+        )
+        return {SNAPSHOT_DIR: self.store.snap_dir(generation), SNAPSHOT_BUDGET: str(per_slot)}
+
+    def close(self) -> None:
+        if self._replicator is not None:
+            self._replicator.close()
+        if self._server is not None:
+            self._server.close()
+
+
+def default_budget(root: str) -> int:
+    """Half of the shared-memory file system the shards live on."""
+    stats = os.statvfs(root)
+    return stats.f_frsize * stats.f_blocks // 2

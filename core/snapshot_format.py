@@ -1,0 +1,214 @@
+"""The byte layout of one shard: a training state dict in a flat, mappable buffer.
+
+  [ header (64 bytes) | skeleton (pickle) | tensor data, each 64-byte aligned ]
+
+The skeleton is the state dict with every tensor replaced by a TensorRef (dtype, shape,
+offset, size); everything else in it (ints, floats, strings, RNG states as bytes,
+nested dicts and lists) is pickled as is. Tensors are copied straight into the buffer,
+so writing a shard costs one memory copy of the tensor bytes.
+
+The header's `state` field is written last: a shard whose writer died half-way stays
+WRITING and is never read. Checksums are CRC-32 per 8 MiB chunk of everything after
+the header, so they can be computed (and verified) in parallel.
+
+torch is imported inside the functions that need it: `rtrain.core` must stay cheap.
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+import zlib
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+MAGIC = b"RTRSHRD1"
+HEADER = struct.Struct("<8sIIqqqq")  # magic, version, state, step, meta_len, data_len, replicated
+HEADER_SIZE = 64
+VERSION = 1
+EMPTY, WRITING, COMMITTED = 0, 1, 2
+STATE_OFFSET = 12  # where the 4-byte state field sits, for the final commit write
+REPLICATED_OFFSET = 40  # the step the agent last replicated (written by the agent)
+ALIGN = 64
+CHUNK = 8 << 20
+
+
+class SnapshotError(ValueError):
+    """A state dict rtrain cannot snapshot, or a shard it must not trust."""
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class ShardHeader:
+    state: int
+    step: int
+    meta_len: int
+    data_len: int
+    replicated: int
+
+    @property
+    def size(self) -> int:
+        return HEADER_SIZE + self.meta_len + self.data_len
+
+
+@dataclass
+class ShardLayout:
+    """What write_shard needs: the pickled skeleton, the tensors, and the total size."""
+
+    meta: bytes
+    tensors: list[Any]
+    refs: list[TensorRef]
+    data_len: int
+
+    @property
+    def size(self) -> int:
+        return HEADER_SIZE + len(self.meta) + self.data_len
+
+
+def plan_shard(state: Any) -> ShardLayout:
+    """Lay out a state dict; raise SnapshotError (naming the key) for what cannot be kept."""
+    import torch
+
+    tensors: list[Any] = []
+    refs: list[TensorRef] = []
+    offset = 0
+
+    def walk(value: Any, path: str) -> Any:
+        nonlocal offset
+        if isinstance(value, torch.Tensor):
+            if value.is_sparse or value.device.type == "meta":
+                raise SnapshotError(f"{path or 'state'}: sparse and meta tensors are not supported")
+            tensor = value.detach()
+            nbytes = tensor.numel() * tensor.element_size()
+            ref = TensorRef(
+                str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset, nbytes
+            )
+            offset += -(-nbytes // ALIGN) * ALIGN
+            tensors.append(tensor)
+            refs.append(ref)
+            return ref
+        if isinstance(value, dict):
+            return {k: walk(v, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            items = [walk(v, f"{path}[{i}]") for i, v in enumerate(value)]
+            return items if isinstance(value, list) else tuple(items)
+        try:
+            pickle.dumps(value, protocol=5)
+        except Exception as exc:
+            raise SnapshotError(
+                f"{path or 'state'}: a {type(value).__name__} cannot be snapshotted ({exc})"
+            ) from None
+        return value
+
+    skeleton = walk(state, "")
+    meta = pickle.dumps(skeleton, protocol=5)
+    return ShardLayout(meta, tensors, refs, offset)
+
+
+def write_shard(buffer: Any, layout: ShardLayout, step: int) -> None:
+    """Copy the shard into `buffer` (a writable mapping of at least layout.size bytes)."""
+    import torch
+
+    _write_header(buffer, ShardHeader(WRITING, step, len(layout.meta), layout.data_len, -1))
+    meta_end = HEADER_SIZE + len(layout.meta)
+    buffer[HEADER_SIZE:meta_end] = layout.meta
+    for tensor, ref in zip(layout.tensors, layout.refs, strict=True):
+        if ref.nbytes == 0:
+            continue
+        target = torch.frombuffer(
+            buffer, dtype=torch.uint8, count=ref.nbytes, offset=meta_end + ref.offset
+        )
+        source = tensor.contiguous().view(-1).view(torch.uint8)
+        target.copy_(source.cpu() if source.device.type != "cpu" else source)
+    struct.pack_into("<I", buffer, STATE_OFFSET, COMMITTED)
+
+
+def read_header(buffer: Any) -> ShardHeader | None:
+    """The shard's header, or None if the buffer does not hold one."""
+    if len(buffer) < HEADER_SIZE:
+        return None
+    magic, version, state, step, meta_len, data_len, replicated = HEADER.unpack_from(buffer, 0)
+    if magic != MAGIC or version != VERSION or meta_len < 0 or data_len < 0:
+        return None
+    return ShardHeader(state, step, meta_len, data_len, replicated)
+
+
+def read_shard(buffer: Any) -> tuple[Any, int]:
+    """(state dict, step) from a committed shard; tensors are copied out of the buffer."""
+    import torch
+
+    header = read_header(buffer)
+    if header is None or header.state != COMMITTED:
+        raise SnapshotError("not a complete shard")
+    if len(buffer) < header.size:
+        raise SnapshotError("shard is truncated")
+    meta_end = HEADER_SIZE + header.meta_len
+    try:
+        skeleton = pickle.loads(bytes(buffer[HEADER_SIZE:meta_end]))
+    except Exception as exc:
+        raise SnapshotError(f"shard skeleton unreadable ({exc})") from None
+
+    def build(value: Any) -> Any:
+        if isinstance(value, TensorRef):
+            dtype = getattr(torch, value.dtype)
+            if value.nbytes == 0:
+                return torch.empty(value.shape, dtype=dtype)
+            raw = torch.frombuffer(
+                buffer, dtype=torch.uint8, count=value.nbytes, offset=meta_end + value.offset
+            )
+            return raw.clone().view(dtype).reshape(value.shape)
+        if isinstance(value, dict):
+            return {k: build(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [build(v) for v in value]
+        if isinstance(value, tuple):
+            return tuple(build(v) for v in value)
+        return value
+
+    return build(skeleton), header.step
+
+
+def checksums(buffer: Any, size: int, workers: int = 4) -> list[int]:
+    """CRC-32 of each 8 MiB chunk of buffer[HEADER_SIZE:size], computed in parallel
+    (zlib releases the GIL), so that verifying a shard runs near memory speed."""
+    view = memoryview(buffer)[HEADER_SIZE:size]
+    starts = range(0, len(view), CHUNK)
+    if len(starts) <= 1:
+        return [zlib.crc32(view)]
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(lambda s: zlib.crc32(view[s : s + CHUNK]), starts))
+
+
+def verify(buffer: Any, size: int, expected: Sequence[int]) -> bool:
+    return checksums(buffer, size) == list(expected)
+
+
+def _write_header(buffer: Any, header: ShardHeader) -> None:
+    HEADER.pack_into(
+        buffer,
+        0,
+        MAGIC,
+        VERSION,
+        header.state,
+        header.step,
+        header.meta_len,
+        header.data_len,
+        header.replicated,
+    )
+
+
+def set_replicated(buffer: Any, step: int) -> None:
+    struct.pack_into("<q", buffer, REPLICATED_OFFSET, step)
+
+
+def replicated_step(buffer: Any) -> int:
+    return struct.unpack_from("<q", buffer, REPLICATED_OFFSET)[0]
