@@ -6,7 +6,9 @@ module picks the newest step that *every* new rank can restore, so the ranks res
 together:
 
   - a rank whose node took part in the previous generation restores its own shard
-    (topology.previous_rank), from local memory or from a peer's replica;
+    (topology.previous_rank), from local memory or from a peer's replica; a rank on a
+    replacement node restores the shard of the lost rank whose place it takes
+    (topology.replaces);
   - a rank that is new, or whose own shard has no surviving copy, restores a DP
     peer's shard: previous-generation ranks of the same stage and TP rank hold the
     same parameters and optimizer state (its per-rank state, RNG and data position,
@@ -59,15 +61,20 @@ def plan_restore(
     if not holders:
         return None
     steps = sorted({step for _, step in holders}, reverse=True)
-    for step in steps:
-        plan: dict[int, RestoreSource] = {}
-        for coord in topology.coords:
-            source = _source(topology, coord.rank, coord.pp, coord.tp, step, holders, previous)
-            if source is None:
-                break
-            plan[coord.rank] = source
-        else:
-            return step, plan
+    # A rank's own shard (RNG, data position and all) beats a DP peer's: the newest step
+    # at which every rank has its own is preferred to a newer one that needs a peer's.
+    for peer_fallback in (False, True):
+        for step in steps:
+            plan: dict[int, RestoreSource] = {}
+            for coord in topology.coords:
+                source = _source(
+                    topology, coord.rank, coord.pp, coord.tp, step, holders, previous, peer_fallback
+                )
+                if source is None:
+                    break
+                plan[coord.rank] = source
+            else:
+                return step, plan
     return None
 
 
@@ -79,12 +86,17 @@ def _source(
     step: int,
     holders: Mapping[tuple[int, int], set[int]],
     previous: int,
+    peer_fallback: bool,
 ) -> RestoreSource | None:
     own = (topology.previous_rank or {}).get(rank)
+    if own is None:  # a replacement takes over the lost rank at its grid position
+        own = (topology.replaces or {}).get(rank)
     if own is not None and (own, step) in holders:
         return RestoreSource(
             ShardId(previous, own, step), tuple(sorted(holders[(own, step)])), False
         )
+    if own is not None and not peer_fallback:
+        return None
     for peer in (topology.previous_holders or {}).get((pp, tp), ()):
         if (peer, step) in holders:
             shard = ShardId(previous, peer, step)

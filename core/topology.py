@@ -84,6 +84,9 @@ class Topology:
     # rank -> the same worker slot's rank in the previous generation (same node, same
     # local rank), when that node took part in it.
     previous_rank: dict[int, int] | None = None
+    # rank (on a node new to the job) -> the lost previous-generation rank that held
+    # the same grid position: the place this worker takes over, e.g. on a replacement.
+    replaces: dict[int, int] | None = None
 
     @property
     def world_size(self) -> int:
@@ -131,6 +134,7 @@ class Topology:
                     for (pp, tp), ranks in sorted((self.previous_holders or {}).items())
                 ],
                 "previous_rank": sorted((self.previous_rank or {}).items()),
+                "replaces": sorted((self.replaces or {}).items()),
             }
         )
 
@@ -146,11 +150,20 @@ class Topology:
             grid = build_grid(layout, int(data["generation"]), nodes)
             holders = {(int(p), int(t)): tuple(map(int, r)) for p, t, r in data["previous_holders"]}
             previous = {int(k): int(v) for k, v in data["previous_rank"]}
+            replaces = {int(k): int(v) for k, v in data.get("replaces", [])}
             lost = tuple(int(r) for r in data["lost_ranks"])
         except (ValueError, KeyError, TypeError) as exc:
             raise LayoutError(f"unreadable topology record ({exc})") from None
         return Topology(
-            grid.generation, layout, grid.dp_size, grid.nodes, grid.coords, lost, holders, previous
+            grid.generation,
+            layout,
+            grid.dp_size,
+            grid.nodes,
+            grid.coords,
+            lost,
+            holders,
+            previous,
+            replaces,
         )
 
 
@@ -206,8 +219,22 @@ def recompute_topology(
         prev_offset, prev_size = prev_offsets[node.node_id]
         for local in range(min(node.local_world_size, prev_size)):
             previous_rank[offsets[node.node_id][0] + local] = prev_offset + local
+    lost_at = {(c.dp, c.pp, c.tp): c.rank for c in previous.coords if c.rank in set(lost)}
+    replaces = {
+        c.rank: lost_at[(c.dp, c.pp, c.tp)]
+        for c in grid.coords
+        if c.rank not in previous_rank and c.dp is not None and (c.dp, c.pp, c.tp) in lost_at
+    }
     return Topology(
-        generation, layout, grid.dp_size, grid.nodes, grid.coords, lost, holders, previous_rank
+        generation,
+        layout,
+        grid.dp_size,
+        grid.nodes,
+        grid.coords,
+        lost,
+        holders,
+        previous_rank,
+        replaces,
     )
 
 

@@ -69,6 +69,8 @@ class WorkerTopology:
     # survived: identical parameters, the first place to fetch lost state from.
     previous_stage_holders: tuple[int, ...]
     previous_rank: int | None
+    # On a node new to the job: the lost previous-generation rank whose place it takes.
+    replaces_rank: int | None = None
 
     @property
     def is_spare(self) -> bool:
@@ -107,4 +109,5 @@ def worker_view(topo: Topology, rank: int) -> WorkerTopology:
         lost_ranks=topo.lost_ranks,
         previous_stage_holders=(topo.previous_holders or {}).get((coord.pp, coord.tp), ()),
         previous_rank=(topo.previous_rank or {}).get(rank),
+        replaces_rank=(topo.replaces or {}).get(rank),
     )

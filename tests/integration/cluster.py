@@ -22,6 +22,7 @@ import psutil
 from tests.integration.helpers import ROOT, RTRAIN, free_port, probe_env
 
 RESUMABLE = str(ROOT / "tests" / "scripts" / "train_resumable.py")
+SNAPSHOTTING = str(ROOT / "tests" / "scripts" / "train_snapshot.py")
 
 
 class LocalCluster:
@@ -32,9 +33,11 @@ class LocalCluster:
         nnodes: str,
         flags: list[str],
         conf: str = "join_timeout=30",
+        script: str = RESUMABLE,
         **env: str,
     ) -> None:
         self.conf = conf
+        self.script = script
         self.tmp = tmp
         self.out = tmp / "out"
         self.port = free_port()
@@ -57,7 +60,7 @@ class LocalCluster:
             "--rdzv-id=recovery",
             f"--rdzv-conf={self.conf},is_host={'true' if index == 0 else 'false'}",
             *flags,
-            RESUMABLE,
+            self.script,
         ]
         handle = open(log, "w")  # noqa: SIM115 - the node writes to it until it exits
         proc = subprocess.Popen(

@@ -18,9 +18,8 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch import nn
-
 from rtrain.core import heartbeat, restore, snapshot
+from torch import nn
 
 
 def inject(rank: int, step: int, generation: int) -> None:
@@ -51,6 +50,8 @@ def main() -> None:
     pause = float(os.environ.get("PROBE_STEP_SLEEP", "0.03"))
     out = os.environ.get("PROBE_OUT", "")
     generation = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if out:
+        os.makedirs(out, exist_ok=True)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)

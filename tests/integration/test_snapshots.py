@@ -1,0 +1,79 @@
+"""In-memory snapshots end to end: a job that loses a worker or a node comes back with
+the state of its last step, bitwise equal to a run without failures."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.integration.cluster import SNAPSHOTTING, LocalCluster
+
+FAST = ["--nproc-per-node=2", "--heartbeat-interval=0.5", "--heartbeat-timeout=2"]
+STEPS = "30"
+
+
+def digests(cluster: LocalCluster) -> set[str]:
+    return {json.loads(path.read_text())["digest"] for path in cluster.out.glob("final_rank*.json")}
+
+
+def restored(cluster: LocalCluster) -> dict[str, dict]:
+    return {p.stem: json.loads(p.read_text()) for p in cluster.out.glob("restored_*.json")}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Parameters and Adam state (one sha256) after a 2 x 2 run with no failure."""
+    tmp = tmp_path_factory.mktemp("reference")
+    cluster = LocalCluster(tmp, 2, "2", FAST, script=SNAPSHOTTING, PROBE_STEPS=STEPS)
+    try:
+        assert cluster.wait() == [0, 0], cluster.log(0)
+    finally:
+        cluster.close()
+    found = digests(cluster)
+    assert len(found) == 1 and len(list(cluster.out.glob("final_rank*.json"))) == 4
+    return found.pop()
+
+
+def test_killed_worker_restores_its_last_step_bitwise(tmp_path, reference):
+    cluster = LocalCluster(
+        tmp_path,
+        2,
+        "2",
+        [*FAST, "--max-restarts=1"],
+        script=SNAPSHOTTING,
+        PROBE_STEPS=STEPS,
+        PROBE_FAULT="rank=3,step=9,gen=0,action=kill",
+    )
+    try:
+        codes = cluster.wait()
+    finally:
+        cluster.close()
+    assert codes == [0, 0], cluster.log(0) + cluster.log(1)
+    assert digests(cluster) == {reference}
+    # every rank came back with step 8: the last one all of them had finished
+    assert {rec["step"] for rec in restored(cluster).values()} == {8}
+    assert "restored step 8: 2 shards from local memory" in cluster.log(0) + cluster.log(1)
+
+
+def test_lost_node_comes_back_from_its_replicas_on_a_peer(tmp_path, reference):
+    cluster = LocalCluster(
+        tmp_path, 2, "2", FAST, script=SNAPSHOTTING, PROBE_STEPS=STEPS, PROBE_STEP_SLEEP="0.1"
+    )
+    try:
+        cluster.wait_progress(5)
+        done = cluster.progress()
+        cluster.kill_node(1)
+        time.sleep(1)
+        cluster.start_node(1, "2", FAST)  # an empty replacement: no shard of its own
+        codes = cluster.wait()
+    finally:
+        cluster.close()
+    assert codes == [0, 0], cluster.log(0) + cluster.log(1)
+    assert digests(cluster) == {reference}
+    # every rank resumed at the same step; the wait policy keeps at most two steps
+    # (the one being replicated and the one after it) between a rank and its replicas
+    steps = {rec["step"] for rec in restored(cluster).values()}
+    assert len(steps) == 1 and steps.pop() >= done - 3
+    assert "from peers" in cluster.log(1) and "0 from peers" not in cluster.log(1)
