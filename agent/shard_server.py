@@ -174,7 +174,12 @@ class ShardClient:
                 raise ShardError(f"{host}:{port} is not an rtrain shard server")
             mine = secrets.token_bytes(NONCE)
             self._sock.sendall(_mac(secret, b"client", hello[len(MAGIC) :]) + mine)
-            proof = _recv_exact(self._sock, 32)
+            try:
+                proof = _recv_exact(self._sock, 32)
+            except ShardError:
+                raise ShardError(
+                    f"{host}:{port} closed the connection: it does not accept this job's secret"
+                ) from None
             if not hmac.compare_digest(proof, _mac(secret, b"server", mine)):
                 raise ShardError(f"{host}:{port} could not prove it has the job secret")
         except (OSError, ShardError):

@@ -17,7 +17,7 @@ from rtrain.agent.restorer import gather, publish, restore_local_ranks
 from rtrain.agent.shard_server import ShardServer
 from rtrain.agent.shard_store import ShardStore
 from rtrain.core.restore_plan import ring_successors
-from rtrain.core.snapshot import SNAPSHOT_BUDGET, SNAPSHOT_DIR
+from rtrain.core.snapshot_api import SNAPSHOT_BUDGET, SNAPSHOT_DIR
 from rtrain.core.store_protocol import Membership, StoreKeys
 from rtrain.core.topology import Topology
 

@@ -6,7 +6,7 @@ Importing this package must stay cheap: `rtrain --help` goes through it, so noth
 here imports torch at module level.
 """
 
-from rtrain.core.snapshot import SnapshotError, restore, snapshot
+from rtrain.core.snapshot_api import SnapshotError, restore, snapshot
 from rtrain.core.worker_api import WorkerTopology, heartbeat, topology
 
 __all__ = ["SnapshotError", "WorkerTopology", "heartbeat", "restore", "snapshot", "topology"]

@@ -1,0 +1,214 @@
+"""Shard storage and transfer under faults, with the real ShardServer over TCP, real
+shared-memory files, and real processes killed in the middle of a snapshot."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from rtrain.agent.restorer import restore_local_ranks
+from rtrain.agent.shard_server import ShardClient, ShardError, ShardServer
+from rtrain.agent.shard_store import ShardStore
+from rtrain.core.restore_plan import ShardId
+from rtrain.core.snapshot_api import restore, slot_paths
+from rtrain.core.snapshot_format import checksums, plan_shard, read_shard, write_shard
+from rtrain.core.topology import Layout, NodeSlot, build_grid, recompute_topology
+
+SECRET = b"0123456789abcdef0123456789abcdef"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def shard_bytes(value: float, step: int) -> bytearray:
+    layout = plan_shard({"w": torch.full((1000,), value), "step": step})
+    buffer = bytearray(layout.size)
+    write_shard(buffer, layout, step)
+    return buffer
+
+
+@pytest.fixture
+def node(tmp_path):
+    """A node's shard store and its server; closed after the test."""
+    servers = []
+
+    def make(name: str) -> tuple[ShardStore, ShardServer]:
+        store = ShardStore(str(tmp_path / name), budget=0)
+        server = ShardServer("127.0.0.1", SECRET, store)
+        servers.append(server)
+        return store, server
+
+    yield make
+    for server in servers:
+        server.close()
+
+
+def put(server: ShardServer, shard: ShardId, buffer: bytearray) -> None:
+    client = ShardClient("127.0.0.1", server.port, SECRET)
+    try:
+        client.put(shard, buffer, len(buffer), checksums(buffer, len(buffer)))
+    finally:
+        client.close()
+
+
+def test_replica_round_trip_and_newest_two_steps_kept(node):
+    store, server = node("a")
+    for step in (1, 2, 3):
+        put(server, ShardId(0, 5, step), shard_bytes(step, step))
+    assert sorted(s.step for s, _ in store.replicas()) == [2, 3]
+    client = ShardClient("127.0.0.1", server.port, SECRET)
+    got: list[bytearray] = []
+    client.get(ShardId(0, 5, 3), lambda size: got.append(bytearray(size)) or got[-1])
+    client.close()
+    state, step = read_shard(got[0])
+    assert step == 3 and torch.equal(state["w"], torch.full((1000,), 3.0))
+
+
+def test_a_client_without_the_secret_gets_nothing(node):
+    _, server = node("a")
+    put(server, ShardId(0, 1, 1), shard_bytes(1, 1))
+    with pytest.raises(ShardError, match="does not accept this job's secret"):
+        ShardClient("127.0.0.1", server.port, b"wrong secret")
+    # a raw connection that answers the challenge with garbage is dropped, unanswered
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as raw:
+        raw.recv(36)
+        raw.sendall(b"\0" * 64 + b'{"op": "get", "gen": 0, "rank": 1, "step": 1}')
+        assert raw.recv(100) == b""
+
+
+def test_a_server_that_answers_garbage_is_refused():
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+
+    def garbage() -> None:
+        conn, _ = listener.accept()
+        conn.sendall(b"HTTP/1.1 200 OK\r\n\r\n" + b"x" * 100)
+        time.sleep(0.5)
+        conn.close()
+
+    threading.Thread(target=garbage, daemon=True).start()
+    with pytest.raises(ShardError, match="not an rtrain shard server"):
+        ShardClient("127.0.0.1", listener.getsockname()[1], SECRET)
+    listener.close()
+
+
+def test_a_corrupt_replica_is_refused_and_restore_takes_the_next_holder(node, caplog):
+    store_a, server_a = node("a")
+    store_b, server_b = node("b")
+    store_new, _ = node("new")
+    good = shard_bytes(2.5, 4)
+    for server in (server_a, server_b):
+        put(server, ShardId(0, 0, 4), good)
+    # flip a byte in a's copy, behind the store's back (bad memory, a stray write)
+    path = next(p for s, p in store_a.replicas())
+    with open(path, "r+b") as handle:
+        handle.seek(len(good) - 10)
+        handle.write(b"\xff")
+    # a replacement node restores rank 0 of generation 1: holders are a (0) and b (1)
+    before = build_grid(Layout(), 0, [NodeSlot("old", 1)])
+    topo = recompute_topology(Layout(), 1, [NodeSlot("new", 1)], before)
+    inventory = {0: store_a.inventory(), 1: store_b.inventory(), 2: []}
+    servers = {0: ("127.0.0.1", server_a.port), 1: ("127.0.0.1", server_b.port)}
+    result = restore_local_ranks(store_new, SECRET, _only_node(topo, 2), 2, inventory, servers)
+    assert result.step == 4 and result.fetched == 1
+    assert "failed its checksum" in caplog.text
+    slot = slot_paths(store_new.snap_dir(1), 0)[0]
+    state, step = read_shard(bytearray(Path(slot).read_bytes()))
+    assert step == 4 and torch.equal(state["w"], torch.full((1000,), 2.5))
+
+
+def _only_node(topo, node_rank):
+    """The topology with its single node at `node_rank` (the other nodes hold replicas)."""
+    from dataclasses import replace
+
+    coords = tuple(replace(c, node_rank=node_rank) for c in topo.coords)
+    return replace(topo, coords=coords)
+
+
+WRITER = """
+import os, sys, threading, time, torch
+from rtrain.core.snapshot_api import snapshot, slot_paths
+from rtrain.core.snapshot_format import read_header, replicated_step, set_replicated
+import mmap
+
+def agent():  # what the agent's replicator does: mark each committed slot replicated
+    while True:
+        for path in slot_paths(os.environ["RTRAIN_SNAPSHOT_DIR"], 0):
+            if os.path.exists(path) and os.path.getsize(path):
+                with open(path, "r+b") as f:
+                    m = mmap.mmap(f.fileno(), 0)
+                    h = read_header(m)
+                    if h and h.state == 2 and replicated_step(m) < h.step:
+                        set_replicated(m, h.step)
+                    m.close()
+        time.sleep(0.001)
+
+threading.Thread(target=agent, daemon=True).start()
+big = torch.empty(int(sys.argv[1]) * 2**20 // 4)
+step = 0
+while True:
+    big.fill_(float(step))
+    snapshot({"w": big, "step": step}, step)
+    print(step, flush=True)
+    step += 1
+"""
+
+
+def test_a_worker_killed_mid_snapshot_leaves_the_previous_one_whole(tmp_path):
+    env = {**os.environ, "RTRAIN_SNAPSHOT_DIR": str(tmp_path), "RANK": "0"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, "200"], env=env, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    for _ in range(3):  # a few whole snapshots, then kill it while it writes the next
+        proc.stdout.readline()
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    os.environ["RTRAIN_SNAPSHOT_DIR"], os.environ["RANK"] = str(tmp_path), "0"
+    try:
+        state, step = restore()
+    finally:
+        del os.environ["RTRAIN_SNAPSHOT_DIR"], os.environ["RANK"]
+    assert step >= 2 and state["step"] == step
+    assert torch.all(state["w"] == float(step))  # no torn tensor: every value from one step
+
+
+SHM_FULL = """
+import resource, signal, sys, torch
+from rtrain.core.snapshot_api import snapshot, SnapshotError
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))  # the file system is "full" at 1 MiB
+try:
+    snapshot({"w": torch.zeros(2**20)}, 0)
+except SnapshotError as exc:
+    print(exc)
+    sys.exit(7)
+"""
+
+
+def test_no_room_for_a_snapshot_is_a_clear_error(tmp_path):
+    env = {**os.environ, "RTRAIN_SNAPSHOT_DIR": str(tmp_path), "RANK": "0"}
+    result = subprocess.run(
+        [sys.executable, "-c", SHM_FULL], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 7, result.stderr
+    assert "no room for a 4.0 MiB snapshot" in result.stdout
+
+
+def test_a_snapshot_over_the_budget_is_refused(tmp_path, monkeypatch):
+    import rtrain.core.snapshot_api as api
+
+    monkeypatch.setenv("RTRAIN_SNAPSHOT_DIR", str(tmp_path))
+    monkeypatch.setenv("RTRAIN_SNAPSHOT_BUDGET", str(1 << 20))
+    with pytest.raises(
+        api.SnapshotError, match="does not fit this rank's share of --snapshot-memory"
+    ):
+        api.snapshot({"w": torch.zeros(2**20)}, 0)

@@ -1,0 +1,127 @@
+"""Shard layout, restore planning and replica placement (pure; no processes)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from rtrain.core.restore_plan import ShardId, plan_restore, ring_successors
+from rtrain.core.snapshot_format import (
+    COMMITTED,
+    SnapshotError,
+    checksums,
+    plan_shard,
+    read_header,
+    read_shard,
+    verify,
+    write_shard,
+)
+from rtrain.core.topology import Layout, NodeSlot, build_grid, recompute_topology
+
+
+def round_trip(state, step=7):
+    layout = plan_shard(state)
+    buffer = bytearray(layout.size)
+    write_shard(buffer, layout, step)
+    return read_shard(buffer)
+
+
+def test_nested_state_with_plain_values_round_trips_bitwise():
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "rng": torch.get_rng_state(),
+        "loader": {"epoch": 3, "offset": 1024, "files": ["a", "b"]},
+        "half": torch.arange(6, dtype=torch.bfloat16).reshape(2, 3),
+        "empty": torch.empty(0, 5),
+        "view": torch.arange(10.0)[::2],  # not contiguous
+    }
+    back, step = round_trip(state)
+    assert step == 7
+    assert back["loader"] == state["loader"]
+    assert torch.equal(back["rng"], state["rng"])
+    assert back["half"].dtype == torch.bfloat16 and torch.equal(back["half"], state["half"])
+    assert back["empty"].shape == (0, 5) and torch.equal(back["view"], state["view"])
+    for key, value in state["model"].items():
+        assert torch.equal(back["model"][key], value)
+    assert back["optimizer"]["state"][0]["exp_avg"].equal(state["optimizer"]["state"][0]["exp_avg"])
+
+
+def test_empty_state_round_trips():
+    assert round_trip({}) == ({}, 7)
+
+
+def test_objects_that_cannot_be_kept_are_named():
+    with pytest.raises(SnapshotError, match=r"loader\.hook: a function cannot be snapshotted"):
+        plan_shard({"loader": {"hook": lambda: None}})
+
+
+def test_a_shard_whose_writer_died_is_never_read():
+    layout = plan_shard({"w": torch.ones(3)})
+    buffer = bytearray(layout.size)
+    write_shard(buffer, layout, 5)
+    buffer[12:16] = (1).to_bytes(4, "little")  # state back to WRITING, as if killed mid-copy
+    assert read_header(buffer).state != COMMITTED
+    with pytest.raises(SnapshotError, match="not a complete shard"):
+        read_shard(buffer)
+
+
+def test_checksums_find_a_flipped_bit():
+    layout = plan_shard({"w": torch.randn(3_000_000)})  # > one 8 MiB chunk
+    buffer = bytearray(layout.size)
+    write_shard(buffer, layout, 1)
+    crcs = checksums(buffer, layout.size)
+    assert len(crcs) == 2 and verify(buffer, layout.size, crcs)
+    buffer[layout.size - 3] ^= 0x10
+    assert not verify(buffer, layout.size, crcs)
+
+
+def test_ring_placement_keeps_copies_on_distinct_nodes():
+    assert ring_successors(0, 4, 2) == [1]
+    assert ring_successors(3, 4, 3) == [0, 1]
+    assert ring_successors(0, 1, 2) == []  # alone: only the original
+    assert ring_successors(1, 2, 5) == [0]  # never more copies than nodes
+
+
+def nodes(*ids: str) -> list[NodeSlot]:
+    return [NodeSlot(i, 2) for i in ids]
+
+
+def test_plan_prefers_the_newest_step_every_rank_has_its_own_shard_of():
+    before = build_grid(Layout(), 0, nodes("a", "b"))
+    after = recompute_topology(Layout(), 1, nodes("a", "b"), before)
+    inventory = {
+        0: [ShardId(0, r, s) for r in (0, 1) for s in (4, 5)] + [ShardId(0, 2, 4)],
+        1: [ShardId(0, 2, 4), ShardId(0, 3, 4), ShardId(0, 3, 5)],
+    }
+    step, plan = plan_restore(after, inventory)
+    assert step == 4  # rank 2 has no step 5 anywhere
+    assert plan[0].shard == ShardId(0, 0, 4) and plan[0].holders == (0,)
+    assert plan[2].holders == (0, 1) and not plan[2].from_dp_peer
+
+
+def test_plan_gives_a_replacement_node_the_lost_ranks_shards():
+    before = build_grid(Layout(), 0, nodes("a", "b"))
+    after = recompute_topology(Layout(), 1, nodes("a", "new"), before)
+    assert after.replaces == {2: 2, 3: 3}
+    inventory = {0: [ShardId(0, r, 9) for r in range(4)], 1: []}
+    step, plan = plan_restore(after, inventory)
+    assert step == 9 and plan[3].shard == ShardId(0, 3, 9) and not plan[3].from_dp_peer
+
+
+def test_plan_falls_back_to_a_dp_peer_when_no_copy_of_a_shard_survives():
+    before = build_grid(Layout(), 0, nodes("a", "b"))
+    after = recompute_topology(Layout(), 1, nodes("a"), before)  # b gone, no replicas
+    step, plan = plan_restore(after, {0: [ShardId(0, 0, 3), ShardId(0, 1, 3)]})
+    assert step == 3 and not plan[0].from_dp_peer
+    grown = recompute_topology(Layout(), 2, nodes("a", "c"), after)
+    step, plan = plan_restore(grown, {0: [ShardId(1, 0, 6), ShardId(1, 1, 6)], 1: []})
+    assert plan[2].from_dp_peer and plan[2].shard.rank in (0, 1)
+
+
+def test_plan_is_none_on_a_fresh_start():
+    topo = build_grid(Layout(), 0, nodes("a"))
+    assert plan_restore(topo, {0: []}) is None
