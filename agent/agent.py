@@ -115,6 +115,8 @@ class Agent:
             spec.snapshots.memory or default_budget(shard_root),
             spec.snapshots.copies,
             spec.rdzv.run_id,
+            spec.snapshots.checkpoint_dir,
+            spec.snapshots.checkpoint_every,
         )
         log.set_node(self.addr)
 

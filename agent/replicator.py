@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Any
 
+from rtrain.agent.disk_checkpoints import DiskCheckpointer
 from rtrain.agent.shard_server import ShardClient, ShardError
 from rtrain.agent.shard_store import SLOT, ShardStore
 from rtrain.core.restore_plan import ShardId
@@ -35,9 +36,13 @@ POLL_S = 0.002
 
 
 class Replicator:
-    def __init__(self, store: ShardStore, secret: bytes) -> None:
+    def __init__(
+        self, store: ShardStore, secret: bytes, checkpointer: DiskCheckpointer | None = None
+    ) -> None:
         self._store = store
         self._secret = secret
+        self._checkpointer = checkpointer
+        self._world_size = 0
         self._generation: int | None = None
         self._peers: list[tuple[str, int]] = []
         self._clients: dict[tuple[str, int], ShardClient] = {}
@@ -48,10 +53,11 @@ class Replicator:
         self._thread = threading.Thread(target=self._run, name="rtrain-replicate", daemon=True)
         self._thread.start()
 
-    def follow(self, generation: int, peers: list[tuple[str, int]]) -> None:
+    def follow(self, generation: int, peers: list[tuple[str, int]], world_size: int) -> None:
         """Replicate the slots of `generation` to these peers (host, shard port)."""
         with self._lock:
             self._generation, self._peers = generation, list(peers)
+            self._world_size = world_size
             for client in self._clients.values():
                 client.close()
             self._clients = {}
@@ -88,6 +94,10 @@ class Replicator:
             crcs = checksums(buffer, header.size)
             self._store.remember_crcs(shard, crcs)
             if self._send(shard, buffer, header.size, crcs):
+                if self._checkpointer is not None:
+                    self._checkpointer.offer(
+                        shard.rank, shard.step, self._world_size, buffer[: header.size], crcs
+                    )
                 set_replicated(buffer, header.step)
                 worked = True
         return worked

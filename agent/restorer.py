@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from rtrain.agent.disk_checkpoints import load_verified, newest_complete
 from rtrain.agent.rendezvous import StoreRendezvous
 from rtrain.agent.shard_server import ShardClient, ShardError
 from rtrain.agent.shard_store import ShardStore
@@ -42,11 +43,17 @@ class RestoreResult:
     local: int = 0
     fetched: int = 0
     from_dp_peer: int = 0
+    from_disk: str = ""
     seconds: float = 0.0
 
     def describe(self) -> str:
         if self.step is None:
             return "no snapshot to restore: workers start fresh"
+        if self.from_disk:
+            return (
+                f"restored step {self.step} from the disk checkpoint in {self.from_disk} "
+                f"in {self.seconds:.2f}s: no step survives in memory for every rank"
+            )
         peer = f", {self.from_dp_peer} from a DP peer's shard" if self.from_dp_peer else ""
         return (
             f"restored step {self.step}: {self.local} shards from local memory, "
@@ -102,10 +109,16 @@ def restore_local_ranks(
     node_rank: int,
     inventory: dict[int, list[ShardId]],
     servers: dict[int, tuple[str, int]],
+    checkpoint_dir: str | None = None,
 ) -> RestoreResult:
     started = time.monotonic()
     plan = plan_restore(topology, inventory)
     if plan is None:
+        # Every agent sees the same inventory, so every agent comes here together.
+        if checkpoint_dir:
+            result = restore_from_disk(store, checkpoint_dir, topology, node_rank)
+            result.seconds = time.monotonic() - started
+            return result
         if any(inventory.values()):
             logger.warning("no step that every rank can restore survives: workers start fresh")
         return RestoreResult(None)
@@ -180,3 +193,27 @@ def _fetch(
     finally:
         client.close()
     return targets[-1]
+
+
+def restore_from_disk(
+    store: ShardStore, directory: str, topology: Topology, node_rank: int
+) -> RestoreResult:
+    """Every local rank from the newest complete disk checkpoint (the same on all nodes)."""
+    found = newest_complete(directory)
+    if found is None:
+        logger.info("no complete checkpoint in %s: workers start fresh", directory)
+        return RestoreResult(None)
+    step, world = found
+    for coord in topology.coords:
+        if coord.node_rank != node_rank:
+            continue
+        # A larger world than the checkpoint's takes ranks modulo: DP replicas.
+        try:
+            data = load_verified(directory, step, coord.rank % world)
+        except (OSError, ValueError, KeyError) as exc:
+            raise RtrainError(f"cannot restore rank {coord.rank} from {directory}: {exc}") from None
+        target = store.restore_target(topology.generation, coord.rank, len(data))
+        target[: len(data)] = data
+        set_replicated(target, -1)
+        target.close()
+    return RestoreResult(step, from_disk=directory)

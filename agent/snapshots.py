@@ -11,6 +11,7 @@ import logging
 import os
 import secrets
 
+from rtrain.agent.disk_checkpoints import DiskCheckpointer
 from rtrain.agent.rendezvous import StoreRendezvous
 from rtrain.agent.replicator import Replicator
 from rtrain.agent.restorer import gather, publish, restore_local_ranks
@@ -25,8 +26,23 @@ logger = logging.getLogger(__name__)
 
 
 class SnapshotService:
-    def __init__(self, root: str, host: str, budget: int, copies: int, run_id: str) -> None:
+    def __init__(
+        self,
+        root: str,
+        host: str,
+        budget: int,
+        copies: int,
+        run_id: str,
+        checkpoint_dir: str | None = None,
+        checkpoint_every: int = 0,
+    ) -> None:
         self.store = ShardStore(root, budget)
+        self._checkpoint_dir = checkpoint_dir
+        self._checkpointer = (
+            DiskCheckpointer(checkpoint_dir, checkpoint_every)
+            if checkpoint_dir and checkpoint_every
+            else None
+        )
         self._host = host
         self._budget = budget
         self._copies = copies
@@ -44,7 +60,7 @@ class SnapshotService:
             value = rdzv.call("compare_set", self._keys.secret, "", secrets.token_hex(32))
             self._secret = value if isinstance(value, bytes) else str(value).encode()
         self._server = ShardServer(self._host, self._secret, self.store)
-        self._replicator = Replicator(self.store, self._secret)
+        self._replicator = Replicator(self.store, self._secret, self._checkpointer)
 
     def prepare(
         self,
@@ -64,11 +80,11 @@ class SnapshotService:
         publish(rdzv, self._keys, self.store, generation, node_rank, self._host, self._server.port)
         inventory, servers = gather(rdzv, self._keys, membership, timeout)
         result = restore_local_ranks(
-            self.store, self._secret, topology, node_rank, inventory, servers
+            self.store, self._secret, topology, node_rank, inventory, servers, self._checkpoint_dir
         )
         logger.info("%s", result.describe())
         successors = ring_successors(node_rank, len(membership.members), self._copies)
-        self._replicator.follow(generation, [servers[n] for n in successors])
+        self._replicator.follow(generation, [servers[n] for n in successors], topology.world_size)
         self.store.prune(keep_from=generation - 1)
         per_slot = self._budget // max(local_world_size * 2 * self._copies, 1)
         logger.info(
@@ -84,6 +100,8 @@ class SnapshotService:
             self._replicator.close()
         if self._server is not None:
             self._server.close()
+        if self._checkpointer is not None:
+            self._checkpointer.close()
 
 
 def default_budget(root: str) -> int:

@@ -180,6 +180,18 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         help="Copies of each snapshot shard on distinct nodes, the original included (default 2).",
     )
     value(
+        *both("checkpoint-dir"),
+        default=None,
+        help="Disk checkpoints (shared by all nodes): restored from only when no copy of "
+        "some shard survives in memory.",
+    )
+    value(
+        *both("checkpoint-every"),
+        default=0,
+        help="Write a disk checkpoint every N steps, in the background, from the snapshot "
+        "already in memory (default 0: never).",
+    )
+    value(
         *both("max-node-failures"),
         default=0,
         help="Exclude a node from the job after this many failures charged to it (0: never).",

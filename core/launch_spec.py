@@ -95,6 +95,10 @@ class SnapshotSpec:
     memory: int | None = None
     # Copies of each shard on distinct nodes, the original included.
     copies: int = 2
+    # The last resort when no copy of a shard survives; rtrain writes one every
+    # checkpoint_every steps (0: never, only read what is there).
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
 
 
 @dataclass(frozen=True)
@@ -233,6 +237,8 @@ def build_launch_spec(raw: Mapping[str, Any]) -> LaunchSpec:
             if raw.get("snapshot_memory") in (None, "")
             else parse_size("--snapshot-memory", raw["snapshot_memory"]),
             copies=positive_int("--snapshot-copies", raw.get("snapshot_copies", 2)),
+            checkpoint_dir=raw.get("checkpoint_dir") or None,
+            checkpoint_every=non_negative_int("--checkpoint-every", raw.get("checkpoint_every", 0)),
         ),
     )
 

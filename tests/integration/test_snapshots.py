@@ -77,3 +77,32 @@ def test_lost_node_comes_back_from_its_replicas_on_a_peer(tmp_path, reference):
     steps = {rec["step"] for rec in restored(cluster).values()}
     assert len(steps) == 1 and steps.pop() >= done - 3
     assert "from peers" in cluster.log(1) and "0 from peers" not in cluster.log(1)
+
+
+def test_with_no_copy_left_restore_falls_back_to_the_disk_checkpoint(tmp_path, reference):
+    # One copy only and PP=4 (no DP peer holds the lost stages): node 1's shards die
+    # with it, so every rank goes back to the newest disk checkpoint, written in the
+    # background every 5 steps.
+    flags = [
+        *FAST,
+        "--pp=4",
+        "--snapshot-copies=1",
+        f"--checkpoint-dir={tmp_path / 'ckpt'}",
+        "--checkpoint-every=5",
+    ]
+    cluster = LocalCluster(
+        tmp_path, 2, "2", flags, script=SNAPSHOTTING, PROBE_STEPS=STEPS, PROBE_STEP_SLEEP="0.1"
+    )
+    try:
+        cluster.wait_progress(12)
+        cluster.kill_node(1)
+        time.sleep(1)
+        cluster.start_node(1, "2", flags)
+        codes = cluster.wait()
+    finally:
+        cluster.close()
+    assert codes == [0, 0], cluster.log(0) + cluster.log(1)
+    assert digests(cluster) == {reference}
+    steps = {rec["step"] for rec in restored(cluster).values()}
+    assert len(steps) == 1 and steps.pop() % 5 == 0
+    assert "from the disk checkpoint in" in cluster.log(0)
