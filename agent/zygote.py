@@ -39,6 +39,7 @@ class Zygote:
         self._sock = sock
         self._parent_pid = parent_pid
         self._children: dict[int, str] = {}
+        self.warm_later: list[str] = []
         self._buffer = b""
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
@@ -51,7 +52,14 @@ class Zygote:
         signal.set_wakeup_fd(self._wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         while True:
-            readable, _, _ = select.select([self._sock, self._wake_r], [], [], 1.0)
+            idle_s = 0.2 if self.warm_later else 1.0
+            readable, _, _ = select.select([self._sock, self._wake_r], [], [], idle_s)
+            if not readable and self.warm_later:
+                # Idle: import what most training scripts import at their first
+                # optimizer (1.2 s of torch._dynamo), so restarted workers skip it, without
+                # making the first start wait for it.
+                preload(self.warm_later)
+                self.warm_later = []
             if self._wake_r in readable:
                 try:
                     while os.read(self._wake_r, 512):
@@ -122,6 +130,10 @@ class Zygote:
                 )
 
 
+# Imported once the pool is idle after its start (see Zygote.serve).
+WARM_LATER = ("torch._dynamo",)
+
+
 def preload(modules: list[str]) -> dict[str, str]:
     errors: dict[str, str] = {}
     for name in modules:
@@ -145,7 +157,10 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = socket.socket(fileno=args.fd)
     zygote = Zygote(sock, parent)
-    errors = preload([m for m in args.preload.split(",") if m])
+    modules = [m for m in args.preload.split(",") if m]
+    errors = preload(modules)
+    if "torch" in modules:
+        zygote.warm_later = list(WARM_LATER)
     try:
         zygote.send({"ev": "ready", "preload_errors": errors})
         zygote.serve()

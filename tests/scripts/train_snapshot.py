@@ -22,12 +22,16 @@ from rtrain.core import heartbeat, restore, snapshot
 from torch import nn
 
 
-def inject(rank: int, step: int, generation: int) -> None:
+def inject(rank: int, step: int, generation: int, out: str) -> None:
     fault = dict(i.split("=", 1) for i in os.environ.get("PROBE_FAULT", "").split(",") if "=" in i)
     if not fault or int(fault.get("rank", -1)) != rank or int(fault.get("step", -1)) != step:
         return
     if generation not in {int(g) for g in fault.get("gen", "0").split("/")}:
         return
+    if os.path.exists(os.path.join(out, "fault.json")):
+        return  # once per job, also across fresh launches (a requeued job)
+    with open(os.path.join(out, "fault.json"), "w") as handle:
+        json.dump({"t_fault": time.time(), "step": step}, handle)
     print(f"probe: injecting {fault.get('action')} on rank {rank} at step {step}", flush=True)
     if fault.get("action") == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
@@ -61,7 +65,11 @@ def main() -> None:
     torch.manual_seed(1000 + rank)
     start = 0
     t0 = time.time()
+    disk = os.environ.get("PROBE_DISK_CKPT", "")  # the torchrun way: torch.save every step
+    disk_file = os.path.join(disk, f"rank{rank}.pt") if disk else ""
     restored = restore()
+    if restored is None and disk_file and os.path.exists(disk_file):
+        restored = torch.load(disk_file)
     if restored is not None:
         state, step = restored
         model.load_state_dict(state["model"])
@@ -73,7 +81,7 @@ def main() -> None:
             with open(os.path.join(out, f"restored_gen{generation}_rank{rank}.json"), "w") as f:
                 json.dump(record, f)
     for step in range(start, steps):
-        inject(rank, step, generation)
+        inject(rank, step, generation, out)
         data = torch.Generator().manual_seed(step * 100 + rank)
         inputs = torch.randn(8, 16, generator=data)
         targets = inputs.sum(dim=1, keepdim=True) + 0.1 * torch.randn(8, 1)  # global RNG
@@ -84,16 +92,20 @@ def main() -> None:
             dist.all_reduce(p.grad)
             p.grad /= world
         optimizer.step()
-        snapshot(
-            {
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "rng": torch.get_rng_state(),
-                "padding": padding,
-                "note": f"rank {rank}",
-            },
-            step,
-        )
+        state = {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "rng": torch.get_rng_state(),
+            "padding": padding,
+            "note": f"rank {rank}",
+        }
+        snapshot(state, step)
+        if disk_file:
+            torch.save((state, step), disk_file + ".tmp")
+            os.replace(disk_file + ".tmp", disk_file)
+        if step == start and restored is not None and out:
+            with open(os.path.join(out, f"first_step_gen{generation}_rank{rank}.json"), "w") as f:
+                json.dump({"t": time.time(), "step": step}, f)
         heartbeat(step)
         if rank == 0 and out:
             with open(os.path.join(out, "progress.tmp"), "w") as handle:

@@ -1,0 +1,260 @@
+"""Benchmark in-memory snapshots against the machine's limits and against disk checkpoints.
+
+For each state size (a state dict of float32 tensors):
+  snapshot     rtrain.core.snapshot() on the step's path   vs a plain memory copy
+  replicate    ShardClient.put to a ShardServer (loopback)  vs one loopback TCP stream
+  restore      local memory (verify + copy + read_shard)    vs torch.load of the same file
+  peer restore ShardClient.get from a peer + read_shard     vs one loopback TCP stream
+and, for one size, a job's end-to-end recovery (fault -> first step done with the state
+restored): rtrain restoring from memory within the job, vs torchrun restarting
+(in-job, and as a fresh launch after the crash, as a requeue would) from a torch.save
+checkpoint written every step.
+
+Each micro figure is the best of --reps repetitions (the machine's steady state).
+Results go to docs/benchmarks.md.
+
+    python scripts/bench_snapshot.py --sizes 10,100,1000 --e2e-mb 500
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import socket
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_e2e import end_to_end
+from bench_launch import write_doc
+from rtrain.agent.shard_server import ShardClient, ShardServer
+from rtrain.agent.shard_store import ShardStore
+from rtrain.core.restore_plan import ShardId
+from rtrain.core.snapshot_format import (
+    checksums,
+    plan_shard,
+    read_shard,
+    set_replicated,
+    verify,
+    write_shard,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+MARK_BEGIN, MARK_END = "<!-- bench_snapshot:begin -->", "<!-- bench_snapshot:end -->"
+SECRET = os.urandom(32)
+SHM = "/dev/shm" if os.path.isdir("/dev/shm") else None
+
+
+def _state(mb: int) -> dict:
+    """A model-like state: a few large tensors and some small ones."""
+    total = mb * 2**20 // 4
+    big = total // 4
+    state = {f"layer{i}.weight": torch.randn(big) for i in range(3)}
+    state["optimizer"] = {"exp_avg": torch.randn(total - 3 * big - 1024), "step": 7}
+    state["small"] = torch.randn(1024)
+    return state
+
+
+def _best(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def memcpy_seconds(nbytes: int, reps: int) -> float:
+    src = torch.empty(nbytes, dtype=torch.uint8).fill_(1)
+    dst = torch.empty(nbytes, dtype=torch.uint8).fill_(0)
+    return _best(lambda: dst.copy_(src), reps)
+
+
+def loopback_seconds(nbytes: int, reps: int) -> float:
+    """One TCP stream over loopback, sender and receiver in this process."""
+    payload = memoryview(bytearray(nbytes))
+    sink = bytearray(1 << 20)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+
+    def receive() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            while conn.recv_into(sink):
+                pass
+
+    times = []
+    for _ in range(reps):
+        thread = threading.Thread(target=receive)
+        thread.start()
+        start = time.perf_counter()
+        with socket.create_connection(listener.getsockname()) as out:
+            out.sendall(payload)
+        thread.join()
+        times.append(time.perf_counter() - start)
+    listener.close()
+    return min(times)
+
+
+def snapshot_seconds(state: dict, reps: int) -> float:
+    """rtrain.core.snapshot() in steady state (slots allocated), replication acked at once."""
+    import rtrain.core.snapshot_api as api
+
+    with tempfile.TemporaryDirectory(dir=SHM) as folder:
+        os.environ[api.SNAPSHOT_DIR], os.environ["RANK"] = folder, "0"
+        api._slots = None
+        times = []
+        try:
+            for step in range(reps + 2):
+                start = time.perf_counter()
+                api.snapshot(state, step)
+                times.append(time.perf_counter() - start)
+                slots = api._my_slots()
+                assert slots is not None
+                newest = slots.newest()
+                assert newest is not None and newest.map is not None
+                set_replicated(newest.map, step)  # the agent's part, off the step's path
+        finally:
+            del os.environ[api.SNAPSHOT_DIR]
+            api._slots = None
+    return min(times[2:])
+
+
+def shard_figures(state: dict, reps: int) -> dict[str, float]:
+    layout = plan_shard(state)
+    buffer = bytearray(layout.size)
+    write_shard(buffer, layout, 1)
+    size = layout.size
+    crcs = checksums(buffer, size)
+    shard = ShardId(0, 0, 1)
+    with tempfile.TemporaryDirectory(dir=SHM) as folder:
+        store = ShardStore(folder, budget=0)
+        server = ShardServer("127.0.0.1", SECRET, store)
+        client = ShardClient("127.0.0.1", server.port, SECRET)
+        try:
+            replicate = _best(lambda: client.put(shard, buffer, size, crcs), reps)
+            held = store.open_shard(shard)
+            assert held is not None
+            local_buffer = held[0]
+
+            def restore_local() -> None:
+                assert verify(local_buffer, size, crcs)
+                target = bytearray(size)
+                target[:] = local_buffer[:size]
+                read_shard(target)
+
+            got: list[bytearray] = []
+
+            def restore_peer() -> None:
+                got.clear()
+                client.get(shard, lambda n: got.append(bytearray(n)) or got[-1])
+                read_shard(got[0])
+
+            local = _best(restore_local, reps)
+            peer = _best(restore_peer, reps)
+        finally:
+            client.close()
+            server.close()
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "state.pt")
+        torch.save(state, path)
+        load = _best(lambda: torch.load(path), reps)
+    return {"replicate": replicate, "local": local, "peer": peer, "load": load, "bytes": size}
+
+
+def measure(sizes: list[int], reps: int) -> list[dict]:
+    rows = []
+    with Progress(console=Console(stderr=True)) as progress:
+        task = progress.add_task("snapshot sizes", total=len(sizes))
+        for mb in sizes:
+            state = _state(mb)
+            nbytes = mb * 2**20
+            row = {"mb": mb, "memcpy": memcpy_seconds(nbytes, reps)}
+            row["loopback"] = loopback_seconds(nbytes, reps)
+            row["snapshot"] = snapshot_seconds(state, reps)
+            row.update(shard_figures(state, reps))
+            rows.append(row)
+            del state
+            progress.advance(task)
+    return rows
+
+
+def _gbs(nbytes: int, seconds: float) -> str:
+    return f"{nbytes / seconds / 1e9:.2f} GB/s"
+
+
+def render(rows: list[dict], e2e: dict | None, command: str) -> str:
+    lines = [
+        MARK_BEGIN,
+        "## In-memory snapshots (`scripts/bench_snapshot.py`)",
+        "",
+        f"Command: `{command}`  ",
+        f"Machine: {os.cpu_count()} cores, {platform.platform()}, torch {torch.__version__}; "
+        f"best of the repetitions, {time.strftime('%Y-%m-%d')}. Limits measured in the same "
+        "run: a plain memory copy and one loopback TCP stream of the same bytes.",
+        "",
+        "| state | snapshot on the step's path | memory copy | ratio (target <= 1.5) "
+        "| replicate to a peer | loopback limit | vs limit (target >= 0.5) "
+        "| restore, local memory | torch.load | speed-up (target >= 10x) "
+        "| restore, peer memory | vs limit (target >= 0.5) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        n = r["bytes"]
+        lines.append(
+            f"| {r['mb']} MB | {r['snapshot'] * 1e3:.1f} ms | {r['memcpy'] * 1e3:.1f} ms "
+            f"({_gbs(n, r['memcpy'])}) | {r['snapshot'] / r['memcpy']:.2f} "
+            f"| {_gbs(n, r['replicate'])} | {_gbs(n, r['loopback'])} "
+            f"| {r['loopback'] / r['replicate']:.2f} "
+            f"| {r['local'] * 1e3:.1f} ms ({_gbs(n, r['local'])}) "
+            f"| {r['load'] * 1e3:.1f} ms ({_gbs(n, r['load'])}) | {r['load'] / r['local']:.1f}x "
+            f"| {_gbs(n, r['peer'])} | {r['loopback'] / r['peer']:.2f} |"
+        )
+    if e2e:
+        lines += ["", *e2e["lines"]]
+    lines.append(MARK_END)
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="10,100,1000", help="state sizes in MB")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--e2e-mb", type=int, default=500, help="0 to skip the job runs")
+    parser.add_argument("--e2e-runs", type=int, default=2)
+    parser.add_argument("--doc", default=str(ROOT / "docs" / "benchmarks.md"))
+    args = parser.parse_args()
+    rows = measure([int(s) for s in args.sizes.split(",")], args.reps)
+    table = Table(title="in-memory snapshots (best of repetitions)")
+    for column in ("state", "snapshot / memcpy", "replicate / loopback", "local restore vs load"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(
+            f"{r['mb']} MB",
+            f"{r['snapshot'] / r['memcpy']:.2f}",
+            f"{r['loopback'] / r['replicate']:.2f}",
+            f"{r['load'] / r['local']:.1f}x",
+        )
+    Console().print(table)
+    e2e = end_to_end(args.e2e_mb, args.e2e_runs) if args.e2e_mb else None
+    if e2e:
+        Console().print("\n".join(e2e["lines"]))
+    command = (
+        f"python scripts/bench_snapshot.py --sizes {args.sizes} --reps {args.reps} "
+        f"--e2e-mb {args.e2e_mb} --e2e-runs {args.e2e_runs}"
+    )
+    write_doc(render(rows, e2e, command), Path(args.doc), MARK_BEGIN, MARK_END)
+
+
+if __name__ == "__main__":
+    main()
