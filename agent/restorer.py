@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,11 +125,15 @@ def restore_local_ranks(
         return RestoreResult(None)
     step, sources = plan
     result = RestoreResult(step)
+    uses = Counter(sources[c.rank].shard for c in topology.coords if c.node_rank == node_rank)
     for coord in topology.coords:
         if coord.node_rank != node_rank:
             continue
         source = sources[coord.rank]
-        if _restore_one(store, secret, topology.generation, coord.rank, source, node_rank, servers):
+        exclusive = uses[source.shard] == 1
+        if _restore_one(
+            store, secret, topology.generation, coord.rank, source, node_rank, servers, exclusive
+        ):
             result.local += node_rank in source.holders
             result.fetched += node_rank not in source.holders
             result.from_dp_peer += source.from_dp_peer
@@ -149,6 +154,7 @@ def _restore_one(
     source: RestoreSource,
     node_rank: int,
     servers: dict[int, tuple[str, int]],
+    exclusive: bool,
 ) -> bool:
     holders = sorted(source.holders, key=lambda n: n != node_rank)  # local copy first
     for holder in holders:
@@ -160,8 +166,11 @@ def _restore_one(
                 buffer, size, crcs = found
                 if not verify(buffer, size, crcs):
                     raise ShardError("the local copy failed its checksum")
-                target = store.restore_target(generation, rank, size)
-                target[:size] = buffer[:size]
+                if exclusive:  # the common case: no copy at all
+                    target = store.adopt(source.shard, generation, rank)
+                else:
+                    target = store.restore_target(generation, rank, size)
+                    memoryview(target)[:size] = memoryview(buffer)[:size]
             else:
                 host, port = servers[holder]
                 target = _fetch(

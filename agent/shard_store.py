@@ -130,6 +130,18 @@ class ShardStore:
         path = os.path.join(self.snap_dir(generation), f"rank{rank}.slot0")
         return _allocate(path, size)
 
+    def adopt(self, shard: ShardId, generation: int, rank: int) -> Any:
+        """Give a shard held here to a new worker without copying it: its slot 0 becomes
+        a hard link to the same memory. Only for a shard no other new worker restores."""
+        source = next((p for s, p in self.replicas() + self.local_slots() if s == shard), None)
+        if source is None:
+            raise OSError(f"{shard} is no longer held here")
+        path = os.path.join(self.snap_dir(generation), f"rank{rank}.slot0")
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+        os.link(source, path)
+        return _map(path, writable=True)
+
     def prune(self, keep_from: int) -> None:
         """Forget the shards of generations before keep_from."""
         for directory in glob.glob(os.path.join(self.root, "snap", "gen*")):

@@ -3,7 +3,7 @@
 For each state size (a state dict of float32 tensors):
   snapshot     rtrain.core.snapshot() on the step's path   vs a plain memory copy
   replicate    ShardClient.put to a ShardServer (loopback)  vs one loopback TCP stream
-  restore      local memory (verify + copy + read_shard)    vs torch.load of the same file
+  restore      local memory (verify + read_shard)           vs torch.load of the same file
   peer restore ShardClient.get from a peer + read_shard     vs one loopback TCP stream
 and, for one size, a job's end-to-end recovery (fault -> first step done with the state
 restored): rtrain restoring from memory within the job, vs torchrun restarting
@@ -148,10 +148,10 @@ def shard_figures(state: dict, reps: int) -> dict[str, float]:
             local_buffer = held[0]
 
             def restore_local() -> None:
+                # the agent verifies the copy and hard-links it into the new worker's
+                # slot (no copy); the worker's restore() reads it into fresh tensors
                 assert verify(local_buffer, size, crcs)
-                target = bytearray(size)
-                target[:] = local_buffer[:size]
-                read_shard(target)
+                read_shard(local_buffer)
 
             got: list[bytearray] = []
 
