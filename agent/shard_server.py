@@ -25,12 +25,14 @@ import socket
 import socketserver
 import struct
 import threading
+import zlib
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from rtrain.agent.shard_store import ShardStore
 from rtrain.core.errors import RtrainError
 from rtrain.core.restore_plan import ShardId
-from rtrain.core.snapshot_format import verify
+from rtrain.core.snapshot_format import CHUNK, HEADER_SIZE, verify
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +66,29 @@ def _recv_into(sock: socket.socket, buffer: Any, size: int) -> None:
     got = 0
     while got < size:
         n = sock.recv_into(view[got:size], min(size - got, BUFFER))
+        if n == 0:
+            raise ShardError("connection closed by peer")
+        got += n
+
+
+def _recv_verified(sock: socket.socket, buffer: Any, size: int) -> list[int]:
+    """Receive a shard and checksum it as it arrives: each chunk's CRC runs on a helper
+    thread while the next chunk is received (both release the GIL)."""
+    _recv_into(sock, buffer, min(HEADER_SIZE, size))
+    view = memoryview(buffer)
+    futures = []
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        for start in range(HEADER_SIZE, max(size, HEADER_SIZE + 1), CHUNK):
+            end = min(start + CHUNK, size)
+            _recv_into_range(sock, view, start, end)
+            futures.append(pool.submit(zlib.crc32, view[start:end]))
+    return [f.result() for f in futures]
+
+
+def _recv_into_range(sock: socket.socket, view: memoryview, start: int, end: int) -> None:
+    got = start
+    while got < end:
+        n = sock.recv_into(view[got:end], min(end - got, BUFFER))
         if n == 0:
             raise ShardError("connection closed by peer")
         got += n
@@ -123,8 +148,7 @@ class _Handler(socketserver.BaseRequestHandler):
         if request.get("op") == "put":
             size, crcs = int(request["size"]), [int(c) for c in request["crcs"]]
             with store.receive(shard, size) as buffer:
-                _recv_into(sock, buffer, size)
-                ok = verify(buffer, size, crcs)
+                ok = _recv_verified(sock, buffer, size) == crcs
                 if ok:
                     store.keep_replica(shard, size, crcs)
             _send_message(sock, {"ok": ok, "error": "" if ok else "checksum mismatch"})

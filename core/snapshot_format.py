@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import pickle
 import struct
+import warnings
 import zlib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -162,9 +163,12 @@ def read_shard(buffer: Any) -> tuple[Any, int]:
             dtype = getattr(torch, value.dtype)
             if value.nbytes == 0:
                 return torch.empty(value.shape, dtype=dtype)
-            raw = torch.frombuffer(
-                buffer, dtype=torch.uint8, count=value.nbytes, offset=meta_end + value.offset
-            )
+            with warnings.catch_warnings():
+                # A read-only mapping is fine: the tensor is cloned at once.
+                warnings.simplefilter("ignore", UserWarning)
+                raw = torch.frombuffer(
+                    buffer, dtype=torch.uint8, count=value.nbytes, offset=meta_end + value.offset
+                )
             return raw.clone().view(dtype).reshape(value.shape)
         if isinstance(value, dict):
             return {k: build(v) for k, v in value.items()}

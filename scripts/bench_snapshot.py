@@ -4,6 +4,7 @@ For each state size (a state dict of float32 tensors):
   snapshot     rtrain.core.snapshot() on the step's path   vs a plain memory copy
   replicate    ShardClient.put to a ShardServer (loopback)  vs one loopback TCP stream
   restore      local memory (verify + read_shard)           vs torch.load of the same file
+                                                            (evicted from the page cache)
   peer restore ShardClient.get from a peer + read_shard     vs one loopback TCP stream
 and, for one size, a job's end-to-end recovery (fault -> first step done with the state
 restored): rtrain restoring from memory within the job, vs torchrun restarting
@@ -165,10 +166,20 @@ def shard_figures(state: dict, reps: int) -> dict[str, float]:
         finally:
             client.close()
             server.close()
-    with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory(dir=ROOT) as folder:  # a disk, not tmpfs
         path = os.path.join(folder, "state.pt")
         torch.save(state, path)
-        load = _best(lambda: torch.load(path), reps)
+
+        def load_from_disk() -> None:
+            # Evict the file from the page cache first, so torch.load reads the disk,
+            # as after a restart on a replacement node.
+            fd = os.open(path, os.O_RDONLY)
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+            torch.load(path)
+
+        load = _best(load_from_disk, reps)
     return {"replicate": replicate, "local": local, "peer": peer, "load": load, "bytes": size}
 
 
