@@ -1,7 +1,7 @@
 """ShardStore: the shards this node keeps in shared memory, owned by the agent.
 
   <root>/snap/gen<G>/rank<R>.slot<0|1>   the workers' own slots (they write, we read)
-  <root>/replica/g<G>_r<R>_s<S>.shard     peers' shards kept here, newest two steps each
+  <root>/replica/g<G>_r<R>.rep<0|1>       peers' shards kept here, newest two steps each
 
 <root> is on /dev/shm, so everything here is memory, and it outlives the workers:
 a restarted worker finds its state here. Space is reserved with posix_fallocate, so a
@@ -27,7 +27,7 @@ from rtrain.core.snapshot_format import COMMITTED, checksums, read_header
 logger = logging.getLogger(__name__)
 
 SLOT = re.compile(r"gen(\d+)/rank(\d+)\.slot[01]$")
-REPLICA = re.compile(r"g(\d+)_r(\d+)_s(-?\d+)\.shard$")
+REPLICA = re.compile(r"g(\d+)_r(\d+)\.rep[01]$")
 KEEP_STEPS = 2
 
 
@@ -36,6 +36,8 @@ class ShardStore:
         self.root = root
         self.budget = budget
         self._crcs: dict[ShardId, list[int]] = {}
+        self._replicas: dict[ShardId, tuple[str, int]] = {}  # complete ones: path, size
+        self._maps: dict[str, mmap.mmap] = {}
         self._lock = threading.Lock()
         os.makedirs(os.path.join(root, "snap"), exist_ok=True)
         os.makedirs(os.path.join(root, "replica"), exist_ok=True)
@@ -57,12 +59,9 @@ class ShardStore:
         return found
 
     def replicas(self) -> list[tuple[ShardId, str]]:
-        found = []
-        for path in glob.glob(os.path.join(self.root, "replica", "*.shard")):
-            match = REPLICA.search(path)
-            if match:
-                found.append((ShardId(int(match[1]), int(match[2]), int(match[3])), path))
-        return found
+        """Complete replicas only: one being received (or cut off) is not listed."""
+        with self._lock:
+            return [(shard, path) for shard, (path, _) in self._replicas.items()]
 
     def inventory(self) -> list[ShardId]:
         return sorted({shard for shard, _ in self.local_slots() + self.replicas()}, key=str)
@@ -99,31 +98,50 @@ class ShardStore:
 
     @contextlib.contextmanager
     def receive(self, shard: ShardId, size: int) -> Iterator[Any]:
-        """A writable buffer for an incoming replica, within the memory budget."""
-        if self.budget and self.used_bytes() + size > self.budget:
-            raise OSError(f"replica of {size} bytes would exceed --snapshot-memory")
-        path = self._replica_path(shard) + ".part"
-        buffer = _allocate(path, size)
-        try:
-            yield buffer
-        finally:
-            buffer.close()
+        """A writable buffer for an incoming replica, within the memory budget.
+
+        Each (generation, rank) has two replica files used in turn, kept mapped, so in
+        steady state a replica lands in memory that is already allocated and faulted in.
+        """
+        path = self._replica_target(shard)
+        buffer = self._maps.get(path)
+        if buffer is None or len(buffer) < size:
+            grow = size - (len(buffer) if buffer is not None else 0)
+            if self.budget and self.used_bytes() + grow > self.budget:
+                raise OSError(f"replica of {size} bytes would exceed --snapshot-memory")
+            if buffer is not None:
+                buffer.close()
+            buffer = _allocate(path, size)
+            self._maps[path] = buffer
+        yield buffer
 
     def keep_replica(self, shard: ShardId, size: int, crcs: list[int]) -> None:
-        final = self._replica_path(shard)
-        os.replace(final + ".part", final)
+        path = self._replica_target(shard)
+        with self._lock:
+            self._replicas[shard] = (path, size)
         self.remember_crcs(shard, crcs)
-        same = sorted(
-            (
-                s
-                for s, _ in self.replicas()
-                if (s.generation, s.rank) == (shard.generation, shard.rank)
-            ),
-            key=lambda s: s.step,
-        )
-        for old in same[:-KEEP_STEPS]:
-            with contextlib.suppress(OSError):
-                os.remove(self._replica_path(old))
+
+    def _replica_target(self, shard: ShardId) -> str:
+        """The older of the two replica files of (generation, rank), now no longer listed."""
+        with self._lock:
+            same = sorted(
+                (
+                    s
+                    for s in self._replicas
+                    if (s.generation, s.rank) == (shard.generation, shard.rank)
+                ),
+                key=lambda s: s.step,
+            )
+            paths = [self._replicas[s][0] for s in same]
+            base = os.path.join(self.root, "replica", f"g{shard.generation}_r{shard.rank}")
+            if shard in self._replicas:
+                return self._replicas[shard][0]
+            if len(same) < KEEP_STEPS:
+                free = next(p for p in (f"{base}.rep0", f"{base}.rep1") if p not in paths)
+                return free
+            oldest = same[0]
+            path = self._replicas.pop(oldest)[0]
+            return path
 
     def restore_target(self, generation: int, rank: int, size: int) -> Any:
         """The new worker's slot 0, sized for a restored shard."""
@@ -147,14 +165,17 @@ class ShardStore:
         for directory in glob.glob(os.path.join(self.root, "snap", "gen*")):
             if int(directory.rsplit("gen", 1)[1]) < keep_from:
                 shutil.rmtree(directory, ignore_errors=True)
-        for shard, path in self.replicas():
-            if shard.generation < keep_from:
+        for path in glob.glob(os.path.join(self.root, "replica", "g*")):
+            match = REPLICA.search(path)
+            if match and int(match[1]) < keep_from:
+                buffer = self._maps.pop(path, None)
+                if buffer is not None:
+                    buffer.close()
                 with contextlib.suppress(OSError):
                     os.remove(path)
-
-    def _replica_path(self, shard: ShardId) -> str:
-        name = f"g{shard.generation}_r{shard.rank}_s{shard.step}.shard"
-        return os.path.join(self.root, "replica", name)
+        with self._lock:
+            for shard in [s for s in self._replicas if s.generation < keep_from]:
+                del self._replicas[shard]
 
 
 def _size(path: str) -> int:
