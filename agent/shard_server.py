@@ -32,7 +32,7 @@ from typing import Any
 from rtrain.agent.shard_store import ShardStore
 from rtrain.core.errors import RtrainError
 from rtrain.core.restore_plan import ShardId
-from rtrain.core.snapshot_format import CHUNK, HEADER_SIZE, verify
+from rtrain.core.snapshot_format import CHUNK, HEADER_SIZE
 
 logger = logging.getLogger(__name__)
 
@@ -229,8 +229,7 @@ class ShardClient:
         except (KeyError, TypeError, ValueError):
             raise ShardError("peer answered a get with garbage") from None
         buffer = into(size)
-        _recv_into(self._sock, buffer, size)
-        if not verify(buffer, size, crcs):
+        if _recv_verified(self._sock, buffer, size) != crcs:
             raise ShardError(f"the copy of {shard} failed its checksum")
         return size, crcs
 
