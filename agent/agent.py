@@ -33,7 +33,7 @@ from rtrain.agent.hang_watch import HangWatch
 from rtrain.agent.job_end import JobEnd
 from rtrain.agent.lease import LeaseKeeper, PeerLeases
 from rtrain.agent.log_tail import LogTail
-from rtrain.agent.rendezvous import JobAborted, StoreRendezvous
+from rtrain.agent.rendezvous import GenerationEnded, JobAborted, StoreRendezvous
 from rtrain.agent.snapshots import SnapshotService, default_budget
 from rtrain.agent.store import connect_store, host_store, open_rendezvous_store
 from rtrain.agent.worker_pool import WorkerPool
@@ -102,6 +102,9 @@ class Agent:
         self._signal: int | None = None
         self._previous_handlers: dict[int, Any] = {}
         self._gen: Generation | None = None
+        # The last generation this node joined (even one that ended before it started):
+        # its membership, this node's rank in it, and the peers' leases.
+        self._last: tuple[Membership, int, PeerLeases] | None = None
         self._lease: LeaseKeeper | None = None
         self._worker_store: Any = None
         # Small per-run files the workers map (heartbeats): memory-backed where possible.
@@ -211,12 +214,16 @@ class Agent:
                 addr=self.addr,
                 local_world_size=self.nproc,
                 requested_rank=self.spec.node_rank,
-                prev_rank=previous.node_rank if previous is not None else None,
+                prev_rank=self._last[1] if self._last is not None else None,
             )
             membership = rdzv.join(
-                member, check_stop=self._check_signal, expected=self._policy.survivors(previous)
+                member, check_stop=self._check_signal, expected=self._policy.survivors(self._last)
             )
-            gen = self._start_generation(rdzv, membership, previous)
+            try:
+                gen = self._start_generation(rdzv, membership, previous)
+            except GenerationEnded as exc:
+                logger.info("%s (a member was lost while it started); rejoining", exc)
+                continue
             self._set_state(AgentState.HEALTHY)
             outcome = self._monitor(rdzv, gen)
             if outcome is Outcome.SUCCEEDED:
@@ -248,6 +255,19 @@ class Agent:
         log.set_generation(generation)
         node_rank = membership_rank(membership, self.node_id)
         log.set_node(f"node{node_rank}")
+        peers = PeerLeases(
+            rdzv.call,
+            StoreKeys(self.spec.rdzv.run_id),
+            generation,
+            [n for n in range(len(membership.members)) if n != node_rank],
+            self.spec.faults.heartbeat_timeout,
+            self.spec.faults.heartbeat_interval,
+        )
+        self._last = (membership, node_rank, peers)
+
+        def watch() -> bool:  # a member lost while the generation starts ends it
+            return self._policy.check_leases(membership, node_rank, peers)
+
         assert self._lease is not None
         self._lease.hold(generation, node_rank)
         topology = generation_topology(rdzv, self.spec.layout, membership, previous)
@@ -259,7 +279,7 @@ class Agent:
             rdzv.publish_master(generation, self.addr, opened.port)
             master = (self.addr, opened.port)
         else:
-            master = rdzv.wait_master(generation, self.spec.rdzv.join_timeout)
+            master = rdzv.wait_master(generation, self.spec.rdzv.join_timeout, watch)
         assignment = membership.assignment(self.node_id, master[0], master[1])
         logger.info(
             "generation %d: %d nodes, world size %d, this node rank %d, worker store %s:%d",
@@ -272,7 +292,7 @@ class Agent:
         )
         topology_file = write_topology(self.run_log_dir, topology)
         snapshot_env = self._snapshots.prepare(
-            rdzv, membership, topology, node_rank, self.nproc, self.spec.rdzv.join_timeout
+            rdzv, membership, topology, node_rank, self.nproc, self.spec.rdzv.join_timeout, watch
         )
         beat_dir = os.path.join(self._runtime_dir, f"gen{generation}")
         os.makedirs(beat_dir, exist_ok=True)
@@ -294,14 +314,6 @@ class Agent:
             self._base_env,
             self._tail,
             extra_env,
-        )
-        peers = PeerLeases(
-            rdzv.call,
-            StoreKeys(self.spec.rdzv.run_id),
-            generation,
-            [n for n in range(len(membership.members)) if n != node_rank],
-            self.spec.faults.heartbeat_timeout,
-            self.spec.faults.heartbeat_interval,
         )
         self._gen = Generation(membership, node_rank, group, peers, hangs, topology)
         self._policy.settle(previous, self._gen)

@@ -21,12 +21,14 @@ from dataclasses import dataclass
 import psutil
 from rtrain.agent.generation import Generation
 from rtrain.agent.hang_watch import HangWatch, capture_stack
+from rtrain.agent.lease import PeerLeases
 from rtrain.agent.rendezvous import StoreRendezvous
 from rtrain.agent.workers import WorkerGroup
 from rtrain.core.errors import ExitCode
 from rtrain.core.failures import FailureRecord, root_cause_first
 from rtrain.core.launch_spec import LaunchSpec
 from rtrain.core.restart_budget import RestartBudget
+from rtrain.core.store_protocol import Membership
 
 logger = logging.getLogger(__name__)
 
@@ -61,51 +63,59 @@ class FaultPolicy:
 
     def check_peers(self, gen: Generation) -> bool:
         """Declare every peer whose lease expired; True if any did."""
-        stale = gen.peers.stale()
+        return self.check_leases(gen.membership, gen.node_rank, gen.peers)
+
+    def check_leases(self, membership: Membership, node_rank: int, peers: PeerLeases) -> bool:
+        stale = peers.stale()
         for node in stale:
-            self._declare_lost(gen, node)
-            gen.peers.forget(node)
+            self._declare_lost(membership, node_rank, peers.timeout, node)
+            peers.forget(node)
         if stale:
-            self._rdzv.open_next_round(gen.number)
+            self._rdzv.open_next_round(membership.generation)
         return bool(stale)
 
-    def _declare_lost(self, gen: Generation, node: int) -> None:
-        addr = gen.membership.members[node].addr
-        if not self._rdzv.mark_lost(gen.number, node, gen.node_rank):
+    def _declare_lost(
+        self, membership: Membership, my_rank: int, timeout: float, node: int
+    ) -> None:
+        generation = membership.generation
+        addr = membership.members[node].addr
+        if not self._rdzv.mark_lost(generation, node, my_rank):
             return  # another agent declared it first and recorded it
-        timeout = gen.peers.timeout
         logger.warning(
             "node %d (%s) lost: its lease was not renewed for %gs; starting generation %d "
             "without it",
             node,
             addr,
             timeout,
-            gen.number + 1,
+            generation + 1,
         )
         self._rdzv.record_failure(
             FailureRecord(
                 kind="lost_node",
-                generation=gen.number,
+                generation=generation,
                 node_rank=node,
                 host=addr,
                 time=time.time(),
                 message=(
                     f"lease not renewed for {timeout:g}s (agent, machine or network gone); "
-                    f"detected by node {gen.node_rank}"
+                    f"detected by node {my_rank}"
                 ),
             )
         )
         self._rdzv.count_node_failure(addr)
 
-    def survivors(self, gen: Generation | None) -> Callable[[], set[str]] | None:
-        """For closing the next round: the node ids of `gen` that are still alive."""
-        if gen is None:
+    def survivors(
+        self, last: tuple[Membership, int, PeerLeases] | None
+    ) -> Callable[[], set[str]] | None:
+        """For closing the next round: the node ids of the last generation still alive."""
+        if last is None:
             return None
+        membership, node_rank, peers = last
 
         def alive() -> set[str]:
-            self.check_peers(gen)
-            lost = set(self.lost(gen))
-            return {m.node_id for n, m in enumerate(gen.membership.members) if n not in lost}
+            self.check_leases(membership, node_rank, peers)
+            lost = set(self._rdzv.lost_nodes(membership.generation, len(membership.members)))
+            return {m.node_id for n, m in enumerate(membership.members) if n not in lost}
 
         return alive
 

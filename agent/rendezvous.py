@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rtrain.agent.store_calls import StoreCalls, text_of
 from rtrain.core.errors import RendezvousError, RtrainError
 from rtrain.core.failures import FailureRecord, RecordError, root_cause_first
 from rtrain.core.launch_spec import LaunchSpec
@@ -36,8 +37,9 @@ POLL_S = 0.02
 SLOT_WRITE_GRACE_S = 5.0
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else value
+class GenerationEnded(Exception):
+    """The generation this node was starting is already over (a member died or left):
+    not an error, the node rejoins at the next round."""
 
 
 class JobAborted(Exception):
@@ -54,42 +56,14 @@ class StoreRendezvous:
         endpoint: str,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._store = store
+        self._s = StoreCalls(store, endpoint)
         self._spec = spec
         self._keys = StoreKeys(spec.rdzv.run_id)
         self._endpoint = endpoint
         self._clock = clock
 
-    # -- store access: every failure of the store itself becomes one clear error --
-
     def _call(self, op: str, *args: Any) -> Any:
-        try:
-            return getattr(self._store, op)(*args)
-        except Exception as exc:
-            raise RendezvousError(
-                f"lost the rendezvous store at {self._endpoint} "
-                f"({str(exc).splitlines()[0][:120]}); "
-                "if its host node died, restart the job with a reachable --rdzv-endpoint"
-            ) from None
-
-    def _exists(self, key: str) -> bool:
-        return bool(self._call("check", [key]))
-
-    def _increment(self, key: str) -> int:
-        """add(key, 1), after checking the key holds a number: the store answers an add on
-        anything else by dropping the connection, which would read as a lost store."""
-        self._counter(key)
-        return int(self._call("add", key, 1))
-
-    def _counter(self, key: str) -> int:
-        # get, not add(key, 0): the store drops the connection of an add on a value that
-        # is not an integer, and garbage must be refused with a clear error instead.
-        if not self._exists(key):
-            return 0
-        try:
-            return decode_int(self._call("get", key), key)
-        except ProtocolError as exc:
-            raise RendezvousError(f"refusing the job's state in the store: {exc}") from None
+        return self._s.call(op, *args)
 
     # -- generations --
 
@@ -119,8 +93,8 @@ class StoreRendezvous:
         deadline = self._clock() + rdzv.join_timeout
         while True:
             current = self.current_round()
-            target = current + 1 if self._exists(self._keys.closed(current)) else current
-            slot = self._increment(self._keys.joins(target))
+            target = current + 1 if self._s.exists(self._keys.closed(current)) else current
+            slot = self._s.increment(self._keys.joins(target))
             self._call("set", self._keys.slot(target, slot), member.encode())
             logger.info("joined round %d as slot %d", target, slot)
             membership = self._await_close(target, member, deadline, check_stop, expected)
@@ -144,12 +118,12 @@ class StoreRendezvous:
             if check_stop is not None:
                 check_stop()
             closed_key = self._keys.closed(target)
-            if self._exists(closed_key):
+            if self._s.exists(closed_key):
                 membership = self.read_membership(target)
                 if membership.node_rank_of(member.node_id) is None:
                     return None
                 return membership
-            joined = self._counter(self._keys.joins(target))
+            joined = self._s.counter(self._keys.joins(target))
             if self.current_round() == target:
                 now = self._clock()
                 if joined >= nodes.min_nodes and quorum_since is None:
@@ -186,7 +160,7 @@ class StoreRendezvous:
         for slot in range(1, joined + 1):
             key = self._keys.slot(target, slot)
             # Garbage is refused with a log line when the round closes.
-            if self._exists(key):
+            if self._s.exists(key):
                 with contextlib.suppress(ProtocolError):
                     ids.add(MemberInfo.decode(self._call("get", key)).node_id)
         return ids
@@ -209,7 +183,7 @@ class StoreRendezvous:
             return
         root = root_cause_first(records)[0]
         token = f"{closer}:{root.host}"
-        if _text(self._call("compare_set", self._keys.charged(target - 1), "", token)) == token:
+        if text_of(self._call("compare_set", self._keys.charged(target - 1), "", token)) == token:
             count = self.count_node_failure(root.host)
             logger.info("failure of generation %d charged to %s (%d)", target - 1, root.host, count)
 
@@ -219,9 +193,9 @@ class StoreRendezvous:
         grace_end = self._clock() + SLOT_WRITE_GRACE_S
         for slot in range(1, size + 1):
             key = self._keys.slot(target, slot)
-            while not self._exists(key) and self._clock() < grace_end:
+            while not self._s.exists(key) and self._clock() < grace_end:
                 time.sleep(POLL_S)
-            if not self._exists(key):
+            if not self._s.exists(key):
                 logger.warning(
                     "slot %d of round %d was never written; leaving it out", slot, target
                 )
@@ -260,27 +234,27 @@ class StoreRendezvous:
         A worker failure usually takes its peers on other nodes down with it (their
         collectives lose a partner); only the first reporter is charged the restart.
         """
-        return self._increment(self._keys.restart_claim(generation)) == 1
+        return self._s.increment(self._keys.restart_claim(generation)) == 1
 
     def round_moved_past(self, generation: int) -> bool:
         return self.current_round() > generation
 
     def waiting_nodes(self, generation: int) -> int:
         """Agents that joined the next round while this generation runs."""
-        return self._counter(self._keys.joins(generation + 1))
+        return self._s.counter(self._keys.joins(generation + 1))
 
     # -- the workers' store address --
 
     def publish_master(self, generation: int, host: str, port: int) -> None:
         self._call("set", self._keys.master(generation), encode_master(host, port))
 
-    def wait_master(self, generation: int, timeout_s: float) -> tuple[str, int]:
+    def wait_master(
+        self, generation: int, timeout_s: float, watch: Callable[[], object] | None = None
+    ) -> tuple[str, int]:
         key = self._keys.master(generation)
         end = self._clock() + timeout_s
-        while not self._exists(key):
-            self.raise_if_aborted()
-            if self.round_moved_past(generation):
-                raise RendezvousError(f"generation {generation} ended before it started")
+        while not self._s.exists(key):
+            self.raise_if_ended(generation, watch)
             if self._clock() > end:
                 raise RendezvousError(
                     f"node 0 did not publish the worker store of generation {generation}"
@@ -293,6 +267,15 @@ class StoreRendezvous:
                 f"refusing the worker store address in the store: {exc}"
             ) from None
 
+    def raise_if_ended(self, generation: int, watch: Callable[[], object] | None) -> None:
+        """While a generation starts: abort, or GenerationEnded once the round moved on
+        (watch, the peers' lease check, moves it when a member died meanwhile)."""
+        self.raise_if_aborted()
+        if watch is not None:
+            watch()
+        if self.round_moved_past(generation):
+            raise GenerationEnded(f"generation {generation} ended before it started")
+
     # -- leases and lost nodes --
 
     def call(self, op: str, *args: Any) -> Any:
@@ -303,17 +286,17 @@ class StoreRendezvous:
         """Declare node_rank's lease expired; True for the first agent to declare it."""
         key = self._keys.lost(generation, node_rank)
         current = self._call("compare_set", key, "", str(by_node))
-        return _text(current) == str(by_node)
+        return text_of(current) == str(by_node)
 
     def lost_nodes(self, generation: int, num_nodes: int) -> list[int]:
         keys = [self._keys.lost(generation, n) for n in range(num_nodes)]
-        return [n for n, key in enumerate(keys) if self._exists(key)]
+        return [n for n, key in enumerate(keys) if self._s.exists(key)]
 
     def count_node_failure(self, addr: str) -> int:
-        return self._increment(self._keys.node_failures(addr))
+        return self._s.increment(self._keys.node_failures(addr))
 
     def node_failures(self, addr: str) -> int:
-        return self._counter(self._keys.node_failures(addr))
+        return self._s.counter(self._keys.node_failures(addr))
 
     def raise_if_excluded(self, addr: str) -> None:
         if self.is_excluded(addr):
@@ -331,7 +314,7 @@ class StoreRendezvous:
     # -- failures, completion, abort --
 
     def record_failure(self, record: FailureRecord) -> None:
-        index = self._increment(self._keys.failure_count(record.generation, record.node_rank))
+        index = self._s.increment(self._keys.failure_count(record.generation, record.node_rank))
         self._call(
             "set", self._keys.failure(record.generation, record.node_rank, index), record.encode()
         )
@@ -339,10 +322,10 @@ class StoreRendezvous:
     def failures(self, generation: int, num_nodes: int) -> list[FailureRecord]:
         records: list[FailureRecord] = []
         for node in range(num_nodes):
-            count = self._counter(self._keys.failure_count(generation, node))
+            count = self._s.counter(self._keys.failure_count(generation, node))
             for index in range(1, count + 1):
                 key = self._keys.failure(generation, node, index)
-                if not self._exists(key):
+                if not self._s.exists(key):
                     continue
                 try:
                     records.append(FailureRecord.decode(self._call("get", key)))
@@ -363,30 +346,30 @@ class StoreRendezvous:
         return records
 
     def mark_done(self, generation: int) -> None:
-        self._increment(self._keys.done(generation))
+        self._s.increment(self._keys.done(generation))
 
     def done_count(self, generation: int) -> int:
-        return self._counter(self._keys.done(generation))
+        return self._s.counter(self._keys.done(generation))
 
     def mark_exited(self, generation: int) -> None:
-        self._increment(self._keys.exited(generation))
+        self._s.increment(self._keys.exited(generation))
 
     def exited_count(self, generation: int) -> int:
-        return self._counter(self._keys.exited(generation))
+        return self._s.counter(self._keys.exited(generation))
 
     def ack_abort(self) -> None:
-        self._increment(self._keys.abort_acks)
+        self._s.increment(self._keys.abort_acks)
 
     def abort_acks(self) -> int:
-        return self._counter(self._keys.abort_acks)
+        return self._s.counter(self._keys.abort_acks)
 
     def abort(self, record: AbortRecord) -> bool:
         """Write the abort record unless one exists; True if this call wrote it."""
         payload = record.encode()
-        return _text(self._call("compare_set", self._keys.abort, "", payload)) == payload
+        return text_of(self._call("compare_set", self._keys.abort, "", payload)) == payload
 
     def read_abort(self) -> AbortRecord | None:
-        if not self._exists(self._keys.abort):
+        if not self._s.exists(self._keys.abort):
             return None
         payload = self._call("get", self._keys.abort)
         try:

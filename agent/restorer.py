@@ -14,6 +14,7 @@ import json
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,7 +78,11 @@ def publish(
 
 
 def gather(
-    rdzv: StoreRendezvous, keys: StoreKeys, membership: Membership, timeout: float
+    rdzv: StoreRendezvous,
+    keys: StoreKeys,
+    membership: Membership,
+    timeout: float,
+    watch: Callable[[], object] | None = None,
 ) -> tuple[dict[int, list[ShardId]], dict[int, tuple[str, int]]]:
     """Every member's inventory and shard server address (waits until all are in)."""
     generation = membership.generation
@@ -87,8 +92,8 @@ def gather(
     for node in range(len(membership.members)):
         key = keys.inventory(generation, node)
         while not rdzv.call("check", [key]):
-            rdzv.raise_if_aborted()
-            if rdzv.round_moved_past(generation) or time.monotonic() > end:
+            rdzv.raise_if_ended(generation, watch)
+            if time.monotonic() > end:
                 raise RtrainError(
                     f"node {node} did not publish its shards for generation {generation}", 75
                 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+from collections.abc import Callable
 
 from rtrain.agent.disk_checkpoints import DiskCheckpointer
 from rtrain.agent.rendezvous import StoreRendezvous
@@ -70,6 +71,7 @@ class SnapshotService:
         node_rank: int,
         local_world_size: int,
         timeout: float,
+        watch: Callable[[], object] | None = None,
     ) -> dict[str, str]:
         """Restore this node's new workers; the environment that points them at their slots."""
         if self._server is None:
@@ -78,7 +80,7 @@ class SnapshotService:
         assert self._secret is not None
         generation = membership.generation
         publish(rdzv, self._keys, self.store, generation, node_rank, self._host, self._server.port)
-        inventory, servers = gather(rdzv, self._keys, membership, timeout)
+        inventory, servers = gather(rdzv, self._keys, membership, timeout, watch)
         result = restore_local_ranks(
             self.store, self._secret, topology, node_rank, inventory, servers, self._checkpoint_dir
         )

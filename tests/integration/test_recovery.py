@@ -249,9 +249,13 @@ def test_garbage_in_the_jobs_keys_is_refused_not_a_crash(tmp_path):
         store = dist.TCPStore(
             "127.0.0.1", cluster.port, is_master=False, timeout=datetime.timedelta(seconds=5)
         )
-        # a lease that is not a number is not trusted: logged, and the job goes on
-        store.set("/rtrain/recovery/r0/lease/1", "garbage")
-        time.sleep(1.0)
+        # a lease that is not a number is not trusted: logged, and the job goes on.
+        # Written for 1 s (shorter than the 2 s lease timeout), because node 1 renews
+        # its lease every 0.5 s and would overwrite a single write before it is read.
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            store.set("/rtrain/recovery/r0/lease/1", "garbage")
+            time.sleep(0.01)
         assert all(proc.poll() is None for proc in cluster.procs)
         # a round counter that is not a number ends the job with one clear line
         store.set("/rtrain/recovery/round", "not a number")
