@@ -141,7 +141,7 @@ def test_hung_worker_is_detected_its_stack_reported_and_the_job_recovers(
     # detected within hang-timeout + 1 s of the fault (the log line has 1 s resolution)
     detected = next(line for line in log.splitlines() if "hung: no heartbeat" in line)
     silent = float(detected.split("no heartbeat for ")[1].split("s")[0])
-    assert hang_timeout < silent < hang_timeout + 1.0
+    assert hang_timeout <= silent < hang_timeout + 1.0  # the message rounds to 0.1 s
     # the stack is in the log when found, and in the report at the end
     # rank 0 went silent too (waiting for rank 1 in all_reduce): rank 1 is the root cause
     report = log[log.index("succeeded after 2 fault(s)") :]
