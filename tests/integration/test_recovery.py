@@ -143,8 +143,9 @@ def test_hung_worker_is_detected_its_stack_reported_and_the_job_recovers(
     silent = float(detected.split("no heartbeat for ")[1].split("s")[0])
     assert hang_timeout <= silent < hang_timeout + 1.0  # the message rounds to 0.1 s
     # the stack is in the log when found, and in the report at the end
-    # rank 0 went silent too (waiting for rank 1 in all_reduce): rank 1 is the root cause
-    report = log[log.index("succeeded after 2 fault(s)") :]
+    # rank 0 may go silent too (waiting for rank 1 in all_reduce) and be reported as a
+    # second hang; either way rank 1 is the root cause
+    report = log[log.index("succeeded after") :]
     root = next(line for line in report.splitlines() if "root cause" in line)
     assert "hang" in root and "1 (1)" in root, report
     rank1_stack = report.split("Stack of hung rank 1:")[1].split("Stack of hung rank 0:")[0]
