@@ -75,10 +75,35 @@ class FailureRecord:
             raise RecordError(f"failure record: malformed ({exc})") from None
 
 
+# What a worker dies of when a *peer* went away in the middle of a collective. A worker
+# that exits on its own can take longer to be reaped (interpreter shutdown) than its
+# peers take to fail, so time alone would blame a victim.
+VICTIM_MARKERS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "connectFullMesh",
+    "Broken pipe",
+    "NCCL communicator was aborted",
+    "waiting in a collective",
+)
+
+
+def is_collective_victim(record: FailureRecord) -> bool:
+    text = f"{record.message}\n{record.traceback[-2000:]}"
+    return any(marker in text for marker in VICTIM_MARKERS)
+
+
 def root_cause_first(records: list[FailureRecord]) -> list[FailureRecord]:
-    """Earliest failure first: later ones are usually the survivors' reaction to it."""
+    """The likely cause first: failures that are not a peer's collective breaking under
+    it, earliest first; then the victims, earliest first."""
     return sorted(
-        records, key=lambda r: (r.time, r.node_rank, r.rank if r.rank is not None else -1)
+        records,
+        key=lambda r: (
+            is_collective_victim(r),
+            r.time,
+            r.node_rank,
+            r.rank if r.rank is not None else -1,
+        ),
     )
 
 

@@ -180,3 +180,21 @@ def test_failure_report_prints_text_that_looks_like_markup():
     failure_report(Console(file=buffer, width=200), "[/t].py", [record], "gave up [/y]")
     text = buffer.getvalue()
     assert "[/__w/gloo/pair.cc:553]" in text and "gave up [/y]" in text and "[/t].py FAILED" in text
+
+
+def test_a_peer_broken_collective_is_never_the_root_cause():
+    # rank 0 died of rank 4's exit (reaped first), rank 4 exited on its own (reaped later)
+    victim = FailureRecord(
+        kind="exit",
+        generation=0,
+        node_rank=0,
+        host="a",
+        time=1.0,
+        rank=0,
+        exitcode=1,
+        message="RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer",
+    )
+    culprit = FailureRecord(
+        kind="exit", generation=0, node_rank=2, host="c", time=1.2, rank=4, exitcode=3
+    )
+    assert root_cause_first([victim, culprit]) == [culprit, victim]
