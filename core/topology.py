@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rtrain.core.errors import ExitCode, RtrainError
@@ -154,16 +154,12 @@ class Topology:
             lost = tuple(int(r) for r in data["lost_ranks"])
         except (ValueError, KeyError, TypeError) as exc:
             raise LayoutError(f"unreadable topology record ({exc})") from None
-        return Topology(
-            grid.generation,
-            layout,
-            grid.dp_size,
-            grid.nodes,
-            grid.coords,
-            lost,
-            holders,
-            previous,
-            replaces,
+        return replace(
+            grid,
+            lost_ranks=lost,
+            previous_holders=holders,
+            previous_rank=previous,
+            replaces=replaces,
         )
 
 
@@ -225,16 +221,12 @@ def recompute_topology(
         for c in grid.coords
         if c.rank not in previous_rank and c.dp is not None and (c.dp, c.pp, c.tp) in lost_at
     }
-    return Topology(
-        generation,
-        layout,
-        grid.dp_size,
-        grid.nodes,
-        grid.coords,
-        lost,
-        holders,
-        previous_rank,
-        replaces,
+    return replace(
+        grid,
+        lost_ranks=lost,
+        previous_holders=holders,
+        previous_rank=previous_rank,
+        replaces=replaces,
     )
 
 
