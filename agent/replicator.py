@@ -32,7 +32,11 @@ from rtrain.core.snapshot_format import (
 
 logger = logging.getLogger(__name__)
 
+# A worker's next snapshot waits for this pass: poll often, but only the slot headers
+# (mapped already); once every rank has its two slot files, the folder itself is listed
+# again only every RESCAN_S.
 POLL_S = 0.002
+RESCAN_S = 0.5
 
 
 class Replicator:
@@ -50,13 +54,21 @@ class Replicator:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._warned: set[tuple[str, int, int]] = set()
+        self._paths: list[str] = []
+        self._rescan_at = 0.0
+        self._slot_files = 0
         self._thread = threading.Thread(target=self._run, name="rtrain-replicate", daemon=True)
         self._thread.start()
 
-    def follow(self, generation: int, peers: list[tuple[str, int]], world_size: int) -> None:
-        """Replicate the slots of `generation` to these peers (host, shard port)."""
+    def follow(
+        self, generation: int, peers: list[tuple[str, int]], world_size: int, local_ranks: int
+    ) -> None:
+        """Replicate the slots of `generation` (this node's local_ranks workers, two slot
+        files each) to these peers (host, shard port)."""
         with self._lock:
             self._generation, self._peers = generation, list(peers)
+            self._slot_files = 2 * local_ranks
+            self._paths, self._rescan_at = [], 0.0
             self._world_size = world_size
             for client in self._clients.values():
                 client.close()
@@ -77,9 +89,13 @@ class Replicator:
                 time.sleep(POLL_S)
 
     def _pass(self, generation: int) -> bool:
-        pattern = os.path.join(self._store.snap_dir(generation), "rank*.slot*")
+        now = time.monotonic()
+        # Until every worker has both its slot files, look for new ones on every pass.
+        if len(self._paths) < self._slot_files or now >= self._rescan_at:
+            pattern = os.path.join(self._store.snap_dir(generation), "rank*.slot*")
+            self._paths, self._rescan_at = sorted(glob.glob(pattern)), now + RESCAN_S
         worked = False
-        for path in glob.glob(pattern):
+        for path in self._paths:
             buffer = self._map(path)
             if buffer is None:
                 continue

@@ -86,7 +86,9 @@ class SnapshotService:
         )
         logger.info("%s", result.describe())
         successors = ring_successors(node_rank, len(membership.members), self._copies)
-        self._replicator.follow(generation, [servers[n] for n in successors], topology.world_size)
+        self._replicator.follow(
+            generation, [servers[n] for n in successors], topology.world_size, local_world_size
+        )
         self.store.prune(keep_from=generation - 1)
         per_slot = self._budget // max(local_world_size * 2 * self._copies, 1)
         logger.info(
