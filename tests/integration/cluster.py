@@ -89,6 +89,12 @@ class LocalCluster:
             _signal(pid, signal.SIGKILL)
         return when
 
+    def replace_node(self, index: int, nnodes: str, flags: list[str], pause: float = 1.0) -> None:
+        """Kill node `index` whole and start an empty replacement at its address."""
+        self.kill_node(index)
+        time.sleep(pause)
+        self.start_node(index, nnodes, flags)
+
     def stop_agent(self, index: int) -> float:
         when = time.time()
         os.kill(self.procs[index].pid, signal.SIGSTOP)
