@@ -30,7 +30,6 @@ class LeaseKeeper:
         self._wake = threading.Event()
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
-        self.error: str | None = None
 
     def hold(self, generation: int, node_rank: int) -> None:
         """Renew the lease of (generation, node_rank) from now on; renews once right away."""
@@ -47,8 +46,8 @@ class LeaseKeeper:
     def _run(self) -> None:
         try:
             store = self._connect()
-        except Exception as exc:
-            self.error = str(exc)
+        except Exception as exc:  # the main thread's own store calls end the run
+            logger.error("cannot renew this node's lease: %s", _first_line(exc))
             return
         while not self._closed.is_set():
             key = self._key
@@ -57,10 +56,14 @@ class LeaseKeeper:
                 try:
                     store.set(key, str(self._seq))
                 except Exception as exc:  # the main thread reports the lost store
-                    self.error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                    logger.warning("lease renewal stopped: %s", _first_line(exc))
                     return
             self._wake.wait(self._interval)
             self._wake.clear()
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 class PeerLeases:

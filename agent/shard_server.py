@@ -19,7 +19,6 @@ import hashlib
 import hmac
 import json
 import logging
-import os
 import secrets
 import socket
 import socketserver
@@ -235,9 +234,3 @@ class ShardClient:
 
     def close(self) -> None:
         self._sock.close()
-
-
-def job_secret(environ: dict[str, str] | os._Environ[str]) -> bytes | None:
-    """RTRAIN_SECRET from the environment (hex or text), if the user set one."""
-    value = environ.get("RTRAIN_SECRET")
-    return value.encode() if value else None
