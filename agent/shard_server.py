@@ -9,7 +9,7 @@ requests go as a 4-byte length + JSON header, then raw bytes:
   put {gen, rank, step, size, crcs} + shard   -> {ok}    keep a replica
   get {gen, rank, step}                       -> {ok, size, crcs} + shard
 
-Shards carry their chunk CRCs; the receiver verifies them before keeping or using a
+Shards carry their chunk checksums; the receiver verifies them before keeping or using a
 shard, so a corrupt copy is refused, never restored.
 """
 
@@ -24,14 +24,13 @@ import socket
 import socketserver
 import struct
 import threading
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from rtrain.agent.shard_store import ShardStore
 from rtrain.core.errors import RtrainError
 from rtrain.core.restore_plan import ShardId
-from rtrain.core.snapshot_format import CHUNK, HEADER_SIZE
+from rtrain.core.snapshot_format import CHUNK, HEADER_SIZE, chunk_digest
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +70,7 @@ def _recv_into(sock: socket.socket, buffer: Any, size: int) -> None:
 
 
 def _recv_verified(sock: socket.socket, buffer: Any, size: int) -> list[int]:
-    """Receive a shard and checksum it as it arrives: each chunk's CRC runs on a helper
+    """Receive a shard and checksum it as it arrives: each chunk's digest runs on a helper
     thread while the next chunk is received (both release the GIL)."""
     _recv_into(sock, buffer, min(HEADER_SIZE, size))
     view = memoryview(buffer)
@@ -80,7 +79,7 @@ def _recv_verified(sock: socket.socket, buffer: Any, size: int) -> list[int]:
         for start in range(HEADER_SIZE, max(size, HEADER_SIZE + 1), CHUNK):
             end = min(start + CHUNK, size)
             _recv_into_range(sock, view, start, end)
-            futures.append(pool.submit(zlib.crc32, view[start:end]))
+            futures.append(pool.submit(chunk_digest, view[start:end]))
     return [f.result() for f in futures]
 
 

@@ -8,8 +8,10 @@ nested dicts and lists) is pickled as is. Tensors are copied straight into the b
 so writing a shard costs one memory copy of the tensor bytes.
 
 The header's `state` field is written last: a shard whose writer died half-way stays
-WRITING and is never read. Checksums are CRC-32 per 8 MiB chunk of everything after
-the header, so they can be computed (and verified) in parallel.
+WRITING and is never read. Checksums are 64-bit XXH3 digests per 8 MiB chunk of
+everything after the header, so they can be computed (and verified) in parallel. XXH3
+runs at memory speed (about 7 GB/s per core here, CRC-32 about 2): verifying a shard
+must not cost more than reading it.
 
 torch is imported inside the functions that need it: `rtrain.core` must stay cheap.
 """
@@ -19,16 +21,17 @@ from __future__ import annotations
 import pickle
 import struct
 import warnings
-import zlib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import xxhash
+
 MAGIC = b"RTRSHRD1"
 HEADER = struct.Struct("<8sIIqqqq")  # magic, version, state, step, meta_len, data_len, replicated
 HEADER_SIZE = 64
-VERSION = 1
+VERSION = 2  # 2: XXH3-64 chunk digests instead of CRC-32
 EMPTY, WRITING, COMMITTED = 0, 1, 2
 STATE_OFFSET = 12  # where the 4-byte state field sits, for the final commit write
 REPLICATED_OFFSET = 40  # the step the agent last replicated (written by the agent)
@@ -143,8 +146,10 @@ def read_header(buffer: Any) -> ShardHeader | None:
     return ShardHeader(state, step, meta_len, data_len, replicated)
 
 
-def read_shard(buffer: Any) -> tuple[Any, int]:
-    """(state dict, step) from a committed shard; tensors are copied out of the buffer."""
+def read_shard(buffer: Any, copy: bool = True) -> tuple[Any, int]:
+    """(state dict, step) from a committed shard. Tensors are copied out of the buffer,
+    or with copy=False are views of it (the buffer must then be writable and stay
+    unchanged: snapshot_api hands a private mapping of a file it never writes again)."""
     import torch
 
     header = read_header(buffer)
@@ -164,12 +169,12 @@ def read_shard(buffer: Any) -> tuple[Any, int]:
             if value.nbytes == 0:
                 return torch.empty(value.shape, dtype=dtype)
             with warnings.catch_warnings():
-                # A read-only mapping is fine: the tensor is cloned at once.
+                # A read-only mapping is fine when the tensor is cloned at once.
                 warnings.simplefilter("ignore", UserWarning)
                 raw = torch.frombuffer(
                     buffer, dtype=torch.uint8, count=value.nbytes, offset=meta_end + value.offset
                 )
-            return raw.clone().view(dtype).reshape(value.shape)
+            return (raw.clone() if copy else raw).view(dtype).reshape(value.shape)
         if isinstance(value, dict):
             return {k: build(v) for k, v in value.items()}
         if isinstance(value, list):
@@ -181,15 +186,19 @@ def read_shard(buffer: Any) -> tuple[Any, int]:
     return build(skeleton), header.step
 
 
+def chunk_digest(data: Any) -> int:
+    """The checksum of one chunk (xxhash releases the GIL, so chunks hash in parallel)."""
+    return xxhash.xxh3_64_intdigest(data)
+
+
 def checksums(buffer: Any, size: int, workers: int = 4) -> list[int]:
-    """CRC-32 of each 8 MiB chunk of buffer[HEADER_SIZE:size], computed in parallel
-    (zlib releases the GIL), so that verifying a shard runs near memory speed."""
+    """The digest of each 8 MiB chunk of buffer[HEADER_SIZE:size], computed in parallel."""
     view = memoryview(buffer)[HEADER_SIZE:size]
     starts = range(0, len(view), CHUNK)
     if len(starts) <= 1:
-        return [zlib.crc32(view)]
+        return [chunk_digest(view)]
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(lambda s: zlib.crc32(view[s : s + CHUNK]), starts))
+        return list(pool.map(lambda s: chunk_digest(view[s : s + CHUNK]), starts))
 
 
 def verify(buffer: Any, size: int, expected: Sequence[int]) -> bool:
