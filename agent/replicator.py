@@ -50,7 +50,7 @@ class Replicator:
         self._generation: int | None = None
         self._peers: list[tuple[str, int]] = []
         self._clients: dict[tuple[str, int], ShardClient] = {}
-        self._maps: dict[str, mmap.mmap] = {}
+        self._maps: dict[str, tuple[tuple[int, int], mmap.mmap]] = {}  # (inode, size)
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._warned: set[tuple[str, int, int]] = set()
@@ -73,7 +73,7 @@ class Replicator:
             for client in self._clients.values():
                 client.close()
             self._clients = {}
-            for buffer in self._maps.values():
+            for _, buffer in self._maps.values():
                 buffer.close()
             self._maps = {}
 
@@ -134,18 +134,23 @@ class Replicator:
         return True
 
     def _map(self, path: str) -> mmap.mmap | None:
+        """The slot file's mapping, re-made when the file changed size or was replaced:
+        a worker that restored without a copy replaces that slot rather than overwrite
+        the memory its tensors still map."""
         try:
-            size = os.path.getsize(path)
+            stat = os.stat(path)
         except OSError:
             return None
-        buffer = self._maps.get(path)
-        if buffer is not None and len(buffer) == size:
-            return buffer
-        if buffer is not None:
-            buffer.close()
-        if size == 0:
+        identity = (stat.st_ino, stat.st_size)
+        known = self._maps.get(path)
+        if known is not None and known[0] == identity:
+            return known[1]
+        if known is not None:
+            known[1].close()
+            del self._maps[path]
+        if stat.st_size == 0:
             return None
         with open(path, "r+b") as handle:
-            buffer = mmap.mmap(handle.fileno(), size)
-        self._maps[path] = buffer
+            buffer = mmap.mmap(handle.fileno(), stat.st_size)
+        self._maps[path] = (identity, buffer)
         return buffer

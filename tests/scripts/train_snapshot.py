@@ -67,7 +67,7 @@ def main() -> None:
     t0 = time.time()
     disk = os.environ.get("PROBE_DISK_CKPT", "")  # the torchrun way: torch.save every step
     disk_file = os.path.join(disk, f"rank{rank}.pt") if disk else ""
-    restored = restore()
+    restored = restore(copy=False)  # the fast path; test_snapshot_api covers copy=True
     if restored is None and disk_file and os.path.exists(disk_file):
         restored = torch.load(disk_file)
     if restored is not None:

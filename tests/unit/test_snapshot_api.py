@@ -1,0 +1,84 @@
+"""snapshot() / restore() in one worker, with the test playing the agent's part: it
+marks each slot replicated, as the replicator does once peers hold the copy."""
+
+from __future__ import annotations
+
+import mmap
+import os
+
+import pytest
+import torch
+from rtrain.core import snapshot_api
+from rtrain.core.snapshot_api import restore, slot_paths, snapshot
+from rtrain.core.snapshot_format import read_header, set_replicated
+
+
+@pytest.fixture
+def slot_dir(tmp_path, monkeypatch) -> str:
+    monkeypatch.setenv(snapshot_api.SNAPSHOT_DIR, str(tmp_path))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(snapshot_api, "_slots", None)
+    return str(tmp_path)
+
+
+def _mark_replicated(directory: str) -> None:
+    for path in slot_paths(directory, 0):
+        if os.path.exists(path):
+            with open(path, "r+b") as handle, mmap.mmap(handle.fileno(), 0) as buffer:
+                header = read_header(buffer)
+                if header is not None:
+                    set_replicated(buffer, header.step)
+
+
+def _state(seed: int) -> dict:
+    generator = torch.Generator().manual_seed(seed)
+    return {"w": torch.randn(1000, 100, generator=generator), "step": seed, "tag": f"s{seed}"}
+
+
+def test_restore_without_rtrain_is_none(monkeypatch) -> None:
+    monkeypatch.delenv(snapshot_api.SNAPSHOT_DIR, raising=False)
+    monkeypatch.setattr(snapshot_api, "_slots", None)
+    assert restore() is None
+    assert snapshot({"x": torch.ones(2)}, 1) is False
+
+
+@pytest.mark.parametrize("copy", [True, False])
+def test_restore_returns_the_newest_snapshot(slot_dir: str, copy: bool) -> None:
+    for step in (1, 2, 3):
+        snapshot(_state(step), step)
+        _mark_replicated(slot_dir)
+    snapshot_api._slots = None  # a restarted worker
+    restored = restore(copy=copy)
+    assert restored is not None
+    state, step = restored
+    assert step == 3 and state["tag"] == "s3" and state["step"] == 3
+    assert torch.equal(state["w"], _state(3)["w"])
+
+
+def test_zero_copy_tensors_survive_later_snapshots_and_writes_stay_private(
+    slot_dir: str,
+) -> None:
+    snapshot(_state(1), 1)
+    _mark_replicated(slot_dir)
+    snapshot_api._slots = None
+    restored = restore(copy=False)
+    assert restored is not None
+    tensors = restored[0]
+    newest = next(p for p in slot_paths(slot_dir, 0) if os.path.exists(p))
+    inode = os.stat(newest).st_ino
+
+    tensors["w"].add_(1.0)  # an optimizer updating its restored state in place
+    snapshot_api._slots = None
+    again = restore(copy=True)
+    assert again is not None and torch.equal(again[0]["w"], _state(1)["w"])
+
+    snapshot_api._slots = None
+    restore(copy=False)  # pin the slot once more, then keep snapshotting over both slots
+    for step in (2, 3, 4):
+        snapshot(_state(step), step)
+        _mark_replicated(slot_dir)
+    assert os.stat(newest).st_ino != inode  # the pinned file was replaced, not written
+    assert torch.equal(tensors["w"], _state(1)["w"] + 1.0)
+    snapshot_api._slots = None
+    latest = restore()
+    assert latest is not None and latest[1] == 4
