@@ -89,6 +89,8 @@ class SnapshotService:
         self._replicator.follow(
             generation, [servers[n] for n in successors], topology.world_size, local_world_size
         )
+        local_ranks = [c.rank for c in topology.coords if c.node_rank == node_rank]
+        self.store.recycle(generation, local_ranks, result.step)
         self.store.prune(keep_from=generation - 1)
         per_slot = self._budget // max(local_world_size * 2 * self._copies, 1)
         logger.info(

@@ -212,3 +212,29 @@ def test_a_snapshot_over_the_budget_is_refused(tmp_path, monkeypatch):
         api.SnapshotError, match="does not fit this rank's share of --snapshot-memory"
     ):
         api.snapshot({"w": torch.zeros(2**20)}, 0)
+
+
+def test_old_slots_are_recycled_wiped_and_never_restored(tmp_path, monkeypatch):
+    """After a restart the agent hands old slot files to the new workers: the adopted
+    shard and the restored step stay, and a newer step that not every rank had (rank 0
+    wrote step 9, the plan restored 8) is wiped, so restore() cannot return it."""
+    store = ShardStore(str(tmp_path / "node"), budget=0)
+    old = store.snap_dir(0)
+    for rank, steps in ((0, (8, 9)), (1, (7, 8))):
+        for path, step in zip(slot_paths(old, rank), steps, strict=True):
+            Path(path).write_bytes(shard_bytes(float(step), step))
+    store.adopt(ShardId(0, 0, 8), generation=1, rank=0)
+
+    assert store.recycle(1, ranks=[0, 1], keep_step=8) == 2
+    new = store.snap_dir(1)
+    recycled = sorted(p.name for p in Path(new).iterdir())
+    assert recycled == ["rank0.slot0", "rank0.slot1", "rank1.slot1"]
+    assert Path(old, "rank0.slot0").exists() and Path(old, "rank1.slot1").exists()  # kept
+    assert [s for s, _ in store.local_slots() if s.generation == 1] == [ShardId(1, 0, 8)]
+
+    monkeypatch.setenv("RTRAIN_SNAPSHOT_DIR", new)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr("rtrain.core.snapshot_api._slots", None)
+    restored = restore()
+    assert restored is not None and restored[1] == 8
+    assert torch.equal(restored[0]["w"], torch.full((1000,), 8.0))
