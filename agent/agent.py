@@ -34,6 +34,7 @@ from rtrain.agent.job_end import JobEnd
 from rtrain.agent.lease import LeaseKeeper, PeerLeases
 from rtrain.agent.log_tail import LogTail
 from rtrain.agent.rendezvous import GenerationEnded, JobAborted, StoreRendezvous
+from rtrain.agent.runtime_dir import make_runtime_dir
 from rtrain.agent.snapshots import SnapshotService, default_budget
 from rtrain.agent.store import connect_store, host_store, open_rendezvous_store
 from rtrain.agent.worker_pool import WorkerPool
@@ -107,9 +108,8 @@ class Agent:
         self._last: tuple[Membership, int, PeerLeases] | None = None
         self._lease: LeaseKeeper | None = None
         self._worker_store: Any = None
-        # Small per-run files the workers map (heartbeats): memory-backed where possible.
-        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        self._runtime_dir = tempfile.mkdtemp(prefix="rtrain_", dir=shm)
+        # Heartbeat files and snapshot shards: memory-backed where possible.
+        self._runtime_dir = make_runtime_dir()
         shard_root = os.path.join(self._runtime_dir, "shards")
         os.makedirs(shard_root)
         self._snapshots = SnapshotService(

@@ -3,7 +3,9 @@ the state of its last step, bitwise equal to a run without failures."""
 
 from __future__ import annotations
 
+import glob
 import json
+import os
 
 import pytest
 
@@ -63,12 +65,17 @@ def test_lost_node_comes_back_from_its_replicas_on_a_peer(tmp_path, reference):
     try:
         cluster.wait_progress(5)
         done = cluster.progress()
+        killed = cluster.procs[1].pid
+        left = glob.glob(f"/dev/shm/rtrain-run-{killed}-*")
         cluster.replace_node(1, "2", FAST)  # the replacement holds no shard of its own
         codes = cluster.wait()
     finally:
         cluster.close()
     assert codes == [0, 0], cluster.log(0) + cluster.log(1)
     assert digests(cluster) == {reference}
+    # the killed agent's shared memory (its slots and replicas) was freed by its successor
+    assert left and not any(os.path.exists(p) for p in left)
+    assert "left by agents that died" in cluster.log(1)
     # every rank resumed at the same step; the wait policy keeps at most two steps
     # (the one being replicated and the one after it) between a rank and its replicas
     steps = {rec["step"] for rec in restored(cluster).values()}

@@ -1,0 +1,52 @@
+"""The agent's per-run folder in shared memory, and sweeping the ones dead agents left.
+
+An agent that is SIGKILLed (or whose node is OOM-killed) cannot remove its folder, and
+on /dev/shm that folder holds every snapshot slot and replica: gigabytes of memory that
+nothing would ever free. Each folder is named after its agent's pid, so a new agent
+removes the folders of agents that are no longer running.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import re
+import shutil
+import tempfile
+
+import psutil
+
+logger = logging.getLogger(__name__)
+
+# Distinct from the log folders ("rtrain_<random>") that may share /tmp with these.
+PREFIX = "rtrain-run-"
+OWNED = re.compile(PREFIX + r"(\d+)-[^/]+$")
+
+
+def make_runtime_dir() -> str:
+    """A new folder for this agent, memory-backed where /dev/shm exists."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    sweep_dead(base)
+    return tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=base)
+
+
+def sweep_dead(base: str) -> list[str]:
+    """Remove this user's agent folders whose agent is gone; the paths removed."""
+    removed = []
+    for path in glob.glob(os.path.join(base, PREFIX + "*")):
+        match = OWNED.search(path)
+        if match is None or not _ours(path) or psutil.pid_exists(int(match[1])):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    if removed:
+        logger.info("freed %d folder(s) left by agents that died: %s", len(removed), removed)
+    return removed
+
+
+def _ours(path: str) -> bool:
+    try:
+        return os.stat(path).st_uid == os.getuid()
+    except OSError:
+        return False
