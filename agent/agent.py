@@ -17,8 +17,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
-import tempfile
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,13 +26,19 @@ from typing import Any
 
 from rtrain.agent import log
 from rtrain.agent.faults import FaultPolicy, kill_hung
-from rtrain.agent.generation import Generation, generation_topology, write_topology
+from rtrain.agent.generation import (
+    Generation,
+    default_node_addr,
+    generation_topology,
+    membership_rank,
+    write_topology,
+)
 from rtrain.agent.hang_watch import HangWatch
 from rtrain.agent.job_end import JobEnd
 from rtrain.agent.lease import LeaseKeeper, PeerLeases
 from rtrain.agent.log_tail import LogTail
 from rtrain.agent.rendezvous import GenerationEnded, JobAborted, StoreRendezvous
-from rtrain.agent.runtime_dir import make_runtime_dir
+from rtrain.agent.runtime_dir import make_run_log_dir, make_runtime_dir
 from rtrain.agent.snapshots import SnapshotService, default_budget
 from rtrain.agent.store import connect_store, host_store, open_rendezvous_store
 from rtrain.agent.worker_pool import WorkerPool
@@ -81,12 +85,6 @@ class RunResult:
     run_log_dir: str
     generation: int = 0
     failures: list[FailureRecord] = field(default_factory=list)
-
-
-def make_run_log_dir(spec: LaunchSpec) -> str:
-    base = spec.log_dir or tempfile.mkdtemp(prefix="rtrain_")
-    os.makedirs(base, exist_ok=True)
-    return tempfile.mkdtemp(prefix=f"{spec.rdzv.run_id}_", dir=base)
 
 
 class Agent:
@@ -372,21 +370,3 @@ class Agent:
             generation=self._gen.number if self._gen is not None else 0,
             failures=root_cause_first(failures or []),
         )
-
-
-def default_node_addr(spec: LaunchSpec) -> str:
-    """This node's address as peers reach it; torchrun's choice where it makes one."""
-    if spec.local_addr:
-        return spec.local_addr
-    if spec.standalone:
-        return "localhost"
-    if spec.rdzv.backend == "static" and spec.node_rank == 0:
-        return spec.rdzv.host  # node 0 is --master-addr by definition
-    return socket.getfqdn()
-
-
-def membership_rank(membership: Membership, node_id: str) -> int:
-    rank = membership.node_rank_of(node_id)
-    if rank is None:
-        raise RendezvousError(f"this node is not in generation {membership.generation}")
-    return rank

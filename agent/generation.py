@@ -1,14 +1,18 @@
-"""Generation: what one node holds while it runs one generation, and how its grid is made."""
+"""Generation: what one node holds while it runs one generation, how its grid is made,
+and how a node is named in it."""
 
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 
 from rtrain.agent.hang_watch import HangWatch
 from rtrain.agent.lease import PeerLeases
 from rtrain.agent.rendezvous import StoreRendezvous
 from rtrain.agent.workers import WorkerGroup
+from rtrain.core.errors import RendezvousError
+from rtrain.core.launch_spec import LaunchSpec
 from rtrain.core.store_protocol import Membership
 from rtrain.core.topology import Layout, NodeSlot, Topology, build_grid, recompute_topology
 
@@ -59,3 +63,21 @@ def write_topology(run_log_dir: str, topology: Topology) -> str:
     with open(path, "w") as handle:
         handle.write(topology.encode())
     return path
+
+
+def default_node_addr(spec: LaunchSpec) -> str:
+    """This node's address as peers reach it; torchrun's choice where it makes one."""
+    if spec.local_addr:
+        return spec.local_addr
+    if spec.standalone:
+        return "localhost"
+    if spec.rdzv.backend == "static" and spec.node_rank == 0:
+        return spec.rdzv.host  # node 0 is --master-addr by definition
+    return socket.getfqdn()
+
+
+def membership_rank(membership: Membership, node_id: str) -> int:
+    rank = membership.node_rank_of(node_id)
+    if rank is None:
+        raise RendezvousError(f"this node is not in generation {membership.generation}")
+    return rank

@@ -1,4 +1,5 @@
-"""The agent's per-run folder in shared memory, and sweeping the ones dead agents left.
+"""The agent's folders: the run's log folder, and its per-run folder in shared memory
+(sweeping the ones dead agents left).
 
 An agent that is SIGKILLed (or whose node is OOM-killed) cannot remove its folder, and
 on /dev/shm that folder holds every snapshot slot and replica: gigabytes of memory that
@@ -16,12 +17,19 @@ import shutil
 import tempfile
 
 import psutil
+from rtrain.core.launch_spec import LaunchSpec
 
 logger = logging.getLogger(__name__)
 
 # Distinct from the log folders ("rtrain_<random>") that may share /tmp with these.
 PREFIX = "rtrain-run-"
 OWNED = re.compile(PREFIX + r"(\d+)-[^/]+$")
+
+
+def make_run_log_dir(spec: LaunchSpec) -> str:
+    base = spec.log_dir or tempfile.mkdtemp(prefix="rtrain_")
+    os.makedirs(base, exist_ok=True)
+    return tempfile.mkdtemp(prefix=f"{spec.rdzv.run_id}_", dir=base)
 
 
 def make_runtime_dir() -> str:
