@@ -18,6 +18,7 @@ torch is imported inside the functions that need it: `rtrain.core` must stay che
 
 from __future__ import annotations
 
+import os
 import pickle
 import struct
 import warnings
@@ -191,14 +192,25 @@ def chunk_digest(data: Any) -> int:
     return xxhash.xxh3_64_intdigest(data)
 
 
-def checksums(buffer: Any, size: int, workers: int = 4) -> list[int]:
+_pool: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _hash_pool() -> ThreadPoolExecutor:
+    """One pool per process, kept: starting threads costs more than hashing 10 MB.
+    Keyed by pid, because a forked child inherits the pool but not its threads."""
+    global _pool
+    if _pool is None or _pool[0] != os.getpid():
+        _pool = (os.getpid(), ThreadPoolExecutor(min(os.cpu_count() or 1, 8), "rtrain-hash"))
+    return _pool[1]
+
+
+def checksums(buffer: Any, size: int) -> list[int]:
     """The digest of each 8 MiB chunk of buffer[HEADER_SIZE:size], computed in parallel."""
     view = memoryview(buffer)[HEADER_SIZE:size]
     starts = range(0, len(view), CHUNK)
     if len(starts) <= 1:
         return [chunk_digest(view)]
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(lambda s: chunk_digest(view[s : s + CHUNK]), starts))
+    return list(_hash_pool().map(lambda s: chunk_digest(view[s : s + CHUNK]), starts))
 
 
 def verify(buffer: Any, size: int, expected: Sequence[int]) -> bool:
