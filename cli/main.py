@@ -12,6 +12,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 import typer
+from rtrain.cli.health import health
 from rtrain.core.errors import ExitCode, RtrainError
 
 app = typer.Typer(
@@ -29,6 +30,9 @@ app = typer.Typer(
 def launch(ctx: typer.Context) -> None:
     """Launch training: takes every torchrun flag (see `rtrain launch --help`)."""
     raise typer.Exit(run_launch(ctx.args, os.environ))
+
+
+app.command("health")(health)
 
 
 @app.callback()
@@ -74,10 +78,17 @@ def run_launch(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     # The agent's own TCPStore calls must not spray C++ stack traces; workers keep the user's.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     from rtrain.agent import log
-    from rtrain.agent.agent import Agent, AgentState
+    from rtrain.agent.agent import Agent
+    from rtrain.agent.agent_state import AgentState
+    from rtrain.agent.health_guard import HealthGuard
 
     log.configure()
-    result = Agent(spec, base_env, nproc).run()
+    try:
+        health = HealthGuard.open(spec.health, environ)
+    except RtrainError as exc:
+        _error(str(exc))
+        return exc.exit_code
+    result = Agent(spec, base_env, nproc, health).run()
     console = render.report_console()
     if result.state is AgentState.SUCCEEDED:
         if result.failures:
@@ -88,6 +99,11 @@ def run_launch(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     else:
         _error(result.message)
     return result.exit_code
+
+
+def _is_usage_error(exc: Exception) -> bool:
+    """click's ClickException, whether typer uses click or (typer >= 0.25) its own copy."""
+    return any(cls.__name__ == "ClickException" for cls in type(exc).__mro__)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -101,14 +117,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         code = 130
     except typer.Exit as exc:
         code = exc.exit_code
-    except Exception as exc:  # click's usage errors arrive here with standalone_mode=False
-        import click
-
-        if isinstance(exc, click.ClickException):
-            _error(exc.format_message())
-            code = ExitCode.USAGE
-        else:
+    except Exception as exc:  # usage errors arrive here with standalone_mode=False
+        if not _is_usage_error(exc):
             raise
+        _error(exc.format_message())  # type: ignore[attr-defined]
+        code = ExitCode.USAGE
     if args and args[0] == "launch":
         # A TCPStore connect that outlived its deadline still runs in a C++ thread;
         # interpreter shutdown would then abort ("terminate called without an active
