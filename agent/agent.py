@@ -19,12 +19,11 @@ import shutil
 import signal
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from enum import Enum
 from types import FrameType
 from typing import Any
 
 from rtrain.agent import log
+from rtrain.agent.agent_state import AgentState, Interrupted, Outcome, RunResult
 from rtrain.agent.faults import FaultPolicy, kill_hung
 from rtrain.agent.generation import (
     Generation,
@@ -33,7 +32,9 @@ from rtrain.agent.generation import (
     membership_rank,
     write_topology,
 )
+from rtrain.agent.gpu_monitor import GpuFault
 from rtrain.agent.hang_watch import HangWatch
+from rtrain.agent.health_guard import HealthGuard
 from rtrain.agent.job_end import JobEnd
 from rtrain.agent.lease import LeaseKeeper, PeerLeases
 from rtrain.agent.log_tail import LogTail
@@ -56,39 +57,14 @@ logger = logging.getLogger(__name__)
 RESTART_STOP_GRACE_S = 3.0
 
 
-class AgentState(str, Enum):
-    INIT = "INIT"
-    RENDEZVOUS = "RENDEZVOUS"
-    HEALTHY = "HEALTHY"
-    UNHEALTHY = "UNHEALTHY"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-
-
-class Outcome(Enum):
-    SUCCEEDED = "succeeded"
-    LOCAL_FAILURE = "local failure"
-    MEMBERSHIP_CHANGE = "membership change"
-
-
-class Interrupted(Exception):
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-@dataclass
-class RunResult:
-    state: AgentState
-    exit_code: int
-    message: str
-    run_log_dir: str
-    generation: int = 0
-    failures: list[FailureRecord] = field(default_factory=list)
-
-
 class Agent:
-    def __init__(self, spec: LaunchSpec, base_env: Mapping[str, str], nproc: int) -> None:
+    def __init__(
+        self,
+        spec: LaunchSpec,
+        base_env: Mapping[str, str],
+        nproc: int,
+        health: HealthGuard | None = None,
+    ) -> None:
         self.spec = spec
         self.nproc = nproc
         self.node_id = uuid.uuid4().hex
@@ -101,6 +77,8 @@ class Agent:
         self._signal: int | None = None
         self._previous_handlers: dict[int, Any] = {}
         self._gen: Generation | None = None
+        self._health = health
+        self._fault: GpuFault | None = None  # what ended the last generation, if a GPU
         # The last generation this node joined (even one that ended before it started):
         # its membership, this node's rank in it, and the peers' leases.
         self._last: tuple[Membership, int, PeerLeases] | None = None
@@ -145,6 +123,8 @@ class Agent:
             self._pool.close()
             self._tail.close()
             self._snapshots.close()
+            if self._health is not None:
+                self._health.close()
             shutil.rmtree(self._runtime_dir, ignore_errors=True)
             for signum, handler in self._previous_handlers.items():
                 signal.signal(signum, handler)
@@ -206,6 +186,9 @@ class Agent:
         while True:
             self._set_state(AgentState.RENDEZVOUS)
             rdzv.raise_if_excluded(self.addr)
+            fault = self._health.before_join() if self._health is not None else None
+            if fault is not None:
+                return self._leave(rdzv, end, fault)
             previous = self._gen
             member = MemberInfo(
                 node_id=self.node_id,
@@ -236,9 +219,16 @@ class Agent:
                 logger.info("another node restarted the job after this node finished; rejoining")
                 continue
             self._set_state(AgentState.UNHEALTHY)
+            fault, self._fault = self._fault, None
+            if fault is not None and fault.action.excludes_node:
+                return self._leave(rdzv, end, fault)
             self._stop_group(signal.SIGTERM, RESTART_STOP_GRACE_S)
-            if outcome is Outcome.LOCAL_FAILURE:
-                give_up = self._policy.after_local_failure(gen)
+            if outcome in (Outcome.LOCAL_FAILURE, Outcome.GPU_FAULT):
+                restart_for = None
+                if fault is not None and self._health is not None:
+                    logger.warning("restarting the workers: %s", fault.describe())
+                    restart_for = [self._health.record(fault, gen.number, gen.node_rank, self.addr)]
+                give_up = self._policy.after_local_failure(gen, restart_for)
                 if give_up is not None:
                     end.end_job(gen, give_up.exit_code, give_up.reason)
                     return self._result(
@@ -332,6 +322,9 @@ class Agent:
                 kill_hung(group, gen.hangs, hung)
             if group.failed:
                 return Outcome.LOCAL_FAILURE
+            self._fault = self._health.poll() if self._health is not None else None
+            if self._fault is not None:
+                return Outcome.GPU_FAULT
             if group.succeeded:
                 return Outcome.SUCCEEDED
             rdzv.raise_if_aborted()
@@ -350,6 +343,19 @@ class Agent:
             )
         else:
             logger.info("another node started generation %d; restarting", gen.number + 1)
+
+    def _leave(self, rdzv: StoreRendezvous, end: JobEnd, fault: GpuFault) -> RunResult:
+        """Leave the job for a GPU fault: tell the others first (so that they put their
+        workers' failures down to this node), then stop the workers."""
+        assert self._health is not None
+        generation, node_rank = (
+            (self._last[0].generation, self._last[1]) if self._last else (0, None)
+        )
+        record = self._health.leave_job(rdzv, fault, generation, node_rank, self.addr)
+        self._stop_group(signal.SIGTERM, RESTART_STOP_GRACE_S)
+        end.host_until_done(self.spec.rdzv.join_timeout)
+        message = f"this node left the job: {fault.describe()}"
+        return self._result(AgentState.FAILED, ExitCode.NODE_UNHEALTHY, message, [record])
 
     def _stop_group(self, sig: int, timeout: float) -> None:
         if self._gen is not None:

@@ -121,35 +121,32 @@ class FaultPolicy:
 
     # -- worker failures --
 
-    def after_local_failure(self, gen: Generation) -> GiveUp | None:
-        """Record this node's failed workers (already stopped); None to restart the job."""
-        failures = gen.group.failure_records(self._addr)
+    def after_local_failure(
+        self, gen: Generation, failures: list[FailureRecord] | None = None
+    ) -> GiveUp | None:
+        """Record this node's failures (its failed workers, already stopped, unless given:
+        a GPU fault that restarts them); None to restart the job."""
+        failures = failures or gen.group.failure_records(self._addr)
         for record in failures:
             self._rdzv.record_failure(record)
         first = root_cause_first(failures)[0]
+        what = _what_failed(first)
         if not self._rdzv.claim_restart(gen.number):
             logger.info(
-                "worker rank %s failed after another node reported a failure; "
-                "this node is not charged a restart",
-                first.rank,
+                "%s after another node reported a failure; this node is not charged a restart",
+                what,
             )
             return None
         if self.budget.exhausted and self._peer_loss_explains(gen):
-            logger.info("worker rank %s failed because a peer node was lost", first.rank)
+            logger.info("%s because a peer node was lost", what)
             return None
         if self.budget.exhausted:
-            reason = (
-                f"worker rank {first.rank} on node {first.node_rank} failed "
-                f"({first.kind} {first.describe_exit()}); "
-                f"max_restarts={self._spec.max_restarts} exhausted"
-            )
+            reason = f"{what}; max_restarts={self._spec.max_restarts} exhausted"
             return GiveUp(reason, self._rdzv.failures(gen.number, gen.num_nodes))
         self.budget.charge(gen.number)
         logger.warning(
-            "worker rank %s failed (%s %s); restarting the job (%d of %d restarts used)",
-            first.rank,
-            first.kind,
-            first.describe_exit(),
+            "%s; restarting the job (%d of %d restarts used)",
+            what,
             self.budget.used,
             self._spec.max_restarts,
         )
@@ -178,6 +175,15 @@ class FaultPolicy:
             logger.info(
                 "a node of generation %d was lost: its restart is not charged", previous.number
             )
+
+
+def _what_failed(record: FailureRecord) -> str:
+    if record.rank is None:  # a node-level finding (a GPU fault), not a worker
+        return f"node {record.node_rank} failed ({record.kind}: {record.message})"
+    return (
+        f"worker rank {record.rank} on node {record.node_rank} failed "
+        f"({record.kind} {record.describe_exit()})"
+    )
 
 
 def kill_hung(group: WorkerGroup, hangs: HangWatch, hung: list[int]) -> None:

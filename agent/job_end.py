@@ -7,6 +7,7 @@ with it the job's state, goes away.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
@@ -17,6 +18,9 @@ from rtrain.core.failures import FailureRecord
 from rtrain.core.store_protocol import AbortRecord, Membership
 
 POLL_S = 0.02
+HOST_POLL_S = 0.2
+
+logger = logging.getLogger(__name__)
 
 
 class JobEnd:
@@ -47,6 +51,33 @@ class JobEnd:
         if self._is_host:  # keep the store up until every node has seen the barrier pass
             self.wait_count(lambda: rdzv.exited_count(generation), size)
         return True
+
+    def host_until_done(self, join_timeout: float) -> None:
+        """A node that left the job but hosts the store keeps the store up, without
+        workers, until the others finish, end the job, or give up forming a generation
+        (none closes within join_timeout): the job's state must not leave with it."""
+        if not self._is_host:
+            return
+        logger.info("this node hosts the rendezvous store: keeping it up until the job ends")
+        rdzv, seen, since = self._rdzv, -1, time.monotonic()
+        try:
+            while True:
+                self._check_signal()
+                if rdzv.read_abort() is not None:
+                    time.sleep(min(self._close_timeout, 5.0))  # let the others read why
+                    return
+                current = rdzv.current_round()
+                if current != seen:
+                    seen, since = current, time.monotonic()
+                membership = rdzv.closed_membership(current)
+                if membership is None:
+                    if time.monotonic() - since > join_timeout:
+                        return
+                elif rdzv.exited_count(current) >= len(membership.members):
+                    return
+                time.sleep(HOST_POLL_S)
+        except RendezvousError:
+            return
 
     def linger_after_abort(self, peers: int) -> None:
         """The host lets up to `peers` other agents read why before its store goes away."""

@@ -228,6 +228,12 @@ class StoreRendezvous:
                 f"refusing the membership of generation {generation} found in the store: {exc}"
             ) from None
 
+    def closed_membership(self, generation: int) -> Membership | None:
+        """The membership of `generation` if its round has closed, without waiting."""
+        if not self._s.exists(self._keys.closed(generation)):
+            return None
+        return self.read_membership(generation)
+
     def claim_restart(self, generation: int) -> bool:
         """True for the first agent to report a failure in this generation.
 

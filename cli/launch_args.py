@@ -196,6 +196,17 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         default=0,
         help="Exclude a node from the job after this many failures charged to it (0: never).",
     )
+    value(
+        *both("health-interval"),
+        default=10.0,
+        help="Check this node's GPUs through NVML every N seconds (XID events at once); "
+        "0: off. Nodes without an NVIDIA driver skip the checks.",
+    )
+    switch(
+        *both("drain-on-fault"),
+        help="Under Slurm, drain a node whose GPU fault takes it out of the job, with the "
+        "failed check as the reason.",
+    )
     parser.add_argument("training_script", nargs="?", help="The script (or module, with -m).")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER)
     return parser

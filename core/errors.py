@@ -19,6 +19,9 @@ class ExitCode(IntEnum):
     # The surviving nodes cannot hold the declared --tp/--pp layout: a requeue onto
     # the same nodes will not help, more nodes will.
     LAYOUT = 76
+    # This node left the job: a GPU fault calls for a reset, a reboot or service. The
+    # other nodes go on without it; requeue a single-node job elsewhere.
+    NODE_UNHEALTHY = 77
 
 
 def exit_code_for_signal(signum: int) -> int:

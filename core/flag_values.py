@@ -239,6 +239,16 @@ def positive_float(flag: str, value: Any) -> float:
     return number
 
 
+def non_negative_float(flag: str, value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{flag}: expected a number >= 0, got {value!r}") from None
+    if not 0 <= number < float("inf"):
+        raise UsageError(f"{flag}: expected a number >= 0, got {value!r}")
+    return number
+
+
 def port_number(flag: str, value: Any) -> int:
     try:
         port = int(value)

@@ -17,6 +17,7 @@ from rtrain.core.errors import UsageError
 from rtrain.core.flag_values import (
     NodeRange,
     StreamMap,
+    non_negative_float,
     non_negative_int,
     parse_endpoint,
     parse_nnodes,
@@ -87,6 +88,16 @@ class FaultSpec:
 
 
 @dataclass(frozen=True)
+class HealthSpec:
+    """GPU health in the agent (NVML): how often to sample, and whether to drain."""
+
+    # Every check every interval seconds (XID events are taken as they come); 0: off.
+    interval: float = 10.0
+    # Under Slurm, drain a node whose GPU fault takes it out of the job.
+    drain_on_fault: bool = False
+
+
+@dataclass(frozen=True)
 class SnapshotSpec:
     """In-memory snapshots: how much shared memory they may use, how many copies to keep."""
 
@@ -134,6 +145,7 @@ class LaunchSpec:
     layout: Layout = field(default_factory=Layout)
     faults: FaultSpec = field(default_factory=FaultSpec)
     snapshots: SnapshotSpec = field(default_factory=SnapshotSpec)
+    health: HealthSpec = field(default_factory=HealthSpec)
 
 
 def build_launch_spec(raw: Mapping[str, Any]) -> LaunchSpec:
@@ -239,6 +251,10 @@ def build_launch_spec(raw: Mapping[str, Any]) -> LaunchSpec:
             copies=positive_int("--snapshot-copies", raw.get("snapshot_copies", 2)),
             checkpoint_dir=raw.get("checkpoint_dir") or None,
             checkpoint_every=non_negative_int("--checkpoint-every", raw.get("checkpoint_every", 0)),
+        ),
+        health=HealthSpec(
+            interval=non_negative_float("--health-interval", raw.get("health_interval", 10.0)),
+            drain_on_fault=bool(raw.get("drain_on_fault", False)),
         ),
     )
 
