@@ -23,6 +23,7 @@ from tests.integration.helpers import ROOT, RTRAIN, free_port, probe_env
 
 RESUMABLE = str(ROOT / "tests" / "scripts" / "train_resumable.py")
 SNAPSHOTTING = str(ROOT / "tests" / "scripts" / "train_snapshot.py")
+STEPS = "40"  # steps of the RESUMABLE runs that the `reference` fixture is made for
 
 
 class LocalCluster:
@@ -34,6 +35,7 @@ class LocalCluster:
         flags: list[str],
         conf: str = "join_timeout=30",
         script: str = RESUMABLE,
+        node_env: dict[int, dict[str, str]] | None = None,
         **env: str,
     ) -> None:
         self.conf = conf
@@ -45,7 +47,7 @@ class LocalCluster:
         self.procs: list[subprocess.Popen[str]] = []
         self.logs: list[Path] = []
         for index in range(nodes):
-            self.start_node(index, nnodes, flags)
+            self.start_node(index, nnodes, flags, (node_env or {}).get(index))
 
     def start_node(
         self, index: int, nnodes: str, flags: list[str], env: dict[str, str] | None = None
@@ -151,6 +153,19 @@ class LocalCluster:
                     _signal(pid, signal.SIGCONT)
                     _signal(pid, signal.SIGKILL)
                 proc.wait()
+
+
+def final_records(cluster: LocalCluster) -> dict[int, dict]:
+    """rank -> record of the last generation that finished."""
+    found = cluster.records()
+    last = max(gen for gen, _ in found)
+    return {rank: rec for (gen, rank), rec in found.items() if gen == last}
+
+
+def assert_same_weights(ours: list[float], reference: list[float]) -> None:
+    assert len(ours) == len(reference)
+    for a, b in zip(ours, reference, strict=True):
+        assert abs(a - b) <= 1e-9 * max(1.0, abs(b)), (ours, reference)
 
 
 def _signal(pid: int, sig: int) -> None:

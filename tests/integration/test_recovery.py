@@ -7,35 +7,9 @@ import time
 
 import pytest
 
-from tests.integration.cluster import LocalCluster
+from tests.integration.cluster import STEPS, LocalCluster, assert_same_weights, final_records
 
-STEPS = "40"
 FAST = ["--heartbeat-interval=0.5", "--heartbeat-timeout=2"]
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """The weights the job ends with when nothing fails (world size does not matter)."""
-    tmp = tmp_path_factory.mktemp("reference")
-    cluster = LocalCluster(tmp, 1, "1", ["--nproc-per-node=2"], PROBE_STEPS=STEPS)
-    try:
-        assert cluster.wait() == [0], cluster.log(0)
-        return cluster.records()[(0, 0)]["weights"]
-    finally:
-        cluster.close()
-
-
-def final_records(cluster: LocalCluster) -> dict[int, dict]:
-    """rank -> record of the last generation that finished."""
-    found = cluster.records()
-    last = max(gen for gen, _ in found)
-    return {rank: rec for (gen, rank), rec in found.items() if gen == last}
-
-
-def assert_same_weights(ours: list[float], reference: list[float]) -> None:
-    assert len(ours) == len(reference)
-    for a, b in zip(ours, reference, strict=True):
-        assert abs(a - b) <= 1e-9 * max(1.0, abs(b)), (ours, reference)
 
 
 def test_node_killed_survivors_shrink_and_finish_with_the_same_weights(tmp_path, reference):
