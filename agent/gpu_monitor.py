@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,7 @@ from rtrain.core.gpu_health import (
     XidEvent,
     evaluate_node,
 )
+from rtrain.core.gpu_inventory import watched_gpus
 from rtrain.core.xid import Action
 
 logger = logging.getLogger(__name__)
@@ -60,9 +62,20 @@ def faults_of(report: HealthReport) -> list[GpuFault]:
 
 class GpuMonitor:
     def __init__(
-        self, nvml: Any, thresholds: Thresholds, expected: int | None, interval: float
+        self,
+        nvml: Any,
+        thresholds: Thresholds,
+        expected: int | None,
+        interval: float,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         self._reader = NvmlReader(nvml)
+        self._environ = environ or {}
+        identities = [
+            GpuSample(i, uuid=self._reader.uuid_of(i)) for i in range(self._reader.count())
+        ]
+        # Only this job's GPUs count (CUDA_VISIBLE_DEVICES); XIDs of others are ignored.
+        self._watched = {s.index for s in watched_gpus(identities, self._environ)}
         self._thresholds = thresholds
         self._expected = expected
         self._interval = interval
@@ -79,8 +92,9 @@ class GpuMonitor:
 
     def check(self, xids: list[XidEvent] | None = None) -> HealthReport:
         """Every check now, with the XIDs that arrived since the last check or poll."""
-        samples = self._reader.sample_all()
+        samples = watched_gpus(self._reader.sample_all(), self._environ)
         events = self._xids.take() if xids is None else xids
+        events = [e for e in events if e.gpu in self._watched or e.gpu < 0]
         _attach(samples, events)
         return evaluate_node(samples, self._expected, self._thresholds)
 
@@ -99,7 +113,7 @@ class GpuMonitor:
     def poll(self) -> GpuFault | None:
         """The most severe new fault since the last poll, if any; warnings are logged
         once per GPU, check and reading."""
-        events = self._xids.take()
+        events = [e for e in self._xids.take() if e.gpu in self._watched or e.gpu < 0]
         with self._lock:
             reports, self._pending = self._pending, []
         if events:

@@ -21,7 +21,8 @@ from rtrain.agent.gpu_monitor import GpuFault, GpuMonitor, faults_of
 from rtrain.agent.nvml_reader import NvmlUnavailable, open_nvml
 from rtrain.agent.rendezvous import StoreRendezvous
 from rtrain.core.failures import FailureRecord
-from rtrain.core.gpu_health import Thresholds, expected_gpus
+from rtrain.core.gpu_health import Thresholds
+from rtrain.core.gpu_inventory import expected_gpus
 from rtrain.core.launch_spec import HealthSpec
 
 logger = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ class HealthGuard:
         except NvmlUnavailable as exc:
             logger.info("GPU health checks off: %s", exc)
             return None
-        monitor = GpuMonitor(nvml, Thresholds(), expected_gpus(environ), spec.interval)
+        monitor = GpuMonitor(nvml, Thresholds(), expected_gpus(environ), spec.interval, environ)
         monitor.start()
         return cls(monitor, drain_as)
 

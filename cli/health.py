@@ -83,7 +83,8 @@ def run_health(
 ) -> int:
     from rtrain.agent.drain import DrainError, drain_node, slurm_node_name
     from rtrain.agent.nvml_reader import NvmlReader, NvmlUnavailable, collect_xids, open_nvml
-    from rtrain.core.gpu_health import Thresholds, Verdict, evaluate_node, expected_gpus
+    from rtrain.core.gpu_health import Thresholds, Verdict, evaluate_node
+    from rtrain.core.gpu_inventory import expected_gpus, watched_gpus
 
     try:
         limits = Thresholds(*thresholds)
@@ -97,8 +98,8 @@ def run_health(
         print(f"rtrain: error: {exc}", file=sys.stderr)
         return exc.exit_code
     reader = NvmlReader(nvml)
-    samples = reader.sample_all()
-    events = collect_xids(nvml, len(samples), xid_wait)
+    samples = watched_gpus(reader.sample_all(), os.environ)
+    events = collect_xids(nvml, reader.count(), xid_wait)
     for event in events:
         target = next((s for s in samples if s.index == event.gpu), None)
         if target is not None:

@@ -28,7 +28,7 @@ CRITICAL > WARNING > UNKNOWN > OK, which is also the exit code of `rtrain health
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -367,19 +367,3 @@ def evaluate_node(
         count = _ok("gpu_count", f"{found} GPUs")
     gpus = [GpuReport(s.index, s.name, s.uuid, evaluate_gpu(s, thresholds)) for s in samples]
     return HealthReport(expected, found, gpus, [count])
-
-
-def expected_gpus(environ: Mapping[str, str]) -> int | None:
-    """The GPU count this node should have, from what Slurm or CUDA_VISIBLE_DEVICES says;
-    None when nothing says (then the count is not checked)."""
-    on_node = environ.get("SLURM_GPUS_ON_NODE", "").strip()
-    if on_node:
-        try:
-            return int(on_node)
-        except ValueError:
-            raise UsageError(f"SLURM_GPUS_ON_NODE={on_node!r} is not a number") from None
-    for name in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"):
-        value = environ.get(name)
-        if value is not None and value.strip() not in ("", "NoDevFiles"):
-            return len([v for v in value.split(",") if v.strip()])
-    return None

@@ -75,10 +75,19 @@ def test_the_expected_count_comes_from_slurm_or_the_flag() -> None:
     assert health("--fake-nvml", healthy, SLURM_GPUS_ON_NODE="8").returncode == 0
     short = health("--fake-nvml", healthy, SLURM_GPUS_ON_NODE="9")
     assert short.returncode == 2 and "8 GPUs, 9 expected" in short.stdout
-    assert (
-        health("--fake-nvml", healthy, "--expect-gpus", "8", CUDA_VISIBLE_DEVICES="0").returncode
-        == 0
-    )
+    flag_wins = health("--fake-nvml", healthy, "--expect-gpus", "8", SLURM_GPUS_ON_NODE="2")
+    assert flag_wins.returncode == 0
+
+
+def test_only_the_gpus_cuda_visible_devices_names_are_checked() -> None:
+    critical = str(SCENARIOS / "critical.json")  # GPU 1 and GPU 2 are sick
+    mine = health("--fake-nvml", critical, "--json", CUDA_VISIBLE_DEVICES="0")
+    data = json.loads(mine.stdout)
+    assert mine.returncode == 0 and [g["index"] for g in data["gpus"]] == [0]
+    assert data["expected_gpus"] == 1
+    by_uuid = health("--fake-nvml", critical, "--json", CUDA_VISIBLE_DEVICES="GPU-sick-2")
+    assert by_uuid.returncode == 2
+    assert [g["index"] for g in json.loads(by_uuid.stdout)["gpus"]] == [2]
 
 
 @pytest.mark.parametrize(

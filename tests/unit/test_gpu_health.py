@@ -16,8 +16,8 @@ from rtrain.core.gpu_health import (
     XidEvent,
     evaluate_gpu,
     evaluate_node,
-    expected_gpus,
 )
+from rtrain.core.gpu_inventory import expected_gpus, watched_gpus
 from rtrain.core.xid import (
     APPLICATION_XIDS,
     BUS_XIDS,
@@ -223,3 +223,12 @@ def test_expected_gpus_from_slurm_or_cuda(environ, expected) -> None:
 def test_a_garbled_slurm_gpu_count_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match="SLURM_GPUS_ON_NODE"):
         expected_gpus({"SLURM_GPUS_ON_NODE": "four"})
+
+
+def test_only_the_jobs_gpus_are_watched() -> None:
+    gpus = [GpuSample(i, uuid=f"GPU-{i}abc") for i in range(4)]
+    assert watched_gpus(gpus, {}) == gpus
+    assert [g.index for g in watched_gpus(gpus, {"CUDA_VISIBLE_DEVICES": "1,3"})] == [1, 3]
+    assert [g.index for g in watched_gpus(gpus, {"CUDA_VISIBLE_DEVICES": "GPU-2"})] == [2]
+    # nothing matches (renumbered by a cgroup): watch everything rather than nothing
+    assert watched_gpus(gpus, {"CUDA_VISIBLE_DEVICES": "7"}) == gpus
