@@ -117,6 +117,13 @@ def dry_run(console: Console, spec: LaunchSpec, nproc: int) -> None:
             "max node failures",
             str(spec.faults.max_node_failures or "unlimited (no node is excluded)"),
         ),
+        (
+            "GPU health",
+            f"every check every {spec.health.interval:g}s, XIDs at once"
+            + ("; drain on fault (Slurm)" if spec.health.drain_on_fault else "")
+            if spec.health.interval > 0
+            else "off (--health-interval=0)",
+        ),
     ]
     for name, value in rows:
         table.add_row(name, escape(value))

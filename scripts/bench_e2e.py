@@ -14,13 +14,17 @@ latest such time over the ranks). Used by bench_snapshot.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "tests" / "scripts" / "train_snapshot.py")
@@ -48,11 +52,31 @@ def _env(out: Path, mb: int, disk: bool) -> dict[str, str]:
 
 
 def _launch(cmd: list[str], env: dict[str, str]) -> int | None:
+    """Run a launcher; on timeout kill it with everything it started (a hung torchrun
+    restart leaves workers behind otherwise)."""
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
-        done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, timeout=TIMEOUT_S)
+        return proc.wait(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
+        for pid in [proc.pid, *(c.pid for c in _children(proc.pid))]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
         return None
-    return done.returncode
+
+
+def _children(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
 
 
 def _recovery(out: Path) -> float | None:

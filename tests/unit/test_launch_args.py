@@ -119,6 +119,7 @@ def test_dry_run_shows_the_layout_grid_and_fault_settings(capsys):
     out = capsys.readouterr().out
     assert "DP=2 x PP=2 x TP=2 over 2 nodes" in out
     assert "30s after a worker's first heartbeat()" in out
+    assert "every check every 10s, XIDs at once" in out
     rows = [line for line in out.splitlines() if line.startswith("│") and "│" in line[1:]]
     grid = [[cell.strip() for cell in row.strip("│").split("│")] for row in rows]
     # rank 5: node 1, second replica, first stage, TP rank 1; TP group 4,5; DP peers 1,5

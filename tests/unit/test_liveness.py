@@ -57,6 +57,9 @@ def test_restart_budget_refunds_a_restart_when_a_node_was_lost():
         (["--heartbeat-interval=5", "--heartbeat-timeout=2"], "must be longer than"),
         (["--hang-timeout=-1"], "--hang-timeout: expected a positive number"),
         (["--max-node-failures=-2"], "--max-node-failures: expected a non-negative"),
+        (["--health-interval=-1"], "--health-interval: expected a number >= 0"),
+        (["--health-interval=soon"], "--health-interval: expected a number >= 0"),
+        (["--health-interval=nan"], "--health-interval: expected a number >= 0"),
     ],
 )
 def test_fault_and_layout_flags_are_validated(argv, fragment):
@@ -68,5 +71,8 @@ def test_fault_flags_defaults_and_rdzv_conf_heartbeat_timeout():
     spec = spec_of("train.py")
     assert spec.faults.heartbeat_interval == 1.0 and spec.faults.heartbeat_timeout == 5.0
     assert spec.faults.hang_timeout == 60.0 and spec.faults.max_node_failures == 0
+    assert spec.health.interval == 10.0 and not spec.health.drain_on_fault
+    spec = spec_of("--health-interval=0", "--drain-on-fault", "t.py")
+    assert spec.health.interval == 0.0 and spec.health.drain_on_fault
     spec = spec_of("--rdzv-conf=heartbeat_timeout=9", "--tp=2", "--nproc-per-node=4", "t.py")
     assert spec.faults.heartbeat_timeout == 9.0 and spec.layout.tp == 2
