@@ -53,7 +53,9 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
             "rtrain.core.topology() (their dp/pp/tp ranks); RTRAIN_GENERATION is the job's "
             "generation, +1 at every restart. Exit codes: 0 success; 1 the job failed and "
             "rtrain gave up; 64 bad command line; 75 temporary failure (requeue may help); "
-            "76 the nodes left cannot hold the --tp/--pp layout; 128+N stopped by signal N."
+            "76 the nodes left cannot hold the --tp/--pp layout; 77 this node left the job for a "
+            "GPU fault; 128+N stopped by signal N. Under Slurm (srun --ntasks-per-node=1) the "
+            "node count, rank, rendezvous and run id come from SLURM_* unless given."
         ),
     )
 
@@ -213,9 +215,17 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
 
 
 def parse_launch_args(argv: Sequence[str], environ: Mapping[str, str]) -> dict[str, Any]:
-    """Raw flag values keyed by torchrun's dests, plus `ignored_flags` the user set."""
-    namespace = build_parser(environ).parse_args(list(argv))
+    """Raw flag values keyed by torchrun's dests, plus `ignored_flags` the user set and
+    `explicit`: the dests given on the command line or as PET_* (Slurm fills the rest)."""
+    parser = build_parser(environ)
+    namespace = parser.parse_args(list(argv))
     raw = vars(namespace)
+    unset = object()
+    parser.set_defaults(**{dest: unset for dest in raw})
+    given = vars(parser.parse_args(list(argv)))
+    raw["explicit"] = {d for d, v in given.items() if v is not unset} | {
+        d for d in raw if f"PET_{d.upper()}" in environ
+    }
     raw["ignored_flags"] = tuple(
         f"--{dest.replace('_', '-')}"
         for dest, neutral in IGNORED_DEFAULTS.items()

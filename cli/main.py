@@ -7,6 +7,7 @@ Nothing here imports torch: `rtrain --help` must answer at once.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -49,11 +50,21 @@ def run_launch(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     from rtrain.cli import render
     from rtrain.cli.launch_args import parse_launch_args
     from rtrain.core.launch_spec import build_launch_spec
+    from rtrain.core.slurm_env import apply_slurm, read_slurm_job
     from rtrain.core.worker_env import omp_threads_default
 
     base_env = dict(environ)
+    took: list[str] = []
     try:
         raw = parse_launch_args(argv, environ)
+        job = read_slurm_job(environ)
+        if job is not None:
+            from rtrain.agent.slurm import resolve_node_address
+
+            names = {job.head, job.nodes[job.node_id]}
+            addresses = {name: resolve_node_address(name) for name in names}
+            raw, took = apply_slurm(raw, raw["explicit"], job, addresses)
+            raw["slurm"] = job
         spec = build_launch_spec(raw)
         from rtrain.agent.preflight import preflight
 
@@ -62,8 +73,16 @@ def run_launch(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         _error(str(exc))
         return exc.exit_code
     if raw.get("dry_run"):
-        render.dry_run(Console(), spec, nproc)
+        render.dry_run(Console(), spec, nproc, took)
         return ExitCode.SUCCESS
+    from rtrain.agent import log
+
+    log.configure()
+    job = spec.slurm
+    if job is not None:  # the first line says what rtrain took from Slurm
+        node = job.nodes[job.node_id]
+        log.set_node(node)
+        logging.getLogger("rtrain.cli").info("Slurm job %d: %s", job.job_id, "; ".join(took))
     for flag in spec.ignored_flags:
         print(
             f"rtrain: warning: {flag} is accepted for compatibility but not acted on",
@@ -77,12 +96,10 @@ def run_launch(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         )
     # The agent's own TCPStore calls must not spray C++ stack traces; workers keep the user's.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
-    from rtrain.agent import log
     from rtrain.agent.agent import Agent
     from rtrain.agent.agent_state import AgentState
     from rtrain.agent.health_guard import HealthGuard
 
-    log.configure()
     try:
         health = HealthGuard.open(spec.health, environ)
     except RtrainError as exc:

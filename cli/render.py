@@ -78,7 +78,7 @@ def _failure_table(console: Console, title: str, style: str, failures: list[Fail
     console.print(table)
 
 
-def dry_run(console: Console, spec: LaunchSpec, nproc: int) -> None:
+def dry_run(console: Console, spec: LaunchSpec, nproc: int, took: list[str] | None = None) -> None:
     table = Table(title="rtrain launch --dry-run", show_header=False)
     table.add_column("setting", style="bold")
     table.add_column("value")
@@ -125,6 +125,17 @@ def dry_run(console: Console, spec: LaunchSpec, nproc: int) -> None:
             else "off (--health-interval=0)",
         ),
     ]
+    if spec.slurm is not None:
+        job = spec.slurm
+        rows.insert(
+            0,
+            (
+                "Slurm",
+                f"job {job.job_id}, nodes {','.join(job.nodes)}, this node "
+                f"{job.nodes[job.node_id]} (SLURM_NODEID={job.node_id}), requeued "
+                f"{job.restart_count} time(s); took: {'; '.join(took or []) or 'nothing'}",
+            ),
+        )
     for name, value in rows:
         table.add_row(name, escape(value))
     console.print(table)

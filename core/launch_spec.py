@@ -8,6 +8,7 @@ it has to second-guess. Pure: no processes, no I/O.
 
 from __future__ import annotations
 
+import signal
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from rtrain.core.flag_values import (
     resolve_nproc,
     validate_nproc,
 )
+from rtrain.core.slurm_env import SlurmJob
 from rtrain.core.topology import Layout
 
 __all__ = [
@@ -146,6 +148,8 @@ class LaunchSpec:
     faults: FaultSpec = field(default_factory=FaultSpec)
     snapshots: SnapshotSpec = field(default_factory=SnapshotSpec)
     health: HealthSpec = field(default_factory=HealthSpec)
+    # The Slurm job rtrain runs in (its values already applied to the flags), or None.
+    slurm: SlurmJob | None = None
 
 
 def build_launch_spec(raw: Mapping[str, Any]) -> LaunchSpec:
@@ -203,9 +207,14 @@ def build_launch_spec(raw: Mapping[str, Any]) -> LaunchSpec:
 
     entry = _entrypoint(raw)
     shutdown = raw.get("shutdown_timeout")
+    slurm = raw.get("slurm")
     signal_numbers, signal_names = parse_signals(
         raw.get("signals_to_handle") or "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
     )
+    if slurm is not None and signal.SIGUSR1 not in signal_numbers:
+        # Slurm's warning before the time limit (--signal=USR1@T): save and requeue.
+        signal_numbers = (*signal_numbers, signal.SIGUSR1)
+        signal_names = (*signal_names, "SIGUSR1")
     return LaunchSpec(
         nodes=nodes,
         nproc_per_node=nproc,
@@ -252,6 +261,7 @@ def build_launch_spec(raw: Mapping[str, Any]) -> LaunchSpec:
             checkpoint_dir=raw.get("checkpoint_dir") or None,
             checkpoint_every=non_negative_int("--checkpoint-every", raw.get("checkpoint_every", 0)),
         ),
+        slurm=slurm,
         health=HealthSpec(
             interval=non_negative_float("--health-interval", raw.get("health_interval", 10.0)),
             drain_on_fault=bool(raw.get("drain_on_fault", False)),
