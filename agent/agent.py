@@ -53,6 +53,9 @@ from rtrain.core.worker_api import TOPOLOGY_FILE
 
 logger = logging.getLogger(__name__)
 
+# Under Slurm these mean "the job is about to be stopped" (--signal=USR1@T, the time
+# limit's SIGTERM): save and exit 75 to be requeued.
+REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 # Workers of a failed generation get this long after SIGTERM before SIGKILL.
 RESTART_STOP_GRACE_S = 3.0
 
@@ -160,6 +163,8 @@ class Agent:
             return self._generations(rdzv, end)
         except Interrupted as exc:
             name = signal.Signals(exc.signum).name
+            if self.spec.slurm is not None and exc.signum in REQUEUE_SIGNALS:
+                return self._save_for_requeue(end, f"received {name} from Slurm")
             logger.warning(
                 "received %s; stopping workers (up to %gs)", name, self.spec.shutdown_timeout
             )
@@ -169,6 +174,8 @@ class Agent:
                 AgentState.FAILED, exit_code_for_signal(exc.signum), f"stopped by {name}"
             )
         except JobAborted as exc:
+            if self.spec.slurm is not None and exc.record.exit_code == ExitCode.TEMPFAIL:
+                return self._save_for_requeue(end, f"node {exc.record.node_rank} was told to stop")
             self._stop_group(signal.SIGTERM, RESTART_STOP_GRACE_S)
             failures = end.read_abort(self._gen, exc.record)
             message = f"job ended by node {exc.record.node_rank}: {exc.record.reason}"
@@ -314,8 +321,11 @@ class Agent:
         while True:
             self._check_signal()
             group.poll(self.spec.monitor_interval)
+            # A signal for the whole step (Slurm's) reaches the workers too: act on it
+            # before their deaths look like a failure.
+            self._check_signal()
             if rdzv.round_moved_past(generation):
-                self._log_fenced(rdzv, gen)
+                self._policy.log_fenced(gen)
                 return Outcome.MEMBERSHIP_CHANGE
             hung = gen.hangs.hung([w.local_rank for w in group.running])
             if hung:
@@ -334,15 +344,23 @@ class Agent:
                 logger.info("a new node is waiting to join; restarting to admit it")
                 return Outcome.MEMBERSHIP_CHANGE
 
-    def _log_fenced(self, rdzv: StoreRendezvous, gen: Generation) -> None:
-        if gen.node_rank in self._policy.lost(gen):
-            logger.warning(
-                "fenced: the other nodes found this node's lease expired in generation %d and "
-                "went on without it; stopping its workers and rejoining",
-                gen.number,
-            )
-        else:
-            logger.info("another node started generation %d; restarting", gen.number + 1)
+    def _save_for_requeue(self, end: JobEnd, why: str) -> RunResult:
+        """Slurm is about to stop the job (time limit, preemption): stop the workers,
+        write their newest snapshots to --checkpoint-dir, and exit 75 so that the batch
+        script (or RequeueExit=75) requeues it; the requeued job restores from disk."""
+        self._stop_group(signal.SIGTERM, self.spec.shutdown_timeout)
+        directory = self.spec.snapshots.checkpoint_dir
+        try:
+            step = self._snapshots.save_to_disk()
+        except OSError as exc:
+            step, why = None, f"{why}; saving to {directory} failed: {exc}"
+        if step is not None:
+            why = f"{why}; saved step {step} to {directory}"
+        elif not directory:
+            why = f"{why}; nothing saved (no --checkpoint-dir)"
+        logger.warning("%s; exiting %d to be requeued", why, ExitCode.TEMPFAIL)
+        end.end_job(self._gen, ExitCode.TEMPFAIL, why)
+        return self._result(AgentState.FAILED, ExitCode.TEMPFAIL, f"{why}; requeue to go on")
 
     def _leave(self, rdzv: StoreRendezvous, end: JobEnd, fault: GpuFault) -> RunResult:
         """Leave the job for a GPU fault: tell the others first (so that they put their

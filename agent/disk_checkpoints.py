@@ -21,6 +21,7 @@ import os
 import queue
 import re
 import threading
+from typing import Any
 
 from rtrain.core.snapshot_format import verify
 
@@ -62,22 +63,29 @@ class DiskCheckpointer:
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
             rank, step, world_size, data, crcs = item
-            folder = os.path.join(self.directory, f"step-{step:09d}")
             try:
-                os.makedirs(folder, exist_ok=True)
-                path = os.path.join(folder, f"rank-{rank}.shard")
-                with open(path + ".tmp", "wb") as handle:
-                    handle.write(data)
-                    handle.flush()
-                    os.fsync(handle.fileno())
-                os.replace(path + ".tmp", path)
-                with open(os.path.join(folder, f"rank-{rank}.json"), "w") as handle:
-                    json.dump({"world_size": world_size, "crcs": crcs}, handle)
+                write_checkpoint(self.directory, rank, step, world_size, data, crcs)
             except OSError as exc:
                 logger.error("disk checkpoint of step %d failed: %s", step, exc)
             finally:
                 with self._lock:
                     self._pending.discard(rank)
+
+
+def write_checkpoint(
+    directory: str, rank: int, step: int, world_size: int, data: Any, crcs: list[int]
+) -> None:
+    """One rank's shard of `step`; the .json, written last, says it is whole."""
+    folder = os.path.join(directory, f"step-{step:09d}")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"rank-{rank}.shard")
+    with open(path + ".tmp", "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(path + ".tmp", path)
+    with open(os.path.join(folder, f"rank-{rank}.json"), "w") as handle:
+        json.dump({"world_size": world_size, "crcs": crcs}, handle)
 
 
 def newest_complete(directory: str) -> tuple[int, int] | None:

@@ -119,6 +119,17 @@ class FaultPolicy:
 
         return alive
 
+    def log_fenced(self, gen: Generation) -> None:
+        """Why this node's generation ended under it."""
+        if gen.node_rank in self.lost(gen):
+            logger.warning(
+                "fenced: the other nodes found this node's lease expired in generation %d and "
+                "went on without it; stopping its workers and rejoining",
+                gen.number,
+            )
+        else:
+            logger.info("another node started generation %d; restarting", gen.number + 1)
+
     # -- worker failures --
 
     def after_local_failure(

@@ -12,7 +12,7 @@ import os
 import secrets
 from collections.abc import Callable
 
-from rtrain.agent.disk_checkpoints import DiskCheckpointer
+from rtrain.agent.disk_checkpoints import DiskCheckpointer, write_checkpoint
 from rtrain.agent.rendezvous import StoreRendezvous
 from rtrain.agent.replicator import Replicator
 from rtrain.agent.restorer import gather, publish, restore_local_ranks
@@ -20,6 +20,7 @@ from rtrain.agent.shard_server import ShardServer
 from rtrain.agent.shard_store import ShardStore
 from rtrain.core.restore_plan import ring_successors
 from rtrain.core.snapshot_api import SNAPSHOT_BUDGET, SNAPSHOT_DIR
+from rtrain.core.snapshot_format import COMMITTED, checksums, read_header
 from rtrain.core.store_protocol import Membership, StoreKeys
 from rtrain.core.topology import Topology
 
@@ -51,6 +52,8 @@ class SnapshotService:
         self._secret: bytes | None = None
         self._server: ShardServer | None = None
         self._replicator: Replicator | None = None
+        self._generation: int | None = None  # the generation the workers now run
+        self._world_size = 0
 
     def _start(self, rdzv: StoreRendezvous) -> None:
         """The job secret: RTRAIN_SECRET, else one random value the first agent sets."""
@@ -79,6 +82,7 @@ class SnapshotService:
         assert self._server is not None and self._replicator is not None
         assert self._secret is not None
         generation = membership.generation
+        self._generation, self._world_size = generation, topology.world_size
         publish(rdzv, self._keys, self.store, generation, node_rank, self._host, self._server.port)
         inventory, servers = gather(rdzv, self._keys, membership, timeout, watch)
         result = restore_local_ranks(
@@ -100,6 +104,34 @@ class SnapshotService:
             per_slot / 2**20,
         )
         return {SNAPSHOT_DIR: self.store.snap_dir(generation), SNAPSHOT_BUDGET: str(per_slot)}
+
+    def save_to_disk(self) -> int | None:
+        """Write this node's workers' snapshots to --checkpoint-dir now (a Slurm job about
+        to be stopped); the newest step written, or None. Both slots of every rank go,
+        so the ranks of all nodes share a complete step. Call with the workers stopped:
+        a slot being rewritten must not be copied."""
+        if not self._checkpoint_dir or self._generation is None:
+            return None
+        steps = []
+        for shard, path in self.store.local_slots():
+            if shard.generation != self._generation:
+                continue
+            with open(path, "rb") as handle:
+                data = handle.read()
+            header = read_header(data)
+            if header is None or header.state != COMMITTED or header.step != shard.step:
+                continue
+            data = data[: header.size]
+            write_checkpoint(
+                self._checkpoint_dir,
+                shard.rank,
+                shard.step,
+                self._world_size,
+                data,
+                checksums(data, len(data)),
+            )
+            steps.append(shard.step)
+        return max(steps, default=None)
 
     def close(self) -> None:
         if self._replicator is not None:

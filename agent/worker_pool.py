@@ -80,7 +80,10 @@ class WorkerPool:
         readable, _, _ = select.select([self._sock], [], [], max(timeout, 0.0))
         if not readable:
             return []
-        data = self._sock.recv(1 << 16)
+        try:
+            data = self._sock.recv(1 << 16)
+        except OSError as exc:
+            raise PoolDied(f"the worker pool's connection broke ({exc})") from None
         if not data:
             raise PoolDied("the worker pool closed its connection")
         self._buffer += data

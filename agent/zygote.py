@@ -153,8 +153,12 @@ def main(argv: list[str] | None = None) -> None:
     set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != parent:
         return
-    # Ctrl-C reaches the whole foreground group; the agent decides what workers get.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Ctrl-C reaches the whole foreground group, and Slurm signals every process of a
+    # step (--signal=USR1@T, the time limit's SIGTERM): the agent decides what the
+    # workers get, and the pool lives exactly as long as the agent (parent-death signal).
+    # Workers set these back to their defaults.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
     sock = socket.socket(fileno=args.fd)
     zygote = Zygote(sock, parent)
     modules = [m for m in args.preload.split(",") if m]
