@@ -94,3 +94,21 @@ def test_garbage_in_the_store_is_refused(tmp_path):
     argv = _c10d(store.port, "is_host=false,join_timeout=5", nnodes=1, run_id="garbage")
     result = run([*RTRAIN, *argv], probe_env(tmp_path), timeout=60)
     _assert_one_clear_error(result, TEMPFAIL, "round counter")
+
+
+@pytest.mark.parametrize(
+    ("slurm", "fragment"),
+    [
+        ({"SLURM_JOB_ID": "x1", "SLURM_JOB_NODELIST": "n[1-2]"}, "SLURM_JOB_ID='x1'"),
+        (
+            {"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_NNODES": "2"},
+            "SLURM_NNODES=2 but SLURM_JOB_NODELIST='n[1-3]' names 3 nodes",
+        ),
+        ({"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "n[1-"}, "SLURM_JOB_NODELIST='n[1-'"),
+        ({"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": ""}, "SLURM_JOB_NODELIST is missing"),
+    ],
+)
+def test_a_contradictory_slurm_environment_is_refused(tmp_path, slurm, fragment):
+    env = {k: v for k, v in probe_env(tmp_path).items() if not k.startswith("SLURM")}
+    result = run([*RTRAIN, "--nproc-per-node=1", PROBE], {**env, **slurm})
+    _assert_one_clear_error(result, USAGE, fragment)
