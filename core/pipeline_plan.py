@@ -1,0 +1,196 @@
+"""The work of an iteration as a graph, where each piece runs, and Failure Normalization.
+
+Every micro-batch m of replica r passes every stage s: F(r, m, s), then B(r, m, s) on
+the way back, then W(r, m, s); each worker ends an iteration with its optimizer step,
+OPT, once the weight gradients of its stage are all in (their all-reduce). Which
+worker runs (r, m, s) is the assignment: normally (r, s); ReCycle re-routes the
+micro-batches of a failed (r, s) evenly over the surviving stage-s workers of the
+other replicas, which hold the same parameters; dropping replicas moves a failed
+replica's micro-batches whole onto the surviving replicas. Either way every
+micro-batch of every replica is processed exactly once per stage, so each stage's
+gradients sum over the same micro-batches as without the failure.
+
+Failure Normalization: workers of one stage are interchangeable, so a failure set is
+characterised by how many workers each stage lost. The canonical set puts stage s's
+c_s failures on the last c_s replicas; a plan is made once for it and mapped back to
+the physical workers, stage by stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from rtrain.core.pipeline_job import PipelineJob, PlannerError, Worker
+
+Unit = tuple[int, int, int]  # (replica, microbatch, stage)
+
+
+class Op(NamedTuple):
+    """A named tuple, not a dataclass: plans hold 10^5 of them in dicts, and a tuple's
+    hash and equality run in C."""
+
+    kind: str  # "F", "B", "W", "OPT"; "SYNC" for a barrier
+    iteration: int
+    replica: int  # the micro-batch's replica (for OPT: the worker's replica)
+    microbatch: int  # -1 for OPT
+    stage: int
+
+    def label(self) -> str:
+        if self.kind == "OPT":
+            return f"OPT it{self.iteration}"
+        return f"{self.kind} r{self.replica}m{self.microbatch}"
+
+
+@dataclass
+class Plan:
+    """For every surviving worker the ordered list of its operations."""
+
+    job: PipelineJob
+    failed: frozenset[Worker]  # physical
+    schedule: str
+    staggered: bool
+    iterations: int
+    assignment: dict[Unit, Worker]  # in logical workers
+    orders: dict[Worker, list[Op]]  # logical worker -> its ops in order
+    mapping: dict[Worker, Worker] = field(default_factory=dict)  # physical -> logical
+
+    @property
+    def workers(self) -> list[Worker]:
+        return sorted(self.orders)
+
+    def physical(self, logical: Worker) -> Worker:
+        back = {v: k for k, v in self.mapping.items()}
+        return back.get(logical, logical)
+
+
+class NoSurvivor(PlannerError):
+    """Some stage lost every worker: no re-routing can absorb that."""
+
+
+def check_failures(job: PipelineJob, failed: Iterable[Worker]) -> frozenset[Worker]:
+    found = set()
+    for replica, stage in failed:
+        if not (0 <= replica < job.dp and 0 <= stage < job.pp):
+            raise PlannerError(
+                f"failed worker {replica}:{stage} is outside DP={job.dp} x PP={job.pp} "
+                "(REPLICA:STAGE, both from 0)"
+            )
+        found.add((replica, stage))
+    return frozenset(found)
+
+
+def survivors(job: PipelineJob, failed: frozenset[Worker]) -> list[Worker]:
+    return [(r, s) for r in range(job.dp) for s in range(job.pp) if (r, s) not in failed]
+
+
+def normalize(job: PipelineJob, failed: frozenset[Worker]) -> tuple[frozenset[Worker], dict]:
+    """(canonical failure set, physical -> logical mapping of every worker)."""
+    canonical, mapping = set(), {}
+    for stage in range(job.pp):
+        lost = sorted(r for r in range(job.dp) if (r, stage) in failed)
+        kept = sorted(r for r in range(job.dp) if (r, stage) not in failed)
+        logical_kept = list(range(job.dp - len(lost)))
+        logical_lost = list(range(job.dp - len(lost), job.dp))
+        for physical, logical in zip(kept + lost, logical_kept + logical_lost, strict=True):
+            mapping[(physical, stage)] = (logical, stage)
+        canonical.update((r, stage) for r in logical_lost)
+    return frozenset(canonical), mapping
+
+
+def reroute(job: PipelineJob, failed: frozenset[Worker]) -> dict[Unit, Worker]:
+    """ReCycle's assignment: a failed worker's micro-batches, spread over its stage's
+    survivors in turn, each going to the least loaded (ties: the lowest replica)."""
+    assignment: dict[Unit, Worker] = {}
+    for stage in range(job.pp):
+        alive = [r for r in range(job.dp) if (r, stage) not in failed]
+        if not alive:
+            raise NoSurvivor(
+                f"stage {stage} lost all {job.dp} of its workers: no same-stage peer is left "
+                "to take over its micro-batches; the fallback is to restart from a checkpoint"
+            )
+        load = {r: job.microbatches for r in alive}
+        for replica in range(job.dp):
+            for m in range(job.microbatches):
+                if replica in load:
+                    assignment[(replica, m, stage)] = (replica, stage)
+                    continue
+                target = min(alive, key=lambda r: (load[r], r))
+                load[target] += 1
+                assignment[(replica, m, stage)] = (target, stage)
+    return assignment
+
+
+def drop_replicas(job: PipelineJob, failed: frozenset[Worker]) -> dict[Unit, Worker]:
+    """The baseline: a replica that lost any worker is dropped, and its micro-batches
+    move whole (every stage) onto the surviving replicas, spread evenly."""
+    broken = {r for r, _ in failed}
+    alive = [r for r in range(job.dp) if r not in broken]
+    if not alive:
+        raise NoSurvivor("every replica lost a worker: dropping them leaves nothing to run")
+    load = {r: job.microbatches for r in alive}
+    assignment: dict[Unit, Worker] = {}
+    for replica in range(job.dp):
+        for m in range(job.microbatches):
+            if replica in load:
+                target = replica
+            else:
+                target = min(alive, key=lambda r: (load[r], r))
+                load[target] += 1
+            for stage in range(job.pp):
+                assignment[(replica, m, stage)] = (target, stage)
+    return assignment
+
+
+@dataclass
+class Graph:
+    """Ops with their worker (None for the barriers, which take no time and no worker:
+    a stage's gradient all-reduce, and in sync mode the job-wide optimizer barrier),
+    duration and predecessors (an edge between workers pays the activation transfer)."""
+
+    worker: dict[Op, Worker | None]
+    duration: dict[Op, float]
+    preds: dict[Op, list[Op]]
+    succs: dict[Op, list[Op]]
+
+
+def build_graph(
+    job: PipelineJob,
+    assignment: dict[Unit, Worker],
+    workers: list[Worker],
+    iterations: int,
+    staggered: bool,
+) -> Graph:
+    worker: dict[Op, Worker | None] = {}
+    preds: dict[Op, list[Op]] = {}
+    last = job.pp - 1
+    for it in range(iterations):
+        # All-reduce of stage s's gradients: every W of the stage (or, synchronised, of
+        # the whole job) before any optimizer step.
+        reduce = {s: Op("SYNC", it, -1, -1, s if staggered else -1) for s in range(job.pp)}
+        for op in set(reduce.values()):
+            worker[op], preds[op] = None, []
+        gate = Op("SYNC", it, -2, -1, -1)  # sync mode: every step before the next iteration
+        if it and not staggered:
+            worker[gate] = None
+            preds[gate] = [Op("OPT", it - 1, w[0], -1, w[1]) for w in workers]
+        for (r, m, s), w in assignment.items():
+            f, b, wo = Op("F", it, r, m, s), Op("B", it, r, m, s), Op("W", it, r, m, s)
+            worker[f], worker[b], worker[wo] = w, w, w
+            preds[f] = [Op("F", it, r, m, s - 1)] if s else []
+            if it:  # the next iteration's forwards wait for the new weights
+                preds[f].append(Op("OPT", it - 1, w[0], -1, w[1]) if staggered else gate)
+            preds[b] = [Op("B", it, r, m, s + 1)] if s < last else [f]
+            preds[wo] = [b]
+            preds[reduce[s]].append(wo)
+        for w in workers:
+            opt = Op("OPT", it, w[0], -1, w[1])
+            worker[opt] = w
+            preds[opt] = [reduce[w[1]]]
+    succs: dict[Op, list[Op]] = {op: [] for op in worker}
+    for op, before in preds.items():
+        for p in before:
+            succs[p].append(op)
+    duration = {op: 0.0 if op.kind == "SYNC" else job.duration(op.kind, op.stage) for op in worker}
+    return Graph(worker, duration, preds, succs)
