@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 
 import typer
 from rtrain.cli.health import health
+from rtrain.cli.plan import plan_command
 from rtrain.core.errors import ExitCode, RtrainError
 
 app = typer.Typer(
@@ -34,6 +35,7 @@ def launch(ctx: typer.Context) -> None:
 
 
 app.command("health")(health)
+app.command("plan")(plan_command)
 
 
 @app.callback()

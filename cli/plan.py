@@ -1,0 +1,132 @@
+"""`rtrain plan`: what ReCycle would do for a failure set, against the alternatives.
+
+    rtrain plan --dp 4 --pp 4 --microbatches 8 --fail 1:2 --fail 3:0
+
+prints a table (fault-free 1F1B, ReCycle, dropping the replicas that lost a worker,
+restarting from a checkpoint) and writes ReCycle's timeline to --timeline (SVG);
+--json prints the plan as a per-rank action list instead.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rtrain.core.errors import RtrainError, UsageError
+
+FAIL_HELP = "A failed worker REPLICA:STAGE (both from 0); repeat for several."
+
+
+def plan_command(
+    dp: Annotated[int, typer.Option(help="Data-parallel replicas.")],
+    pp: Annotated[int, typer.Option(help="Pipeline stages.")],
+    microbatches: Annotated[int, typer.Option(help="Micro-batches per replica per iteration.")],
+    fail: Annotated[list[str] | None, typer.Option(help=FAIL_HELP)] = None,
+    forward: Annotated[float, typer.Option(help="F time per stage.")] = 1.0,
+    backward_input: Annotated[float, typer.Option(help="B time per stage.")] = 1.0,
+    backward_weight: Annotated[float, typer.Option(help="W time per stage.")] = 1.0,
+    optimizer: Annotated[float, typer.Option(help="Optimizer step time.")] = 0.2,
+    transfer: Annotated[float, typer.Option(help="Activation transfer time.")] = 0.05,
+    memory: Annotated[
+        int | None, typer.Option(help="Micro-batches a worker may hold (default PP).")
+    ] = None,
+    profile: Annotated[
+        Path | None, typer.Option(help="Measured per-stage durations (JSON); overrides the above.")
+    ] = None,
+    restart_cost: Annotated[
+        float, typer.Option(help="Seconds a checkpoint restart costs.")
+    ] = 600.0,
+    failure_rate: Annotated[float, typer.Option(help="Failures per hour (for restart).")] = 0.3,
+    timeline: Annotated[Path, typer.Option(help="Where to write ReCycle's timeline (SVG).")] = Path(
+        "recycle-timeline.svg"
+    ),
+    exact: Annotated[bool, typer.Option(help="Solve exactly (MILP; small jobs only).")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the per-rank action list.")
+    ] = False,
+) -> None:
+    """Plan the schedule that absorbs a failure set (ReCycle), against the alternatives."""
+    try:
+        code = run_plan(
+            dp,
+            pp,
+            microbatches,
+            fail or [],
+            (forward, backward_input, backward_weight, optimizer),
+            transfer,
+            memory,
+            profile,
+            restart_cost,
+            failure_rate,
+            timeline,
+            exact,
+            as_json,
+        )
+    except RtrainError as exc:
+        print(f"rtrain: error: {exc}", file=sys.stderr)
+        code = exc.exit_code
+    raise typer.Exit(code)
+
+
+def parse_fail(text: str) -> tuple[int, int]:
+    replica, sep, stage = text.partition(":")
+    if not sep or not replica.strip().isdigit() or not stage.strip().isdigit():
+        raise UsageError(f"--fail {text!r}: expected REPLICA:STAGE, e.g. 1:2")
+    return int(replica), int(stage)
+
+
+def run_plan(
+    dp: int,
+    pp: int,
+    microbatches: int,
+    fail: list[str],
+    durations: tuple[float, float, float, float],
+    transfer: float,
+    memory: int | None,
+    profile: Path | None,
+    restart_cost: float,
+    failure_rate: float,
+    timeline: Path,
+    exact: bool,
+    as_json: bool,
+) -> int:
+    from rtrain.core.pipeline_job import PipelineJob
+    from rtrain.core.pipeline_report import action_list, compare, timeline_svg
+    from rtrain.core.pipeline_sim import simulate
+
+    if restart_cost < 0 or failure_rate < 0:
+        raise UsageError("--restart-cost and --failure-rate must be >= 0")
+    failed = [parse_fail(f) for f in fail]
+    if profile is not None:
+        try:
+            data = json.loads(profile.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise UsageError(f"--profile {profile}: {exc}") from None
+        job = PipelineJob.from_profile(data, dp, pp, microbatches)
+    else:
+        f, b, w, o = durations
+        job = PipelineJob.uniform(dp, pp, microbatches, f, b, w, o, transfer, memory)
+    options, recycle, sim = compare(job, failed, restart_cost, failure_rate)
+    if exact and failed:
+        from rtrain.core.pipeline_milp import plan_exact
+
+        recycle = plan_exact(job, failed)
+        sim = simulate(recycle)
+    if as_json:
+        if recycle is None or sim is None:
+            raise UsageError(options[1].note)
+        print(json.dumps(action_list(recycle, sim), indent=1))
+        return 0
+    from rtrain.cli.render_plan import print_comparison
+
+    print_comparison(job, failed, options)
+    if recycle is not None and sim is not None:
+        title = f"ReCycle, DP={dp} PP={pp} M={microbatches}, failed {sorted(failed)}: " + (
+            f"iteration {sim.iteration_time:.2f}"
+        )
+        timeline.write_text(timeline_svg(recycle, sim, title))
+        print(f"timeline: {timeline}")
+    return 0
