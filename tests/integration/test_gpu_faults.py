@@ -47,6 +47,16 @@ def faulty_cluster(
     return cluster, trigger
 
 
+def fire_mid_training(cluster: LocalCluster, trigger: Path) -> list[int | None]:
+    """Touch the trigger at step 5 and wait for every node's exit code."""
+    try:
+        cluster.wait_progress(5)
+        trigger.touch()
+        return cluster.wait()
+    finally:
+        cluster.close()
+
+
 def assert_finished_alone(cluster: LocalCluster, reference: list[float], world: int) -> None:
     final = final_records(cluster)
     assert len(final) == world
@@ -57,12 +67,7 @@ def assert_finished_alone(cluster: LocalCluster, reference: list[float], world: 
 
 def test_xid_79_takes_the_node_out_and_the_others_finish(tmp_path, reference):
     cluster, trigger = faulty_cluster(tmp_path, 1, {"xid": 79})
-    try:
-        cluster.wait_progress(5)
-        trigger.touch()
-        codes = cluster.wait()
-    finally:
-        cluster.close()
+    codes = fire_mid_training(cluster, trigger)
     assert codes == [0, NODE_UNHEALTHY], cluster.log(0) + cluster.log(1)
     sick = cluster.log(1)
     assert "leaving the job: GPU 0 (GPU-node1-0): xid: XID 79" in sick
@@ -75,12 +80,7 @@ def test_xid_79_takes_the_node_out_and_the_others_finish(tmp_path, reference):
 
 def test_a_pending_row_remap_found_by_sampling_takes_the_node_out(tmp_path, reference):
     cluster, trigger = faulty_cluster(tmp_path, 1, {"readings": {"remapped_rows": [0, 1, 1, 0]}})
-    try:
-        cluster.wait_progress(5)
-        trigger.touch()
-        codes = cluster.wait()
-    finally:
-        cluster.close()
+    codes = fire_mid_training(cluster, trigger)
     assert codes == [0, NODE_UNHEALTHY], cluster.log(0) + cluster.log(1)
     assert "row_remap: row remap pending" in cluster.log(1) and "-> reset GPU" in cluster.log(1)
     assert_finished_alone(cluster, reference, world=2)
@@ -88,12 +88,7 @@ def test_a_pending_row_remap_found_by_sampling_takes_the_node_out(tmp_path, refe
 
 def test_xid_13_restarts_the_workers_and_the_node_stays(tmp_path, reference):
     cluster, trigger = faulty_cluster(tmp_path, 1, {"xid": 13}, ["--max-restarts=1"])
-    try:
-        cluster.wait_progress(5)
-        trigger.touch()
-        codes = cluster.wait()
-    finally:
-        cluster.close()
+    codes = fire_mid_training(cluster, trigger)
     assert codes == [0, 0], cluster.log(0) + cluster.log(1)
     sick = cluster.log(1)
     assert "restarting the workers: GPU 0 (GPU-node1-0): xid: XID 13" in sick
@@ -131,12 +126,7 @@ def test_a_node_that_fails_its_checks_before_joining_stays_out(tmp_path, referen
 
 def test_the_store_host_leaves_but_keeps_the_store_until_the_others_finish(tmp_path, reference):
     cluster, trigger = faulty_cluster(tmp_path, 0, {"xid": 48})
-    try:
-        cluster.wait_progress(5)
-        trigger.touch()
-        codes = cluster.wait()
-    finally:
-        cluster.close()
+    codes = fire_mid_training(cluster, trigger)
     assert codes == [NODE_UNHEALTHY, 0], cluster.log(0) + cluster.log(1)
     assert "keeping it up until the job ends" in cluster.log(0)
     assert "XID 48 (double-bit ECC error)" in cluster.log(0)
