@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import NamedTuple
 
 from rtrain.core.pipeline_job import PipelineJob, PlannerError, Worker
@@ -60,9 +61,12 @@ class Plan:
     def workers(self) -> list[Worker]:
         return sorted(self.orders)
 
+    @cached_property
+    def _logical_to_physical(self) -> dict[Worker, Worker]:
+        return {v: k for k, v in self.mapping.items()}
+
     def physical(self, logical: Worker) -> Worker:
-        back = {v: k for k, v in self.mapping.items()}
-        return back.get(logical, logical)
+        return self._logical_to_physical.get(logical, logical)
 
 
 class NoSurvivor(PlannerError):

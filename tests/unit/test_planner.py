@@ -3,6 +3,7 @@ sets, known answers computed by hand, the heuristic against the exact MILP, bad 
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import Counter
 
@@ -124,7 +125,7 @@ def test_drop_known_answer() -> None:
 def test_a_plan_that_breaks_a_dependency_or_memory_is_rejected() -> None:
     job = PipelineJob.uniform(1, 2, 2, memory_limit=2)
     good = plan(job, [], "1f1b", iterations=1)
-    broken = good.__class__(**{**good.__dict__, "orders": dict(good.orders)})
+    broken = dataclasses.replace(good, orders=dict(good.orders))
     stage1 = list(broken.orders[(0, 1)])
     broken.orders[(0, 1)] = [stage1[1], stage1[0], *stage1[2:]]  # B before its F
     with pytest.raises(PlanRejected, match="breaks a dependency"):
@@ -133,11 +134,12 @@ def test_a_plan_that_breaks_a_dependency_or_memory_is_rejected() -> None:
     f = [op for op in good.orders[(0, 0)] if op.kind == "F"]
     rest = [op for op in good.orders[(0, 0)] if op.kind != "F"]
     greedy[(0, 0)] = f + rest
-    tight = good.__class__(**{**good.__dict__, "job": PipelineJob.uniform(1, 2, 2, memory_limit=1)})
-    tight.orders = greedy
+    tight = dataclasses.replace(
+        good, job=PipelineJob.uniform(1, 2, 2, memory_limit=1), orders=greedy
+    )
     with pytest.raises(PlanRejected, match="over the memory limit of 1"):
         simulate(tight)
-    missing = good.__class__(**{**good.__dict__, "orders": dict(good.orders)})
+    missing = dataclasses.replace(good, orders=dict(good.orders))
     missing.orders[(0, 0)] = missing.orders[(0, 0)][:-1]
     with pytest.raises(PlanRejected, match="never run"):
         simulate(missing)
