@@ -49,7 +49,6 @@ from rtrain.core.failures import FailureRecord, root_cause_first
 from rtrain.core.launch_spec import LaunchSpec
 from rtrain.core.store_protocol import MemberInfo, Membership, StoreKeys
 from rtrain.core.topology import LayoutError
-from rtrain.core.worker_api import TOPOLOGY_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -285,7 +284,8 @@ class Agent:
             master[0],
             master[1],
         )
-        topology_file = write_topology(self.run_log_dir, topology)
+        before = previous.topology if previous is not None else None
+        topology_env = write_topology(self.run_log_dir, topology, before, self.spec.recycle_profile)
         snapshot_env = self._snapshots.prepare(
             rdzv, membership, topology, node_rank, self.nproc, self.spec.rdzv.join_timeout, watch
         )
@@ -295,7 +295,7 @@ class Agent:
 
         def extra_env(local_rank: int, log_dir: str) -> dict[str, str]:
             return {
-                TOPOLOGY_FILE: topology_file,
+                **topology_env,
                 **snapshot_env,
                 **hangs.worker_env(local_rank, log_dir),
             }

@@ -3,9 +3,12 @@ and how a node is named in it."""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import socket
 from dataclasses import dataclass
+from typing import Any
 
 from rtrain.agent.hang_watch import HangWatch
 from rtrain.agent.lease import PeerLeases
@@ -13,8 +16,12 @@ from rtrain.agent.rendezvous import StoreRendezvous
 from rtrain.agent.workers import WorkerGroup
 from rtrain.core.errors import RendezvousError
 from rtrain.core.launch_spec import LaunchSpec
+from rtrain.core.recycle_topology import RECYCLE_PLAN_FILE, recycle_plan
 from rtrain.core.store_protocol import Membership
 from rtrain.core.topology import Layout, NodeSlot, Topology, build_grid, recompute_topology
+from rtrain.core.worker_api import TOPOLOGY_FILE
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -56,13 +63,39 @@ def generation_topology(
     return recompute_topology(layout, membership.generation, slots, before)
 
 
-def write_topology(run_log_dir: str, topology: Topology) -> str:
-    """<run log dir>/attempt_<g>/topology.json, which rtrain.core.topology() reads."""
-    path = os.path.join(run_log_dir, f"attempt_{topology.generation}", "topology.json")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+def write_topology(
+    run_log_dir: str,
+    topology: Topology,
+    previous: Topology | None = None,
+    recycle_profile: dict[str, Any] | None = None,
+) -> dict[str, str]:
+    """<run log dir>/attempt_<g>/topology.json, which rtrain.core.topology() reads, and
+    with --recycle-profile the ReCycle plan for what this generation lost
+    (recycle_plan.json, for rtrain.core.recycle_actions()); the workers' environment
+    that points at them."""
+    folder = os.path.join(run_log_dir, f"attempt_{topology.generation}")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "topology.json")
     with open(path, "w") as handle:
         handle.write(topology.encode())
-    return path
+    env = {TOPOLOGY_FILE: path}
+    if recycle_profile is not None and previous is not None and topology.lost_ranks:
+        plan = recycle_plan(previous, topology, recycle_profile)
+        if plan is None:
+            logger.info(
+                "no ReCycle plan for generation %d: a stage lost every worker", topology.generation
+            )
+        else:
+            env[RECYCLE_PLAN_FILE] = os.path.join(folder, "recycle_plan.json")
+            with open(env[RECYCLE_PLAN_FILE], "w") as handle:
+                json.dump(plan, handle)
+            logger.info(
+                "ReCycle plan for generation %d: %d failed worker(s) re-routed, iteration %.3g",
+                topology.generation,
+                len(plan["failed"]),
+                plan["iteration_time"],
+            )
+    return env
 
 
 def default_node_addr(spec: LaunchSpec) -> str:

@@ -209,6 +209,13 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         help="Under Slurm, drain a node whose GPU fault takes it out of the job, with the "
         "failed check as the reason.",
     )
+    value(
+        *both("recycle-profile"),
+        default=None,
+        help="A JSON job profile (per-stage forward, backward_input, backward_weight, "
+        "optimizer times, microbatches): after each loss, plan how the survivors absorb it "
+        "(ReCycle) and hand each worker its action list (rtrain.core.recycle_actions()).",
+    )
     parser.add_argument("training_script", nargs="?", help="The script (or module, with -m).")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER)
     return parser

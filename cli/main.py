@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 import typer
 from rtrain.cli.health import health
 from rtrain.cli.plan import plan_command
-from rtrain.core.errors import ExitCode, RtrainError
+from rtrain.core.errors import ExitCode, RtrainError, UsageError
 
 app = typer.Typer(
     name="rtrain",
@@ -67,6 +67,8 @@ def run_launch(argv: Sequence[str], environ: Mapping[str, str]) -> int:
             addresses = {name: resolve_node_address(name) for name in names}
             raw, took = apply_slurm(raw, raw["explicit"], job, addresses)
             raw["slurm"] = job
+        if raw.get("recycle_profile"):
+            raw["recycle_profile_data"] = _read_json(raw["recycle_profile"], "--recycle-profile")
         spec = build_launch_spec(raw)
         from rtrain.agent.preflight import preflight
 
@@ -118,6 +120,16 @@ def run_launch(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     else:
         _error(result.message)
     return result.exit_code
+
+
+def _read_json(path: str, flag: str) -> object:
+    import json
+
+    try:
+        with open(path) as handle:
+            return json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{flag} {path}: {exc}") from None
 
 
 def _is_usage_error(exc: Exception) -> bool:

@@ -34,6 +34,7 @@ from rtrain.core.flag_values import (
     resolve_nproc,
     validate_nproc,
 )
+from rtrain.core.recycle_topology import check_profile
 from rtrain.core.slurm_env import SlurmJob
 from rtrain.core.topology import Layout
 
@@ -150,6 +151,8 @@ class LaunchSpec:
     health: HealthSpec = field(default_factory=HealthSpec)
     # The Slurm job rtrain runs in (its values already applied to the flags), or None.
     slurm: SlurmJob | None = None
+    # --recycle-profile, read and checked: plan what each generation's losses cost.
+    recycle_profile: dict[str, Any] | None = None
 
 
 def build_launch_spec(raw: Mapping[str, Any]) -> LaunchSpec:
@@ -215,6 +218,7 @@ def build_launch_spec(raw: Mapping[str, Any]) -> LaunchSpec:
         # Slurm's warning before the time limit (--signal=USR1@T): save and requeue.
         signal_numbers = (*signal_numbers, signal.SIGUSR1)
         signal_names = (*signal_names, "SIGUSR1")
+    layout = _layout(raw, nodes, nproc)
     return LaunchSpec(
         nodes=nodes,
         nproc_per_node=nproc,
@@ -251,7 +255,7 @@ def build_launch_spec(raw: Mapping[str, Any]) -> LaunchSpec:
         virtual_local_rank=bool(raw.get("virtual_local_rank")),
         preload=parse_preload(raw.get("preload", "torch")),
         ignored_flags=tuple(raw.get("ignored_flags", ())),
-        layout=_layout(raw, nodes, nproc),
+        layout=layout,
         faults=_faults(raw, conf["heartbeat_timeout"]),
         snapshots=SnapshotSpec(
             memory=None
@@ -262,6 +266,9 @@ def build_launch_spec(raw: Mapping[str, Any]) -> LaunchSpec:
             checkpoint_every=non_negative_int("--checkpoint-every", raw.get("checkpoint_every", 0)),
         ),
         slurm=slurm,
+        recycle_profile=None
+        if raw.get("recycle_profile_data") is None
+        else check_profile(raw["recycle_profile_data"], layout.pp),
         health=HealthSpec(
             interval=non_negative_float("--health-interval", raw.get("health_interval", 10.0)),
             drain_on_fault=bool(raw.get("drain_on_fault", False)),

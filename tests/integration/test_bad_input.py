@@ -112,3 +112,21 @@ def test_a_contradictory_slurm_environment_is_refused(tmp_path, slurm, fragment)
     env = {k: v for k, v in probe_env(tmp_path).items() if not k.startswith("SLURM")}
     result = run([*RTRAIN, "--nproc-per-node=1", PROBE], {**env, **slurm})
     _assert_one_clear_error(result, USAGE, fragment)
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        (None, "--recycle-profile"),
+        ("{not json", "--recycle-profile"),
+        ('{"microbatches": 2, "forward": 1}', "backward_input is missing"),
+    ],
+)
+def test_a_bad_recycle_profile_is_refused(tmp_path, content, fragment):
+    profile = tmp_path / "profile.json"
+    if content is not None:
+        profile.write_text(content)
+    result = run(
+        [*RTRAIN, "--standalone", f"--recycle-profile={profile}", PROBE], probe_env(tmp_path)
+    )
+    _assert_one_clear_error(result, USAGE, fragment)

@@ -25,7 +25,7 @@ import time
 
 import torch
 import torch.distributed as dist
-from rtrain.core import heartbeat, topology
+from rtrain.core import heartbeat, recycle_actions, topology
 
 GLOBAL_BATCH = 12
 FEATURES = 8
@@ -75,6 +75,15 @@ def save(path: str, weights: torch.Tensor, applied: int) -> None:
     os.replace(path + ".tmp", path)
 
 
+def _count_kinds(actions: list[dict] | None) -> dict[str, int] | None:
+    if actions is None:
+        return None
+    counts: dict[str, int] = {}
+    for action in actions:
+        counts[action["op"]] = counts.get(action["op"], 0) + 1
+    return counts
+
+
 def main() -> None:
     steps = int(os.environ.get("PROBE_STEPS", "20"))
     pause = float(os.environ.get("PROBE_STEP_SLEEP", "0.05"))
@@ -94,6 +103,8 @@ def main() -> None:
     record = {
         "world_size": world,
         "topology": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(view).items()},
+        # With --recycle-profile, after a loss: this worker's ReCycle actions, by kind.
+        "recycle": _count_kinds(recycle_actions()),
         "first_step": applied,
         "t_start": time.time(),
     }
