@@ -9,8 +9,11 @@ restarting from a checkpoint) and writes ReCycle's timeline to --timeline (SVG);
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -71,6 +74,20 @@ def plan_command(
     raise typer.Exit(code)
 
 
+@contextlib.contextmanager
+def _solver_output_to_stderr() -> Iterator[None]:
+    """HiGHS prints diagnostics from C++ straight to fd 1: keep stdout for --json."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def parse_fail(text: str) -> tuple[int, int]:
     replica, sep, stage = text.partition(":")
     if not sep or not replica.strip().isdigit() or not stage.strip().isdigit():
@@ -113,7 +130,8 @@ def run_plan(
     if exact and failed:
         from rtrain.core.pipeline_milp import plan_exact
 
-        recycle = plan_exact(job, failed)
+        with _solver_output_to_stderr():
+            recycle = plan_exact(job, failed)
         sim = simulate(recycle)
     if as_json:
         if recycle is None or sim is None:

@@ -79,3 +79,10 @@ def test_a_profile_file_gives_the_durations(tmp_path) -> None:
     refused = plan(2, 2, 4, "--profile", str(bad))
     assert refused.returncode == 64 and "profile" in refused.stderr
     assert ROOT.exists()
+
+
+def test_exact_json_stays_pure_json() -> None:
+    pytest.importorskip("scipy")
+    done = plan(2, 2, 2, "--fail", "1:0", "--exact", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["failed"] == [[1, 0]]  # the solver's chatter went to stderr
