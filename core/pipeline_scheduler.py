@@ -21,6 +21,7 @@ time is 1F1B's by construction. Every plan goes through the simulator's checks.
 
 from __future__ import annotations
 
+import gc
 import heapq
 from collections.abc import Iterable
 
@@ -126,6 +127,23 @@ def list_schedule(
     caps: dict[Worker, int],
 ) -> dict[Worker, list[Op]]:
     """Greedy: each free worker starts its best available op (see the module doc)."""
+    # 10^5 small tuples, none in a cycle: the cyclic collector would only rescan them.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _list_schedule(job, graph, workers, priorities, caps)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _list_schedule(
+    job: PipelineJob,
+    graph: IndexedGraph,
+    workers: list[Worker],
+    priorities: dict[str, int],
+    caps: dict[Worker, int],
+) -> dict[Worker, list[Op]]:
     push, pop = heapq.heappush, heapq.heappop
     kind, succs, duration, where_of = graph.kind, graph.succs, graph.duration, graph.worker
     waiting = list(graph.npred)
