@@ -211,14 +211,22 @@ class XidListener:
 
     def _run(self) -> None:
         nvml = self._nvml
+        failures = 0
         while not self._closed.is_set():
             try:
                 event = nvml.nvmlEventSetWait_v2(self._set, XID_WAIT_MS)
             except nvml.NVMLError as exc:
-                if exc.value != nvml.NVML_ERROR_TIMEOUT:
+                if exc.value == nvml.NVML_ERROR_TIMEOUT:
+                    continue
+                failures += 1
+                if failures == 1:
                     logger.warning("waiting for XID events failed: %s", exc)
-                    self._closed.wait(1.0)
+                if exc.value in (nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_FUNCTION_NOT_FOUND):
+                    logger.warning("no XID events on this driver; the periodic checks go on")
+                    return
+                self._closed.wait(min(2.0**failures, 60.0))  # a flaky driver: back off
                 continue
+            failures = 0
             if event.eventType != nvml.nvmlEventTypeXidCriticalError:
                 continue
             gpu = next((i for h, i in self._handles if h == event.device), -1)
