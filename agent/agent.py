@@ -229,6 +229,8 @@ class Agent:
             if fault is not None and fault.action.excludes_node:
                 return self._leave(rdzv, end, fault)
             self._stop_group(signal.SIGTERM, RESTART_STOP_GRACE_S)
+            if outcome is Outcome.MEMBERSHIP_CHANGE:  # ours may have failed as it moved on
+                self._policy.record_failures(gen)
             if outcome in (Outcome.LOCAL_FAILURE, Outcome.GPU_FAULT):
                 restart_for = None
                 if fault is not None and self._health is not None:

@@ -132,6 +132,13 @@ class FaultPolicy:
 
     # -- worker failures --
 
+    def record_failures(self, gen: Generation) -> None:
+        """Record workers that failed on their own while the job moved to the next
+        generation (another node reported first): the root cause may be among them, and
+        it is charged when the next round closes. No restart is claimed."""
+        for record in gen.group.failure_records(self._addr):
+            self._rdzv.record_failure(record)
+
     def after_local_failure(
         self, gen: Generation, failures: list[FailureRecord] | None = None
     ) -> GiveUp | None:

@@ -68,6 +68,7 @@ class WorkerGroup:
         self._base_env = base_env
         self._tail = tail
         self._stopping = False
+        self._stop_time = float("inf")  # wall clock when stop() began
         self.workers: list[Worker] = []
 
     def start(self) -> None:
@@ -122,7 +123,9 @@ class WorkerGroup:
             if worker is not None and worker.pid == event.pid and worker.exitcode is None:
                 worker.exitcode = event.exitcode
                 worker.exit_time = event.time
-                worker.stopped_by_agent = self._stopping
+                # Reaped before the stop began: it failed on its own, even if its report
+                # arrived late (a loaded machine); it may be the root cause.
+                worker.stopped_by_agent = self._stopping and event.time >= self._stop_time
 
     def _mark_all_lost(self) -> None:
         for worker in self.workers:
@@ -155,7 +158,8 @@ class WorkerGroup:
 
     def stop(self, sig: int, timeout: float) -> None:
         """Send `sig` to every worker, wait up to `timeout`, then SIGKILL what is left."""
-        self._stopping = True
+        if not self._stopping:
+            self._stopping, self._stop_time = True, time.time()
         if self.running:
             self._pool.signal_all(sig)
             self._wait_all(timeout)
