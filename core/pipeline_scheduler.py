@@ -21,9 +21,11 @@ time is 1F1B's by construction. Every plan goes through the simulator's checks.
 
 from __future__ import annotations
 
+import functools
 import gc
 import heapq
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import ParamSpec, TypeVar
 
 from rtrain.core.pipeline_index import KINDS, IndexedGraph, index_graph
 from rtrain.core.pipeline_index import F as F_KIND
@@ -46,6 +48,8 @@ DECOUPLED = {"OPT": 0, "B": 1, "F": 2, "W": 3}
 W_FIRST = {"OPT": 0, "B": 1, "W": 2, "F": 3}
 PORTFOLIO_OPS = 20000
 INF = float("inf")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def _memory_cap(job: PipelineJob, w: Worker) -> int:
@@ -119,6 +123,23 @@ def plan(
     return best[1]
 
 
+def _without_cyclic_gc(fn: Callable[P, R]) -> Callable[P, R]:
+    """10^5 small tuples, none in a cycle: the cyclic collector would only rescan them."""
+
+    @functools.wraps(fn)
+    def paused(*args: P.args, **kwargs: P.kwargs) -> R:
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if collecting:
+                gc.enable()
+
+    return paused
+
+
+@_without_cyclic_gc
 def list_schedule(
     job: PipelineJob,
     graph: IndexedGraph,
@@ -127,23 +148,6 @@ def list_schedule(
     caps: dict[Worker, int],
 ) -> dict[Worker, list[Op]]:
     """Greedy: each free worker starts its best available op (see the module doc)."""
-    # 10^5 small tuples, none in a cycle: the cyclic collector would only rescan them.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        return _list_schedule(job, graph, workers, priorities, caps)
-    finally:
-        if collecting:
-            gc.enable()
-
-
-def _list_schedule(
-    job: PipelineJob,
-    graph: IndexedGraph,
-    workers: list[Worker],
-    priorities: dict[str, int],
-    caps: dict[Worker, int],
-) -> dict[Worker, list[Op]]:
     push, pop = heapq.heappush, heapq.heappop
     kind, succs, duration, where_of = graph.kind, graph.succs, graph.duration, graph.worker
     waiting = list(graph.npred)
