@@ -1,9 +1,14 @@
 """The iteration's graph with integer ids, for the greedy scheduler.
 
-The same ops and dependencies as pipeline_plan.build_graph, but every op is an index
-into flat lists: a plan for DP=64, PP=16 and 32 micro-batches has 10^5 ops, and
-tuples in dicts cost the scheduler most of its time. Ids are arithmetic, so no op
-object is made until the plan's orders are written out.
+Every op is an index into flat lists: a plan for DP=64, PP=16 and 32 micro-batches
+has 10^5 ops, and tuples in dicts would cost the scheduler most of its time. Ids are
+arithmetic, so no op object is made until a plan's orders are written out. The
+scheduler, the simulator and the exact planner all work on this one graph.
+
+Dependencies: F(s-1) -> F(s); F(P-1) -> B(P-1); B(s+1) -> B(s); B -> W; every W of a
+stage (of the whole job when not staggered) -> its all-reduce barrier -> each OPT;
+and into the next iteration, a worker's OPT -> its forwards (staggered), or every
+OPT -> a gate -> every forward.
 
   per iteration, in this order: F, B, W of unit u = (replica * M + microbatch) * P +
   stage at 3u, 3u+1, 3u+2; every worker's OPT; one all-reduce barrier per stage (one
@@ -13,6 +18,7 @@ object is made until the plan's orders are written out.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from rtrain.core.pipeline_job import PipelineJob, Worker
 from rtrain.core.pipeline_plan import Op, Unit
@@ -33,6 +39,48 @@ class IndexedGraph:
     succs: list[list[int]]
     npred: list[int]
     tiebreak: list[int]  # (iteration, microbatch, replica) as one int: FIFO within a kind
+
+    def id_of(self, op: Op) -> int | None:
+        """The id of a compute or optimizer op, or None if the graph has no such op."""
+        job = self.job
+        if not 0 <= op.iteration < self.iterations:
+            return None
+        base = op.iteration * self.per_iteration
+        if op.kind == "OPT":
+            index = self._worker_index.get((op.replica, op.stage))
+            return None if index is None else base + 3 * self._units + index
+        if op.kind not in ("F", "B", "W") or not (
+            0 <= op.replica < job.dp
+            and 0 <= op.microbatch < job.microbatches
+            and 0 <= op.stage < job.pp
+        ):
+            return None
+        unit = (op.replica * job.microbatches + op.microbatch) * job.pp + op.stage
+        return base + 3 * unit + KINDS.index(op.kind)
+
+    @cached_property
+    def preds(self) -> list[list[int]]:
+        found: list[list[int]] = [[] for _ in self.kind]
+        for i, after in enumerate(self.succs):
+            for j in after:
+                found[j].append(i)
+        return found
+
+    def transfer(self, a: int, b: int) -> float:
+        """What edge a -> b pays: activations (F -> F) and gradients (B -> B) that cross
+        workers take the job's transfer time; nothing else does."""
+        k = self.kind[a]
+        if k == self.kind[b] and k in (F, B) and self.worker[a] != self.worker[b]:
+            return self.job.transfer
+        return 0.0
+
+    @cached_property
+    def _units(self) -> int:
+        return self.job.dp * self.job.microbatches * self.job.pp
+
+    @cached_property
+    def _worker_index(self) -> dict[Worker, int]:
+        return {w: i for i, w in enumerate(self.workers)}
 
     def op(self, i: int) -> Op:
         job = self.job

@@ -15,31 +15,29 @@ Exponential in the worst case, so only for small jobs (scipy is the `plan` extra
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from itertools import combinations
 
+from rtrain.core.pipeline_index import F, index_graph
 from rtrain.core.pipeline_job import PipelineJob, PlannerError, Worker
 from rtrain.core.pipeline_plan import (
-    Op,
     Plan,
-    build_graph,
     check_failures,
     normalize,
     reroute,
     survivors,
 )
-from rtrain.core.pipeline_sim import transfer_between
 
 MAX_OPS = 400  # beyond this the MILP is the wrong tool: use the heuristic
 
 
-def descendants(succs: dict[Op, list[Op]], ops: list[Op]) -> dict[Op, set[Op]]:
+def descendants(succs: Sequence[list[int]], ops: Sequence[int]) -> dict[int, set[int]]:
     """Every op that depends on each op, directly or not."""
-    found: dict[Op, set[Op]] = {}
+    found: dict[int, set[int]] = {}
 
-    def visit(op: Op) -> set[Op]:
+    def visit(op: int) -> set[int]:
         if op not in found:
-            below: set[Op] = set()
+            below: set[int] = set()
             for nxt in succs[op]:
                 below.add(nxt)
                 below |= visit(nxt)
@@ -51,10 +49,10 @@ def descendants(succs: dict[Op, list[Op]], ops: list[Op]) -> dict[Op, set[Op]]:
     return found
 
 
-def topological_rank(preds: dict[Op, list[Op]], ops: list[Op]) -> dict[Op, int]:
-    rank: dict[Op, int] = {}
+def topological_rank(preds: Sequence[list[int]], ops: Sequence[int]) -> dict[int, int]:
+    rank: dict[int, int] = {}
 
-    def visit(op: Op) -> int:
+    def visit(op: int) -> int:
         if op not in rank:
             rank[op] = 1 + max((visit(p) for p in preds[op]), default=0)
         return rank[op]
@@ -76,48 +74,47 @@ def plan_exact(job: PipelineJob, failed: Iterable[Worker] = (), time_limit: floa
     canonical, mapping = normalize(job, lost)
     assignment = reroute(job, canonical)
     workers = survivors(job, canonical)
-    graph = build_graph(job, assignment, workers, 1, staggered=True)
-    ops = list(graph.worker)
+    graph = index_graph(job, assignment, workers, 1, staggered=True)
+    ops = list(range(len(graph.kind)))  # ids; t_i is variable i
     if len(ops) > MAX_OPS:
         raise PlannerError(f"{len(ops)} operations: too many for the exact planner (max {MAX_OPS})")
-    index = {op: i for i, op in enumerate(ops)}
     n = len(ops)
     pairs = [
         (a, b)
-        for w in workers
+        for w in range(len(workers))
         for a, b in combinations([op for op in ops if graph.worker[op] == w], 2)
     ]
     pair_index = {}
     for k, (a, b) in enumerate(pairs):
         pair_index[(a, b)] = (n + 1 + k, True)
         pair_index[(b, a)] = (n + 1 + k, False)
-    forwards = [op for op in ops if op.kind == "F"]
+    forwards = [op for op in ops if graph.kind[op] == F]
     lives = [
         (u, v) for u in forwards for v in forwards if u != v and graph.worker[u] == graph.worker[v]
     ]
     z0 = n + 1 + len(pairs)
     size = z0 + len(lives)
-    big = sum(graph.duration.values()) + job.transfer * len(ops) + 1.0
+    big = sum(graph.duration) + job.transfer * len(ops) + 1.0
     rows: list[tuple[dict[int, float], float, float]] = []
 
-    def before(a: Op, b: Op) -> tuple[dict[int, float], float]:
+    def before(a: int, b: int) -> tuple[dict[int, float], float]:
         """[a before b] as a linear form: coefficients, constant."""
         var, forward = pair_index[(a, b)]
         return ({var: 1.0}, 0.0) if forward else ({var: -1.0}, 1.0)
 
     for op in ops:
         for pred in graph.preds[op]:
-            gap = graph.duration[pred] + transfer_between(graph, pred, op, job.transfer)
-            rows.append(({index[op]: 1.0, index[pred]: -1.0}, gap, np.inf))
-        rows.append(({n: 1.0, index[op]: -1.0}, graph.duration[op], np.inf))
+            gap = graph.duration[pred] + graph.transfer(pred, op)
+            rows.append(({op: 1.0, pred: -1.0}, gap, np.inf))
+        rows.append(({n: 1.0, op: -1.0}, graph.duration[op], np.inf))
     for k, (a, b) in enumerate(pairs):
         y = n + 1 + k
-        rows.append(({index[b]: 1.0, index[a]: -1.0, y: -big}, graph.duration[a] - big, np.inf))
-        rows.append(({index[a]: 1.0, index[b]: -1.0, y: big}, graph.duration[b], np.inf))
-    by_u: dict[Op, list[int]] = {}
+        rows.append(({b: 1.0, a: -1.0, y: -big}, graph.duration[a] - big, np.inf))
+        rows.append(({a: 1.0, b: -1.0, y: big}, graph.duration[b], np.inf))
+    by_u: dict[int, list[int]] = {}
     for k, (u, v) in enumerate(lives):
         first, c1 = before(v, u)
-        second, c2 = before(u, Op("W", v.iteration, v.replica, v.microbatch, v.stage))
+        second, c2 = before(u, v + 2)  # v's W: a unit's F, B, W ids are consecutive
         coeffs = {z0 + k: 1.0}
         for form in (first, second):
             for var, c in form.items():
@@ -155,10 +152,15 @@ def plan_exact(job: PipelineJob, failed: Iterable[Worker] = (), time_limit: floa
     )
     if result.x is None:
         raise PlannerError(f"the exact planner found no schedule: {result.message}")
-    start = {op: result.x[index[op]] for op in ops}
     rank = topological_rank(graph.preds, ops)  # zero-length ops that start together
     orders = {
-        w: sorted((op for op in ops if graph.worker[op] == w), key=lambda op: (start[op], rank[op]))
-        for w in workers
+        w: [
+            graph.op(op)
+            for op in sorted(
+                (op for op in ops if graph.worker[op] == wi),
+                key=lambda op: (result.x[op], rank[op]),
+            )
+        ]
+        for wi, w in enumerate(workers)
     }
     return Plan(job, lost, "exact", True, 1, assignment, orders, mapping)

@@ -1,4 +1,5 @@
-"""The work of an iteration as a graph, where each piece runs, and Failure Normalization.
+"""The work of an iteration, where each piece runs, and Failure Normalization (the
+dependency graph itself is pipeline_index's).
 
 Every micro-batch m of replica r passes every stage s: F(r, m, s), then B(r, m, s) on
 the way back, then W(r, m, s); each worker ends an iteration with its optimizer step,
@@ -145,56 +146,3 @@ def drop_replicas(job: PipelineJob, failed: frozenset[Worker]) -> dict[Unit, Wor
             for stage in range(job.pp):
                 assignment[(replica, m, stage)] = (target, stage)
     return assignment
-
-
-@dataclass
-class Graph:
-    """Ops with their worker (None for the barriers, which take no time and no worker:
-    a stage's gradient all-reduce, and in sync mode the job-wide optimizer barrier),
-    duration and predecessors (an edge between workers pays the activation transfer)."""
-
-    worker: dict[Op, Worker | None]
-    duration: dict[Op, float]
-    preds: dict[Op, list[Op]]
-    succs: dict[Op, list[Op]]
-
-
-def build_graph(
-    job: PipelineJob,
-    assignment: dict[Unit, Worker],
-    workers: list[Worker],
-    iterations: int,
-    staggered: bool,
-) -> Graph:
-    worker: dict[Op, Worker | None] = {}
-    preds: dict[Op, list[Op]] = {}
-    last = job.pp - 1
-    for it in range(iterations):
-        # All-reduce of stage s's gradients: every W of the stage (or, synchronised, of
-        # the whole job) before any optimizer step.
-        reduce = {s: Op("SYNC", it, -1, -1, s if staggered else -1) for s in range(job.pp)}
-        for op in set(reduce.values()):
-            worker[op], preds[op] = None, []
-        gate = Op("SYNC", it, -2, -1, -1)  # sync mode: every step before the next iteration
-        if it and not staggered:
-            worker[gate] = None
-            preds[gate] = [Op("OPT", it - 1, w[0], -1, w[1]) for w in workers]
-        for (r, m, s), w in assignment.items():
-            f, b, wo = Op("F", it, r, m, s), Op("B", it, r, m, s), Op("W", it, r, m, s)
-            worker[f], worker[b], worker[wo] = w, w, w
-            preds[f] = [Op("F", it, r, m, s - 1)] if s else []
-            if it:  # the next iteration's forwards wait for the new weights
-                preds[f].append(Op("OPT", it - 1, w[0], -1, w[1]) if staggered else gate)
-            preds[b] = [Op("B", it, r, m, s + 1)] if s < last else [f]
-            preds[wo] = [b]
-            preds[reduce[s]].append(wo)
-        for w in workers:
-            opt = Op("OPT", it, w[0], -1, w[1])
-            worker[opt] = w
-            preds[opt] = [reduce[w[1]]]
-    succs: dict[Op, list[Op]] = {op: [] for op in worker}
-    for op, before in preds.items():
-        for p in before:
-            succs[p].append(op)
-    duration = {op: 0.0 if op.kind == "SYNC" else job.duration(op.kind, op.stage) for op in worker}
-    return Graph(worker, duration, preds, succs)

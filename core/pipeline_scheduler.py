@@ -171,7 +171,7 @@ def list_schedule(
         source, k = where_of[i], kind[i]
         for j in succs[i]:
             target = where_of[j]
-            # Activations (F -> F) and gradients (B -> B) cross workers, nothing else.
+            # IndexedGraph.transfer's rule, inlined: this loop runs once per edge.
             ready = at + transfer if (transfer and k == kind[j] and target != source) else at
             if ready > arrival[j]:
                 arrival[j] = ready

@@ -15,8 +15,9 @@ import itertools
 from collections import deque
 from dataclasses import dataclass
 
+from rtrain.core.pipeline_index import index_graph
 from rtrain.core.pipeline_job import PlannerError, Worker
-from rtrain.core.pipeline_plan import Graph, Op, Plan, build_graph
+from rtrain.core.pipeline_plan import Op, Plan
 
 
 class PlanRejected(PlannerError):
@@ -34,14 +35,6 @@ class SimResult:
 
     def iteration_end(self, iteration: int) -> float:
         return max(t for op, t in self.end.items() if op.iteration == iteration)
-
-
-def transfer_between(graph: Graph, pred: Op, op: Op, transfer: float) -> float:
-    """Activations (F -> F) and gradients (B -> B) cross workers; nothing else does."""
-    a, b = graph.worker[pred], graph.worker[op]
-    if a is None or b is None or a == b or pred.kind != op.kind or op.kind not in "FB":
-        return 0.0
-    return transfer
 
 
 def peak_memory(order: list[Op], limit: int, worker: Worker) -> int:
@@ -63,46 +56,59 @@ def peak_memory(order: list[Op], limit: int, worker: Worker) -> int:
 
 def simulate(plan: Plan) -> SimResult:
     job = plan.job
-    graph = build_graph(job, plan.assignment, plan.workers, plan.iterations, plan.staggered)
-    expected = {op for op, w in graph.worker.items() if w is not None}
-    listed: set[Op] = set()
+    workers = plan.workers
+    graph = index_graph(job, plan.assignment, workers, plan.iterations, plan.staggered)
+    worker_index = {w: i for i, w in enumerate(workers)}
+    orders: list[list[int]] = []
+    listed: set[int] = set()
     for w, order in plan.orders.items():
+        ids = []
         for op in order:
-            if op in listed:
+            i = graph.id_of(op)
+            if i is not None and i in listed:
                 raise PlanRejected(f"{op.label()} (stage {op.stage}) is in the plan twice")
-            if graph.worker.get(op) != w:
+            if i is None or graph.worker[i] != worker_index[w]:
                 raise PlanRejected(f"{op.label()} of stage {op.stage} is not worker {w}'s work")
-            listed.add(op)
-    if listed != expected:
-        missing = sorted(expected - listed)[0]
-        raise PlanRejected(f"{missing.label()} of stage {missing.stage} is never run")
+            listed.add(i)
+            ids.append(i)
+        orders.append(ids)
+    missing = [i for i, w in enumerate(graph.worker) if w >= 0 and i not in listed]
+    if missing:
+        op = graph.op(missing[0])
+        raise PlanRejected(f"{op.label()} of stage {op.stage} is never run")
     peaks = {w: peak_memory(order, job.memory, w) for w, order in plan.orders.items()}
 
-    previous = {}
-    for order in plan.orders.values():
-        for before, op in itertools.pairwise(order):
-            previous[op] = before
-    waiting = {op: len(graph.preds[op]) + (op in previous) for op in graph.worker}
-    follows = {before: op for op, before in previous.items()}
-    start: dict[Op, float] = {}
-    end: dict[Op, float] = {}
-    ready = deque(op for op, n in waiting.items() if n == 0)
+    total = len(graph.kind)
+    previous = [-1] * total  # the op before, on the same worker
+    follows = [-1] * total
+    for ids in orders:
+        for before, i in itertools.pairwise(ids):
+            previous[i], follows[before] = before, i
+    preds = graph.preds
+    waiting = [len(preds[i]) + (previous[i] >= 0) for i in range(total)]
+    begin_at = [0.0] * total
+    end_at = [0.0] * total
+    done = 0
+    ready = deque(i for i in range(total) if waiting[i] == 0)
     while ready:
-        op = ready.popleft()
-        begin = end[previous[op]] if op in previous else 0.0
-        for pred in graph.preds[op]:
-            begin = max(begin, end[pred] + transfer_between(graph, pred, op, job.transfer))
-        start[op], end[op] = begin, begin + graph.duration[op]
-        for nxt in [*graph.succs[op], *([follows[op]] if op in follows else [])]:
+        i = ready.popleft()
+        begin = end_at[previous[i]] if previous[i] >= 0 else 0.0
+        for pred in preds[i]:
+            begin = max(begin, end_at[pred] + graph.transfer(pred, i))
+        begin_at[i], end_at[i] = begin, begin + graph.duration[i]
+        done += 1
+        for nxt in (*graph.succs[i], *((follows[i],) if follows[i] >= 0 else ())):
             waiting[nxt] -= 1
             if waiting[nxt] == 0:
                 ready.append(nxt)
-    if len(end) != len(graph.worker):
-        stuck = min(op for op in graph.worker if op not in end and op.kind != "SYNC")
+    if done != total:
+        stuck = graph.op(next(i for i in range(total) if waiting[i] and graph.worker[i] >= 0))
         raise PlanRejected(
             f"the plan breaks a dependency: {stuck.label()} of stage {stuck.stage} waits "
             "for work that is ordered after it"
         )
+    start = {graph.op(i): begin_at[i] for ids in orders for i in ids}
+    end = {graph.op(i): end_at[i] for ids in orders for i in ids}
     makespan = max(end.values(), default=0.0)
     period = makespan
     if plan.iterations > 1:
@@ -111,7 +117,7 @@ def simulate(plan: Plan) -> SimResult:
             ends[op.iteration] = max(ends[op.iteration], t)
         period = ends[-1] - ends[-2]
     busy = {
-        w: (sum(graph.duration[op] for op in order) / makespan if makespan else 0.0)
-        for w, order in plan.orders.items()
+        w: (sum(graph.duration[i] for i in ids) / makespan if makespan else 0.0)
+        for w, ids in zip(plan.orders, orders, strict=True)
     }
     return SimResult(period, makespan, start, end, busy, peaks)
