@@ -17,6 +17,9 @@ from rtrain.core.errors import RtrainError
 
 logger = logging.getLogger(__name__)
 
+# What most training scripts import at their first optimizer step (1.2 s of torch._dynamo).
+WARM_LATER = ("torch._dynamo",)
+
 
 class PoolDied(RtrainError):
     """The zygote exited; every worker it held is gone with it."""
@@ -31,8 +34,18 @@ class WorkerExit:
 
 
 class WorkerPool:
-    def __init__(self, preload: tuple[str, ...], env: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        preload: tuple[str, ...],
+        env: Mapping[str, str],
+        warm_later: tuple[str, ...] | None = None,
+    ) -> None:
+        """warm_later: modules the zygote imports once it is idle after its start (default:
+        torch._dynamo when torch is preloaded)."""
         self._preload = preload
+        if warm_later is None:
+            warm_later = WARM_LATER if "torch" in preload else ()
+        self._warm_later = warm_later
         self._env = dict(env)
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
@@ -52,6 +65,8 @@ class WorkerPool:
                 str(theirs.fileno()),
                 "--preload",
                 ",".join(self._preload),
+                "--warm-later",
+                ",".join(self._warm_later),
             ],
             pass_fds=(theirs.fileno(),),
             env=self._env,

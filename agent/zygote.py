@@ -12,9 +12,12 @@ The agent talks to the zygote over a socketpair, one JSON object per line:
                     {"ev": "exited", "id": ..., "pid": N, "exitcode": N, "time": T}
                     (exitcode negative: killed by that signal; time: when it was reaped)
 
-The zygote reaps its children (it is their parent), so an exit is reported the moment
-SIGCHLD arrives. It dies with the agent (parent-death signal), and its workers die
-with it; if the agent's socket closes, it kills every worker before exiting.
+The zygote reaps its children (it is their parent) in its SIGCHLD handler, so an exit is
+reported, with the time it happened, even while the zygote is busy importing modules for
+later restarts (seconds of torch._dynamo): a reap delayed past the agent's stop would
+make a worker that failed on its own look stopped, and charge its failure to a victim.
+It dies with the agent (parent-death signal), and its workers die with it; if the
+agent's socket closes, it kills every worker before exiting.
 """
 
 from __future__ import annotations
@@ -41,23 +44,43 @@ class Zygote:
         self._children: dict[int, str] = {}
         self.warm_later: list[str] = []
         self._buffer = b""
+        # Set while lines are written: a report from the SIGCHLD handler then waits in
+        # _queued instead of landing in the middle of a line.
+        self._sending = False
+        self._queued: list[bytes] = []
+        self._reaping = False
+        # Exits of children reaped before _spawn registered them (a child that died at once).
+        self._early_exits: dict[int, tuple[int, float]] = {}
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         os.set_blocking(self._wake_r, False)
 
     def send(self, message: dict[str, Any]) -> None:
-        self._sock.sendall((json.dumps(message) + "\n").encode())
+        self._queued.append((json.dumps(message) + "\n").encode())
+        self.flush()
+
+    def flush(self) -> None:
+        """Write the queued lines, unless this is the SIGCHLD handler interrupting a write:
+        that write goes on with what the handler queued (or the main loop does)."""
+        if self._sending:
+            return
+        self._sending = True
+        try:
+            while self._queued:
+                self._sock.sendall(self._queued.pop(0))
+        finally:
+            self._sending = False
 
     def serve(self) -> None:
+        # The wakeup fd makes select return for a report queued by the handler.
         signal.set_wakeup_fd(self._wake_w)
-        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGCHLD, lambda *_: self._reap())
         while True:
             idle_s = 0.2 if self.warm_later else 1.0
             readable, _, _ = select.select([self._sock, self._wake_r], [], [], idle_s)
             if not readable and self.warm_later:
-                # Idle: import what most training scripts import at their first
-                # optimizer (1.2 s of torch._dynamo), so restarted workers skip it, without
-                # making the first start wait for it.
+                # Idle: import what workers will import anyway (see WorkerPool), so that
+                # restarted workers skip it, without making the first start wait for it.
                 preload(self.warm_later)
                 self.warm_later = []
             if self._wake_r in readable:
@@ -67,6 +90,7 @@ class Zygote:
                 except BlockingIOError:
                     pass
             self._reap()
+            self.flush()  # a report queued by the handler while a line was written
             if self._sock in readable:
                 data = self._sock.recv(1 << 16)
                 if not data:  # the agent is gone
@@ -96,6 +120,9 @@ class Zygote:
             boot(request, zygote_pid, [self._sock.fileno(), self._wake_r, self._wake_w])
         self._children[pid] = request["id"]
         self.send({"ev": "started", "id": request["id"], "pid": pid})
+        early = self._early_exits.pop(pid, None)
+        if early is not None:
+            self._report_exit(pid, *early)
 
     def _signal_all(self, sig: int, worker_id: str | None = None) -> None:
         # Only unreaped children are signalled, so a pid is never a recycled one.
@@ -109,29 +136,29 @@ class Zygote:
                     os.kill(pid, sig)
 
     def _reap(self) -> None:
-        while self._children:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            worker_id = self._children.pop(pid, None)
-            if worker_id is not None:
-                code = os.waitstatus_to_exitcode(status)
-                self.send(
-                    {
-                        "ev": "exited",
-                        "id": worker_id,
-                        "pid": pid,
-                        "exitcode": code,
-                        "time": time.time(),
-                    }
-                )
+        """Reap every exited child; runs in the SIGCHLD handler and in the main loop."""
+        if self._reaping:  # the handler interrupted the main loop's reap: it goes on
+            return
+        self._reaping = True
+        try:
+            while True:
+                try:
+                    pid, status = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    return
+                if pid == 0:
+                    return
+                code, when = os.waitstatus_to_exitcode(status), time.time()
+                if pid in self._children:
+                    self._report_exit(pid, code, when)
+                else:  # forked, but _spawn has not registered it yet
+                    self._early_exits[pid] = (code, when)
+        finally:
+            self._reaping = False
 
-
-# Imported once the pool is idle after its start (see Zygote.serve).
-WARM_LATER = ("torch._dynamo",)
+    def _report_exit(self, pid: int, code: int, when: float) -> None:
+        worker_id = self._children.pop(pid)
+        self.send({"ev": "exited", "id": worker_id, "pid": pid, "exitcode": code, "time": when})
 
 
 def preload(modules: list[str]) -> dict[str, str]:
@@ -148,6 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="rtrain-zygote")
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--preload", default="")
+    parser.add_argument("--warm-later", default="")
     args = parser.parse_args(argv)
     parent = os.getppid()
     set_parent_death_signal(signal.SIGKILL)
@@ -163,8 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     zygote = Zygote(sock, parent)
     modules = [m for m in args.preload.split(",") if m]
     errors = preload(modules)
-    if "torch" in modules:
-        zygote.warm_later = list(WARM_LATER)
+    zygote.warm_later = [m for m in args.warm_later.split(",") if m]
     try:
         zygote.send({"ev": "ready", "preload_errors": errors})
         zygote.serve()

@@ -7,7 +7,15 @@ import sys
 
 import pytest
 
-from tests.integration.helpers import PROBE, RTRAIN, TORCHRUN, free_port, probe_env, records, run
+from tests.integration.helpers import (
+    PROBE,
+    RTRAIN,
+    free_port,
+    probe_env,
+    records,
+    run,
+    run_torchrun,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -16,10 +24,13 @@ NONDETERMINISTIC = {"MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FI
 
 
 def _worker_envs(
-    tmp_path, name: str, launcher: list[str], flags: list[str]
+    tmp_path, name: str, launcher: list[str] | None, flags: list[str]
 ) -> dict[int, dict[str, str]]:
+    """The workers' environments under rtrain (launcher) or torchrun (None)."""
     out = tmp_path / name
-    result = run([*launcher, *flags, PROBE, "--lr", "0.1"], probe_env(out))
+    args = [*flags, PROBE, "--lr", "0.1"]
+    env = probe_env(out)
+    result = run([*launcher, *args], env) if launcher else run_torchrun(args, env)
     assert result.returncode == 0, result.stderr[-3000:]
     found = records(out)
     assert sorted(found) == [(0, 0), (0, 1)]
@@ -38,9 +49,7 @@ def _worker_envs(
     ids=["standalone", "static"],
 )
 def test_worker_environment_matches_torchrun(tmp_path, flags):
-    theirs = _worker_envs(
-        tmp_path, "torchrun", TORCHRUN, [f.format(port=free_port()) for f in flags]
-    )
+    theirs = _worker_envs(tmp_path, "torchrun", None, [f.format(port=free_port()) for f in flags])
     ours = _worker_envs(tmp_path, "rtrain", RTRAIN, [f.format(port=free_port()) for f in flags])
     for rank in (0, 1):
         ours_torch_keys = {k: v for k, v in ours[rank].items() if not k.startswith("RTRAIN_")}
@@ -107,7 +116,7 @@ def test_example_trains_to_the_same_weights_as_under_torchrun(tmp_path):
     script = ["examples/train_mlp.py", "--steps", "60"]
     flags = ["--standalone", "--nproc-per-node=2"]
     ours = run([*RTRAIN, *flags, *script], probe_env(tmp_path))
-    theirs = run([*TORCHRUN, *flags, *script], probe_env(tmp_path))
+    theirs = run_torchrun([*flags, *script], probe_env(tmp_path))
     assert ours.returncode == 0 and theirs.returncode == 0, ours.stderr + theirs.stderr
 
     def checksum(stdout: str) -> str:
