@@ -286,8 +286,9 @@ class Agent:
             master[0],
             master[1],
         )
-        before = previous.topology if previous is not None else None
-        topology_env = write_topology(self.run_log_dir, topology, before, self.spec.recycle_profile)
+        topology_env, plan = write_topology(
+            self.run_log_dir, topology, previous, self.spec.recycle_profile
+        )
         snapshot_env = self._snapshots.prepare(
             rdzv, membership, topology, node_rank, self.nproc, self.spec.rdzv.join_timeout, watch
         )
@@ -312,7 +313,7 @@ class Agent:
             self._tail,
             extra_env,
         )
-        self._gen = Generation(membership, node_rank, group, peers, hangs, topology)
+        self._gen = Generation(membership, node_rank, group, peers, hangs, topology, plan)
         self._policy.settle(previous, self._gen)
         group.start()
         return self._gen

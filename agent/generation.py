@@ -32,6 +32,7 @@ class Generation:
     peers: PeerLeases
     hangs: HangWatch
     topology: Topology
+    recycle_plan: dict[str, Any] | None = None  # with --recycle-profile
 
     @property
     def number(self) -> int:
@@ -66,36 +67,51 @@ def generation_topology(
 def write_topology(
     run_log_dir: str,
     topology: Topology,
-    previous: Topology | None = None,
+    previous: Generation | None = None,
     recycle_profile: dict[str, Any] | None = None,
-) -> dict[str, str]:
+) -> tuple[dict[str, str], dict[str, Any] | None]:
     """<run log dir>/attempt_<g>/topology.json, which rtrain.core.topology() reads, and
-    with --recycle-profile the ReCycle plan for what this generation lost
-    (recycle_plan.json, for rtrain.core.recycle_actions()); the workers' environment
-    that points at them."""
+    with --recycle-profile this generation's ReCycle plan (recycle_plan.json, for
+    rtrain.core.recycle_actions()): the workers' environment that points at them, and
+    the plan."""
     folder = os.path.join(run_log_dir, f"attempt_{topology.generation}")
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, "topology.json")
     with open(path, "w") as handle:
         handle.write(topology.encode())
     env = {TOPOLOGY_FILE: path}
-    if recycle_profile is not None and previous is not None and topology.lost_ranks:
-        plan = recycle_plan(previous, topology, recycle_profile)
-        if plan is None:
-            logger.info(
-                "no ReCycle plan for generation %d: a stage lost every worker", topology.generation
-            )
-        else:
-            env[RECYCLE_PLAN_FILE] = os.path.join(folder, "recycle_plan.json")
-            with open(env[RECYCLE_PLAN_FILE], "w") as handle:
-                json.dump(plan, handle)
-            logger.info(
-                "ReCycle plan for generation %d: %d failed worker(s) re-routed, iteration %.3g",
-                topology.generation,
-                len(plan["failed"]),
-                plan["iteration_time"],
-            )
-    return env
+    if recycle_profile is None:
+        return env, None
+    if previous is not None and previous.number != topology.generation - 1:
+        previous = None  # joined late: no plan of the last generation to carry on
+    plan = recycle_plan(
+        topology,
+        recycle_profile,
+        previous.topology if previous is not None else None,
+        previous.recycle_plan if previous is not None else None,
+    )
+    if plan is None:
+        logger.info(
+            "no ReCycle plan for generation %d: a stage lost every worker", topology.generation
+        )
+        return env, None
+    env[RECYCLE_PLAN_FILE] = os.path.join(folder, "recycle_plan.json")
+    with open(env[RECYCLE_PLAN_FILE], "w") as handle:
+        json.dump(plan, handle)
+    if plan["failed"]:
+        logger.info(
+            "ReCycle plan for generation %d: %d failed worker(s) re-routed, iteration %.3g",
+            topology.generation,
+            len(plan["failed"]),
+            plan["iteration_time"],
+        )
+    else:
+        logger.info(
+            "ReCycle plan for generation %d: fault-free, iteration %.3g",
+            topology.generation,
+            plan["iteration_time"],
+        )
+    return env, plan
 
 
 def default_node_addr(spec: LaunchSpec) -> str:

@@ -1,10 +1,10 @@
 """The ReCycle plan a recomputed topology carries to the workers.
 
-With `rtrain launch --recycle-profile FILE`, every generation that lost workers gets
-the plan that absorbs the loss: over the previous generation's grid (its DP x PP),
-the positions nobody holds any more are the failed workers, and every worker of the
-new generation keeps the (replica, stage) it held (or, on a replacement node, the one
-it takes over). The agent writes the result next to topology.json, and
+With `rtrain launch --recycle-profile FILE`, every generation gets a plan: generation
+0 the fault-free one, and a generation that lost workers the plan that absorbs the
+loss. Every worker keeps the (replica, stage) it held (or, on a replacement node, the
+one it takes over) on the grid of the first generation, and the positions nobody holds
+any more are the failed workers. The agent writes the result next to topology.json, and
 `rtrain.core.recycle_actions()` hands each worker its own action list (the format of
 `core.pipeline_report.action_list`), for a pipeline runtime to follow.
 
@@ -45,41 +45,57 @@ def _durations(profile: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in profile.items() if k != "microbatches"}
 
 
-def positions(previous: Topology, current: Topology) -> tuple[dict[int, Worker], set[Worker]]:
-    """rank of `current` -> its (replica, stage) in `previous`'s grid; and the positions
-    of `previous` that no worker of `current` holds (the failed workers)."""
-    where: dict[int, Worker] = {}
+Positions = dict[int, Worker]  # rank -> (replica, stage) on the plan's grid
+
+
+def grid_positions(topology: Topology) -> Positions:
+    """rank -> its own (replica, stage) in `topology`'s grid (spares hold none)."""
+    return {c.rank: (c.dp, c.pp) for c in topology.coords if c.dp is not None}
+
+
+def carried_positions(before: Mapping[int, Worker], current: Topology) -> Positions:
+    """rank of `current` -> the position its previous rank held in `before` (a
+    replacement node's rank: the position of the lost rank it replaces)."""
+    where: Positions = {}
     for coord in current.coords:
-        before = (current.previous_rank or {}).get(coord.rank)
-        if before is None:
-            before = (current.replaces or {}).get(coord.rank)
-        if before is None or before >= len(previous.coords):
-            continue
-        old = previous.coords[before]
-        if old.dp is not None:
-            where[coord.rank] = (old.dp, old.pp)
-    grid = {(c.dp, c.pp) for c in previous.coords if c.dp is not None}
-    return where, grid - set(where.values())
+        old = (current.previous_rank or {}).get(coord.rank)
+        if old is None:
+            old = (current.replaces or {}).get(coord.rank)
+        if old is not None and old in before:
+            where[coord.rank] = before[old]
+    return where
 
 
 def recycle_plan(
-    previous: Topology, current: Topology, profile: Mapping[str, Any]
+    current: Topology,
+    profile: Mapping[str, Any],
+    previous: Topology | None = None,
+    previous_plan: Mapping[str, Any] | None = None,
 ) -> dict[str, Any] | None:
-    """The plan file's content, or None when nothing was lost or no plan can absorb it
-    (a stage with no survivor: the shrunk grid is all there is)."""
+    """The plan file's content for generation `current`, or None when no plan can absorb
+    what was lost (a stage with no survivor: the shrunk grid is all there is).
+
+    Positions are kept on the grid of the first generation that had a plan: the
+    previous generation's plan carries them (so a second failure is planned on the
+    grid the first one was), else the previous generation's own grid; generation 0
+    gets the fault-free plan of its own grid.
+    """
     from rtrain.core.pipeline_report import action_list
     from rtrain.core.pipeline_scheduler import plan
     from rtrain.core.pipeline_sim import simulate
 
-    where, failed = positions(previous, current)
-    if not failed:
-        return None
-    job = PipelineJob.from_profile(
-        _durations(profile),
-        previous.dp_size,
-        previous.layout.pp,
-        int(profile["microbatches"]),
-    )
+    if previous_plan is not None:
+        dp, pp = int(previous_plan["dp"]), int(previous_plan["pp"])
+        before = {int(r): (int(w[0]), int(w[1])) for r, w in previous_plan["positions"].items()}
+        where = carried_positions(before, current)
+    elif previous is not None:
+        dp, pp = previous.dp_size, previous.layout.pp
+        where = carried_positions(grid_positions(previous), current)
+    else:
+        dp, pp = current.dp_size, current.layout.pp
+        where = grid_positions(current)
+    failed = {(r, s) for r in range(dp) for s in range(pp)} - set(where.values())
+    job = PipelineJob.from_profile(_durations(profile), dp, pp, int(profile["microbatches"]))
     try:
         chosen = plan(job, sorted(failed), "recycle")
     except NoSurvivor:

@@ -4,8 +4,15 @@ the failed set, and the plan over them."""
 from __future__ import annotations
 
 import pytest
-from rtrain.core.pipeline_job import PlannerError
-from rtrain.core.recycle_topology import check_profile, positions, recycle_plan
+from rtrain.core.pipeline_job import PipelineJob, PlannerError
+from rtrain.core.pipeline_scheduler import plan as make_plan
+from rtrain.core.pipeline_sim import simulate
+from rtrain.core.recycle_topology import (
+    carried_positions,
+    check_profile,
+    grid_positions,
+    recycle_plan,
+)
 from rtrain.core.topology import Layout, NodeSlot, build_grid, recompute_topology
 
 LAYOUT = Layout(pp=2)
@@ -19,12 +26,22 @@ PROFILE = {
 NODES = [NodeSlot(f"n{i}", 1) for i in range(4)]  # one worker per node: one stage each
 
 
+def test_generation_0_gets_the_fault_free_plan_of_its_own_grid() -> None:
+    grid = build_grid(LAYOUT, 0, NODES)
+    plan = recycle_plan(grid, PROFILE)
+    assert plan is not None and plan["failed"] == [] and (plan["dp"], plan["pp"]) == (2, 2)
+    assert plan["positions"] == {"0": [0, 0], "1": [0, 1], "2": [1, 0], "3": [1, 1]}
+    durations = {k: v for k, v in PROFILE.items() if k != "microbatches"}
+    fault_free = make_plan(PipelineJob.from_profile(durations, 2, 2, 4), [], "1f1b")
+    assert plan["iteration_time"] == pytest.approx(simulate(fault_free).iteration_time)
+
+
 def test_survivors_keep_their_place_and_the_lost_one_is_failed() -> None:
     before = build_grid(LAYOUT, 0, NODES)  # DP=2: replica 0 = n0, n1; replica 1 = n2, n3
     after = recompute_topology(LAYOUT, 1, NODES[:3], before)  # n3 (replica 1, stage 1) lost
-    where, failed = positions(before, after)
-    assert where == {0: (0, 0), 1: (0, 1), 2: (1, 0)} and failed == {(1, 1)}
-    plan = recycle_plan(before, after, PROFILE)
+    where = carried_positions(grid_positions(before), after)
+    assert where == {0: (0, 0), 1: (0, 1), 2: (1, 0)}
+    plan = recycle_plan(after, PROFILE, before)
     assert plan is not None and plan["failed"] == [[1, 1]] and plan["positions"]["2"] == [1, 0]
     by_worker = {tuple(w["worker"]): w["actions"] for w in plan["workers"]}
     helper = [a for a in by_worker[(0, 1)] if a["op"] == "F"]
@@ -33,18 +50,36 @@ def test_survivors_keep_their_place_and_the_lost_one_is_failed() -> None:
     assert {tuple(a["recv_from"]) for a in helper if a["replica"] == 1} == {(1, 0)}
 
 
-def test_a_replacement_takes_over_the_lost_place_and_nothing_is_planned() -> None:
+def test_a_second_failure_is_planned_on_the_grid_of_the_first() -> None:
+    # rtrain's own grid shrinks to DP=1 after the first loss (n2 becomes a spare), so
+    # planning over it would lose replica 1's micro-batches when n2 goes too.
+    gen0 = build_grid(LAYOUT, 0, NODES)
+    gen1 = recompute_topology(LAYOUT, 1, NODES[:3], gen0)
+    plan1 = recycle_plan(gen1, PROFILE, gen0, recycle_plan(gen0, PROFILE))
+    gen2 = recompute_topology(LAYOUT, 2, NODES[:2], gen1)
+    assert gen2.dp_size == 1
+    plan2 = recycle_plan(gen2, PROFILE, gen1, plan1)
+    assert plan2 is not None and (plan2["dp"], plan2["pp"]) == (2, 2)
+    assert plan2["failed"] == [[1, 0], [1, 1]]
+    assert plan2["positions"] == {"0": [0, 0], "1": [0, 1]}
+    forwards = [a for w in plan2["workers"] for a in w["actions"] if a["op"] == "F"]
+    # every micro-batch of both replicas, at both stages, in each of the 2 iterations
+    assert len(forwards) == 2 * 2 * 4 * 2
+
+
+def test_a_replacement_takes_over_the_lost_place_and_nothing_is_failed() -> None:
     before = build_grid(LAYOUT, 0, NODES)
     after = recompute_topology(LAYOUT, 1, [*NODES[:3], NodeSlot("new", 1)], before)
-    assert positions(before, after)[1] == set()
-    assert recycle_plan(before, after, PROFILE) is None
+    plan = recycle_plan(after, PROFILE, before)
+    assert plan is not None and plan["failed"] == []
+    assert plan["positions"]["3"] == [1, 1]
 
 
 def test_a_stage_with_no_survivor_gets_no_plan() -> None:
     before = build_grid(LAYOUT, 0, NODES)
     after = recompute_topology(LAYOUT, 1, [NODES[0], NODES[2]], before)  # both stage-1 gone
-    assert positions(before, after)[1] == {(0, 1), (1, 1)}
-    assert recycle_plan(before, after, PROFILE) is None
+    assert set(carried_positions(grid_positions(before), after).values()) == {(0, 0), (1, 0)}
+    assert recycle_plan(after, PROFILE, before) is None
 
 
 @pytest.mark.parametrize(
