@@ -36,10 +36,12 @@ class LocalCluster:
         conf: str = "join_timeout=30",
         script: str = RESUMABLE,
         node_env: dict[int, dict[str, str]] | None = None,
+        script_args: list[str] | None = None,
         **env: str,
     ) -> None:
         self.conf = conf
         self.script = script
+        self.script_args = script_args or []
         self.tmp = tmp
         self.out = tmp / "out"
         self.port = free_port()
@@ -63,6 +65,7 @@ class LocalCluster:
             f"--rdzv-conf={self.conf},is_host={'true' if index == 0 else 'false'}",
             *flags,
             self.script,
+            *self.script_args,
         ]
         handle = open(log, "w")  # noqa: SIM115 - the node writes to it until it exits
         proc = subprocess.Popen(

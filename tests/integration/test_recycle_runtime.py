@@ -1,0 +1,74 @@
+"""examples/pipeline_recycle.py: a pipeline runtime that follows rtrain's ReCycle plan.
+A DP=2 x PP=2 job loses a node; the survivors run its micro-batches and end with
+weights bitwise equal to a run that lost nothing."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.integration.cluster import LocalCluster
+from tests.integration.helpers import ROOT, RTRAIN, probe_env, run
+
+pytestmark = pytest.mark.integration
+
+EXAMPLE = str(ROOT / "examples" / "pipeline_recycle.py")
+PROFILE = str(ROOT / "examples" / "recycle_profile.json")
+FLAGS = ["--pp=2", f"--recycle-profile={PROFILE}"]
+STEPS = "24"
+
+
+def stage_digests(text: str) -> dict[int, str]:
+    return {int(s): d for s, d in re.findall(r"stage (\d): params sha256 (\w+)", text)}
+
+
+def test_a_lost_node_s_micro_batches_move_to_its_stage_peer_and_nothing_changes(
+    tmp_path: Path,
+) -> None:
+    # The reference: the same job on one node, nothing lost.
+    reference = run(
+        [*RTRAIN, "--standalone", "--nproc-per-node=4", *FLAGS, EXAMPLE, "--steps", STEPS],
+        probe_env(tmp_path / "reference"),
+        timeout=120,
+    )
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    expected = stage_digests(reference.stdout)
+    assert sorted(expected) == [0, 1]
+
+    out = tmp_path / "out"
+    out.mkdir()
+    cluster = LocalCluster(
+        tmp_path,
+        4,
+        "2:4",
+        ["--nproc-per-node=1", *FLAGS, "--heartbeat-interval=0.5", "--heartbeat-timeout=2"],
+        script=EXAMPLE,
+        script_args=["--steps", STEPS, "--step-sleep", "0.1", "--record", str(out)],
+    )
+    try:
+        cluster.wait_progress(6)
+        cluster.kill_node(3)
+        codes = cluster.wait()
+    finally:
+        cluster.close()
+    assert codes[:3] == [0, 0, 0], cluster.log(0)
+    finals = [json.loads(p.read_text()) for p in sorted(out.glob("final_rank*.json"))]
+    assert len(finals) == 3 and all(f["generation"] >= 1 for f in finals)
+    # the survivors went on from their snapshots, not from step 0
+    assert all(f["first_step"] >= 6 for f in finals), finals
+    # Node 3 held one (replica, stage); its same-stage peer now runs both replicas'
+    # forwards of that stage (4 + 4 micro-batches), the others their own 4.
+    lost = finals[0]["failed"]
+    assert len(lost) == 1 and all(f["failed"] == lost for f in finals)
+    forwards = {tuple(f["position"]): f["forwards_per_step"] for f in finals}
+    assert sorted(forwards.values()) == [4, 4, 8]
+    helper = next(pos for pos, n in forwards.items() if n == 8)
+    assert helper[1] == lost[0][1]
+    # bitwise the weights of the run that lost nothing, at every worker of every stage
+    for final in finals:
+        assert final["digest"] == expected[final["stage"]], final
+    logs = "".join(cluster.log(i) for i in range(3))
+    assert "1 failed worker(s) re-routed" in logs
