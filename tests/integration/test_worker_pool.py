@@ -12,7 +12,6 @@ from rtrain.agent.worker_pool import WorkerExit, WorkerPool
 pytestmark = pytest.mark.integration
 
 IMPORT_S = 5.0  # how long the pool's idle-time import takes
-WORKER_S = 1.5  # how long after its start the worker fails (the import has begun by then)
 
 
 def test_an_exit_is_reported_while_the_pool_imports_for_later_restarts(tmp_path: Path) -> None:
@@ -35,7 +34,8 @@ def test_an_exit_is_reported_while_the_pool_imports_for_later_restarts(tmp_path:
                 "id": "w0",
                 "kind": "exec",
                 "target": "sh",
-                "args": ["-c", f"sleep {WORKER_S}; exit 3"],
+                # fails once the pool is busy importing
+                "args": ["-c", "while [ ! -e import_started ]; do sleep 0.05; done; exit 3"],
                 "env": env,
                 "cwd": str(tmp_path),
                 "stdout_file": None,
@@ -47,6 +47,8 @@ def test_an_exit_is_reported_while_the_pool_imports_for_later_restarts(tmp_path:
         while not exits and time.monotonic() < deadline:
             exits = pool.poll_exits(0.05)
         received = time.time()
+        while not (tmp_path / "import_done").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
     finally:
         pool.close()
     assert [(e.worker_id, e.exitcode) for e in exits] == [("w0", 3)]
