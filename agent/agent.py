@@ -30,6 +30,7 @@ from rtrain.agent.generation import (
     default_node_addr,
     generation_topology,
     membership_rank,
+    previous_grid,
     write_topology,
 )
 from rtrain.agent.gpu_monitor import GpuFault
@@ -38,9 +39,10 @@ from rtrain.agent.health_guard import HealthGuard
 from rtrain.agent.job_end import JobEnd
 from rtrain.agent.lease import LeaseKeeper, PeerLeases
 from rtrain.agent.log_tail import LogTail
+from rtrain.agent.recycle_plans import plan_generation
 from rtrain.agent.rendezvous import GenerationEnded, JobAborted, StoreRendezvous
 from rtrain.agent.runtime_dir import make_run_log_dir, make_runtime_dir
-from rtrain.agent.snapshots import SnapshotService, default_budget
+from rtrain.agent.snapshots import SnapshotService
 from rtrain.agent.store import connect_store, host_store, open_rendezvous_store
 from rtrain.agent.worker_pool import WorkerPool
 from rtrain.agent.workers import WorkerGroup
@@ -88,17 +90,7 @@ class Agent:
         self._worker_store: Any = None
         # Heartbeat files and snapshot shards: memory-backed where possible.
         self._runtime_dir = make_runtime_dir()
-        shard_root = os.path.join(self._runtime_dir, "shards")
-        os.makedirs(shard_root)
-        self._snapshots = SnapshotService(
-            shard_root,
-            self.addr if self.addr != "localhost" else "127.0.0.1",
-            spec.snapshots.memory or default_budget(shard_root),
-            spec.snapshots.copies,
-            spec.rdzv.run_id,
-            spec.snapshots.checkpoint_dir,
-            spec.snapshots.checkpoint_every,
-        )
+        self._snapshots = SnapshotService.for_launch(spec, self._runtime_dir, self.addr)
         log.set_node(self.addr)
 
     # -- signals --
@@ -266,7 +258,8 @@ class Agent:
 
         assert self._lease is not None
         self._lease.hold(generation, node_rank)
-        topology = generation_topology(rdzv, self.spec.layout, membership, previous)
+        before = previous_grid(rdzv, self.spec.layout, membership, previous)
+        topology = generation_topology(self.spec.layout, membership, before)
         logger.info("generation %d layout: %s", generation, topology.summary())
         self._worker_store = None  # the previous generation's store closes here
         if node_rank == 0:
@@ -286,9 +279,8 @@ class Agent:
             master[0],
             master[1],
         )
-        topology_env, plan = write_topology(
-            self.run_log_dir, topology, previous, self.spec.recycle_profile
-        )
+        folder, topology_env = write_topology(self.run_log_dir, topology)
+        plan_env, plan = plan_generation(rdzv, self.spec, folder, topology, before, previous)
         snapshot_env = self._snapshots.prepare(
             rdzv, membership, topology, node_rank, self.nproc, self.spec.rdzv.join_timeout, watch
         )
@@ -299,6 +291,7 @@ class Agent:
         def extra_env(local_rank: int, log_dir: str) -> dict[str, str]:
             return {
                 **topology_env,
+                **plan_env,
                 **snapshot_env,
                 **hangs.worker_env(local_rank, log_dir),
             }

@@ -3,7 +3,6 @@ and how a node is named in it."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -16,7 +15,6 @@ from rtrain.agent.rendezvous import StoreRendezvous
 from rtrain.agent.workers import WorkerGroup
 from rtrain.core.errors import RendezvousError
 from rtrain.core.launch_spec import LaunchSpec
-from rtrain.core.recycle_topology import RECYCLE_PLAN_FILE, recycle_plan
 from rtrain.core.store_protocol import Membership
 from rtrain.core.topology import Layout, NodeSlot, Topology, build_grid, recompute_topology
 from rtrain.core.worker_api import TOPOLOGY_FILE
@@ -43,75 +41,41 @@ class Generation:
         return len(self.membership.members)
 
 
-def generation_topology(
+def previous_grid(
     rdzv: StoreRendezvous, layout: Layout, membership: Membership, previous: Generation | None
+) -> Topology | None:
+    """The grid of the generation before `membership`'s: this node's own, or (joined
+    late) rebuilt from the store as every other agent has it."""
+    if previous is not None and previous.number == membership.generation - 1:
+        return previous.topology
+    if membership.generation == 0:
+        return None
+    last = rdzv.read_membership(membership.generation - 1)
+    return build_grid(
+        layout, last.generation, [NodeSlot(m.node_id, m.local_world_size) for m in last.members]
+    )
+
+
+def generation_topology(
+    layout: Layout, membership: Membership, before: Topology | None
 ) -> Topology:
     """This generation's grid; DP peers and lost ranks come from the one before it.
 
     Every agent computes the same grid from the same memberships, so none is sent around.
     """
     slots = [NodeSlot(m.node_id, m.local_world_size) for m in membership.members]
-    before: Topology | None = None
-    if previous is not None and previous.number == membership.generation - 1:
-        before = previous.topology
-    elif membership.generation > 0:  # joined late: rebuild the last grid from the store
-        last = rdzv.read_membership(membership.generation - 1)
-        before = build_grid(
-            layout,
-            last.generation,
-            [NodeSlot(m.node_id, m.local_world_size) for m in last.members],
-        )
     return recompute_topology(layout, membership.generation, slots, before)
 
 
-def write_topology(
-    run_log_dir: str,
-    topology: Topology,
-    previous: Generation | None = None,
-    recycle_profile: dict[str, Any] | None = None,
-) -> tuple[dict[str, str], dict[str, Any] | None]:
-    """<run log dir>/attempt_<g>/topology.json, which rtrain.core.topology() reads, and
-    with --recycle-profile this generation's ReCycle plan (recycle_plan.json, for
-    rtrain.core.recycle_actions()): the workers' environment that points at them, and
-    the plan."""
+def write_topology(run_log_dir: str, topology: Topology) -> tuple[str, dict[str, str]]:
+    """<run log dir>/attempt_<g>/topology.json, which rtrain.core.topology() reads: its
+    folder, and the workers' environment that points at it."""
     folder = os.path.join(run_log_dir, f"attempt_{topology.generation}")
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, "topology.json")
     with open(path, "w") as handle:
         handle.write(topology.encode())
-    env = {TOPOLOGY_FILE: path}
-    if recycle_profile is None:
-        return env, None
-    if previous is not None and previous.number != topology.generation - 1:
-        previous = None  # joined late: no plan of the last generation to carry on
-    plan = recycle_plan(
-        topology,
-        recycle_profile,
-        previous.topology if previous is not None else None,
-        previous.recycle_plan if previous is not None else None,
-    )
-    if plan is None:
-        logger.info(
-            "no ReCycle plan for generation %d: a stage lost every worker", topology.generation
-        )
-        return env, None
-    env[RECYCLE_PLAN_FILE] = os.path.join(folder, "recycle_plan.json")
-    with open(env[RECYCLE_PLAN_FILE], "w") as handle:
-        json.dump(plan, handle)
-    if plan["failed"]:
-        logger.info(
-            "ReCycle plan for generation %d: %d failed worker(s) re-routed, iteration %.3g",
-            topology.generation,
-            len(plan["failed"]),
-            plan["iteration_time"],
-        )
-    else:
-        logger.info(
-            "ReCycle plan for generation %d: fault-free, iteration %.3g",
-            topology.generation,
-            plan["iteration_time"],
-        )
-    return env, plan
+    return folder, {TOPOLOGY_FILE: path}
 
 
 def default_node_addr(spec: LaunchSpec) -> str:

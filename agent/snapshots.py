@@ -18,6 +18,7 @@ from rtrain.agent.replicator import Replicator
 from rtrain.agent.restorer import gather, publish, restore_local_ranks
 from rtrain.agent.shard_server import ShardServer
 from rtrain.agent.shard_store import ShardStore
+from rtrain.core.launch_spec import LaunchSpec
 from rtrain.core.restore_plan import ring_successors
 from rtrain.core.snapshot_api import SNAPSHOT_BUDGET, SNAPSHOT_DIR
 from rtrain.core.snapshot_format import COMMITTED, checksums, read_header
@@ -54,6 +55,21 @@ class SnapshotService:
         self._replicator: Replicator | None = None
         self._generation: int | None = None  # the generation the workers now run
         self._world_size = 0
+
+    @classmethod
+    def for_launch(cls, spec: LaunchSpec, runtime_dir: str, addr: str) -> SnapshotService:
+        """The service a launch asks for, its shards in <runtime_dir>/shards."""
+        root = os.path.join(runtime_dir, "shards")
+        os.makedirs(root)
+        return cls(
+            root,
+            addr if addr != "localhost" else "127.0.0.1",
+            spec.snapshots.memory or default_budget(root),
+            spec.snapshots.copies,
+            spec.rdzv.run_id,
+            spec.snapshots.checkpoint_dir,
+            spec.snapshots.checkpoint_every,
+        )
 
     def _start(self, rdzv: StoreRendezvous) -> None:
         """The job secret: RTRAIN_SECRET, else one random value the first agent sets."""

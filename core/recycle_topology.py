@@ -109,6 +109,42 @@ def recycle_plan(
     }
 
 
+class PositionsError(ValueError):
+    """Plan positions read back from the store that rtrain did not write."""
+
+
+def encode_positions(plan: Mapping[str, Any]) -> str:
+    """What a generation's plan carries to the next one: its grid and who holds what."""
+    return json.dumps({"dp": plan["dp"], "pp": plan["pp"], "positions": plan["positions"]})
+
+
+def decode_positions(payload: bytes | str) -> dict[str, Any]:
+    """encode_positions' text, checked: a PositionsError says what is wrong with it."""
+    try:
+        data = json.loads(payload)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise PositionsError("ReCycle positions: not JSON") from None
+    if not isinstance(data, dict):
+        raise PositionsError("ReCycle positions: expected a JSON object")
+    dp, pp, where = data.get("dp"), data.get("pp"), data.get("positions")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (dp, pp)):
+        raise PositionsError("ReCycle positions: dp and pp must be positive integers")
+    if not isinstance(where, dict):
+        raise PositionsError("ReCycle positions: 'positions' must be an object")
+    for rank, pos in where.items():
+        if not (
+            isinstance(rank, str)
+            and rank.isdigit()
+            and isinstance(pos, list)
+            and len(pos) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in pos)
+            and 0 <= pos[0] < dp
+            and 0 <= pos[1] < pp
+        ):
+            raise PositionsError(f"ReCycle positions: rank {rank!r} -> {pos!r} is not on the grid")
+    return {"dp": dp, "pp": pp, "positions": where}
+
+
 @dataclass(frozen=True)
 class WorkerPlan:
     """One worker's view of its generation's ReCycle plan."""

@@ -105,6 +105,9 @@ class StoreKeys:
     def charged(self, generation: int) -> str:
         return f"{self.prefix}/r{generation}/charged"
 
+    def recycle_positions(self, generation: int) -> str:
+        return f"{self.prefix}/r{generation}/recycle_positions"
+
     def node_failures(self, addr: str) -> str:
         return f"{self.prefix}/node_failures/{addr}"
 

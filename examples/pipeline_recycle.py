@@ -180,8 +180,10 @@ def main() -> None:
     worker = StageWorker(plan, args) if plan.position is not None else None
     start = 0
     restored = restore()
-    if restored is not None and worker is not None:
+    if restored is not None:  # every rank, with a part in the plan or not, goes on from here
         state, done = restored
+        start = done + 1
+    if restored is not None and worker is not None:
         if state["stage"] != worker.stage:
             raise SystemExit(
                 f"rank {rank}: restored stage {state['stage']}, plan says {worker.stage}"
@@ -189,7 +191,6 @@ def main() -> None:
         with torch.no_grad():
             for param, saved in zip(worker.module.parameters(), state["params"], strict=True):
                 param.copy_(saved)
-        start = done + 1
     if worker is not None and plan.failed and start < args.steps:
         print(
             f"rank {rank}: position {plan.position}, {len(worker.actions)} actions per step "

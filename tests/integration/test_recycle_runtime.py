@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -19,24 +20,30 @@ EXAMPLE = str(ROOT / "examples" / "pipeline_recycle.py")
 PROFILE = str(ROOT / "examples" / "recycle_profile.json")
 FLAGS = ["--pp=2", f"--recycle-profile={PROFILE}"]
 STEPS = "24"
+NODE_FLAGS = ["--nproc-per-node=1", *FLAGS, "--heartbeat-interval=0.5", "--heartbeat-timeout=2"]
 
 
 def stage_digests(text: str) -> dict[int, str]:
     return {int(s): d for s, d in re.findall(r"stage (\d): params sha256 (\w+)", text)}
 
 
-def test_a_lost_node_s_micro_batches_move_to_its_stage_peer_and_nothing_changes(
-    tmp_path: Path,
-) -> None:
-    # The reference: the same job on one node, nothing lost.
+def reference_digests(tmp: Path, steps: str) -> dict[int, str]:
+    """The same job on one node, nothing lost: each stage's final weights."""
     reference = run(
-        [*RTRAIN, "--standalone", "--nproc-per-node=4", *FLAGS, EXAMPLE, "--steps", STEPS],
-        probe_env(tmp_path / "reference"),
+        [*RTRAIN, "--standalone", "--nproc-per-node=4", *FLAGS, EXAMPLE, "--steps", steps],
+        probe_env(tmp / "reference"),
         timeout=120,
     )
     assert reference.returncode == 0, reference.stderr[-3000:]
     expected = stage_digests(reference.stdout)
     assert sorted(expected) == [0, 1]
+    return expected
+
+
+def test_a_lost_node_s_micro_batches_move_to_its_stage_peer_and_nothing_changes(
+    tmp_path: Path,
+) -> None:
+    expected = reference_digests(tmp_path, STEPS)
 
     out = tmp_path / "out"
     out.mkdir()
@@ -44,7 +51,7 @@ def test_a_lost_node_s_micro_batches_move_to_its_stage_peer_and_nothing_changes(
         tmp_path,
         4,
         "2:4",
-        ["--nproc-per-node=1", *FLAGS, "--heartbeat-interval=0.5", "--heartbeat-timeout=2"],
+        NODE_FLAGS,
         script=EXAMPLE,
         script_args=["--steps", STEPS, "--step-sleep", "0.1", "--record", str(out)],
     )
@@ -72,3 +79,43 @@ def test_a_lost_node_s_micro_batches_move_to_its_stage_peer_and_nothing_changes(
         assert final["digest"] == expected[final["stage"]], final
     logs = "".join(cluster.log(i) for i in range(3))
     assert "1 failed worker(s) re-routed" in logs
+
+
+def test_a_node_that_joins_later_follows_the_same_plan_as_the_others(tmp_path: Path) -> None:
+    """A node that was not in the last generation takes the plan positions from the
+    store: planning on the grid it rebuilds (rtrain's shrunk one) would give it another
+    plan than its peers'."""
+    steps = "60"
+    expected = reference_digests(tmp_path, steps)
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    out.mkdir()
+    flags = [*NODE_FLAGS, f"--log-dir={logs}"]
+    cluster = LocalCluster(
+        tmp_path,
+        4,
+        "2:4",
+        flags,
+        script=EXAMPLE,
+        script_args=["--steps", steps, "--step-sleep", "0.2", "--record", str(out)],
+    )
+    try:
+        cluster.wait_progress(6)
+        cluster.kill_node(3)
+        end = time.monotonic() + 60
+        while "ReCycle plan for generation 1" not in cluster.log(0):
+            assert time.monotonic() < end, cluster.log(0)
+            time.sleep(0.05)
+        cluster.start_node(3, "2:4", flags)  # a new node: admitted at generation 2
+        codes = cluster.wait()
+    finally:
+        cluster.close()
+    assert codes == [0, 0, 0, 0], cluster.log(3)
+    plans = [json.loads(p.read_text()) for p in sorted(logs.glob("*/attempt_2/recycle_plan.json"))]
+    assert len(plans) == 4
+    carried = [(p["dp"], p["pp"], p["failed"], p["positions"]) for p in plans]
+    assert carried == [carried[0]] * 4
+    assert carried[0][0] == 2 and len(carried[0][2]) == 1 and "3" not in carried[0][3]
+    finals = [json.loads(p.read_text()) for p in sorted(out.glob("final_rank*.json"))]
+    assert sorted(f["generation"] for f in finals) == [2, 2, 2]
+    for final in finals:
+        assert final["digest"] == expected[final["stage"]], final

@@ -8,8 +8,11 @@ from rtrain.core.pipeline_job import PipelineJob, PlannerError
 from rtrain.core.pipeline_scheduler import plan as make_plan
 from rtrain.core.pipeline_sim import simulate
 from rtrain.core.recycle_topology import (
+    PositionsError,
     carried_positions,
     check_profile,
+    decode_positions,
+    encode_positions,
     grid_positions,
     recycle_plan,
 )
@@ -95,3 +98,32 @@ def test_a_bad_profile_is_refused_at_launch(profile, fragment) -> None:
     with pytest.raises(PlannerError) as caught:
         check_profile(profile, 2)
     assert fragment in str(caught.value) and "--recycle-profile" in str(caught.value)
+
+
+def test_plan_positions_go_through_the_store_and_garbage_is_refused() -> None:
+    gen0 = build_grid(LAYOUT, 0, NODES)
+    gen1 = recompute_topology(LAYOUT, 1, NODES[:3], gen0)
+    plan1 = recycle_plan(gen1, PROFILE, gen0, recycle_plan(gen0, PROFILE))
+    assert plan1 is not None
+    carried = decode_positions(encode_positions(plan1).encode())
+    gen2 = recompute_topology(LAYOUT, 2, NODES[:2], gen1)
+    assert recycle_plan(gen2, PROFILE, gen1, carried) == recycle_plan(gen2, PROFILE, gen1, plan1)
+
+
+@pytest.mark.parametrize(
+    ("payload", "fragment"),
+    [
+        (b"\xff\xfe", "not JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        ('{"dp": 0, "pp": 2, "positions": {}}', "positive integers"),
+        ('{"dp": 2, "pp": true, "positions": {}}', "positive integers"),
+        ('{"dp": 2, "pp": 2, "positions": []}', "must be an object"),
+        ('{"dp": 2, "pp": 2, "positions": {"0": [2, 0]}}', "not on the grid"),
+        ('{"dp": 2, "pp": 2, "positions": {"x": [0, 0]}}', "not on the grid"),
+        ('{"dp": 2, "pp": 2, "positions": {"0": [0]}}', "not on the grid"),
+    ],
+)
+def test_garbage_plan_positions_are_refused(payload, fragment) -> None:
+    with pytest.raises(PositionsError) as caught:
+        decode_positions(payload)
+    assert fragment in str(caught.value)
