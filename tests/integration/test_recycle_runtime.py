@@ -40,21 +40,24 @@ def reference_digests(tmp: Path, steps: str) -> dict[int, str]:
     return expected
 
 
+def pipeline_cluster(tmp: Path, flags: list[str], steps: str, step_sleep: str) -> LocalCluster:
+    """Four nodes of one worker each (DP=2 x PP=2) running the example; each worker's
+    summary goes to <tmp>/out."""
+    out = tmp / "out"
+    out.mkdir()
+    args = ["--steps", steps, "--step-sleep", step_sleep, "--record", str(out)]
+    return LocalCluster(tmp, 4, "2:4", flags, script=EXAMPLE, script_args=args)
+
+
+def finals(cluster: LocalCluster) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(cluster.out.glob("final_rank*.json"))]
+
+
 def test_a_lost_node_s_micro_batches_move_to_its_stage_peer_and_nothing_changes(
     tmp_path: Path,
 ) -> None:
     expected = reference_digests(tmp_path, STEPS)
-
-    out = tmp_path / "out"
-    out.mkdir()
-    cluster = LocalCluster(
-        tmp_path,
-        4,
-        "2:4",
-        NODE_FLAGS,
-        script=EXAMPLE,
-        script_args=["--steps", STEPS, "--step-sleep", "0.1", "--record", str(out)],
-    )
+    cluster = pipeline_cluster(tmp_path, NODE_FLAGS, STEPS, "0.1")
     try:
         cluster.wait_progress(6)
         cluster.kill_node(3)
@@ -62,20 +65,20 @@ def test_a_lost_node_s_micro_batches_move_to_its_stage_peer_and_nothing_changes(
     finally:
         cluster.close()
     assert codes[:3] == [0, 0, 0], cluster.log(0)
-    finals = [json.loads(p.read_text()) for p in sorted(out.glob("final_rank*.json"))]
-    assert len(finals) == 3 and all(f["generation"] >= 1 for f in finals)
+    records = finals(cluster)
+    assert len(records) == 3 and all(f["generation"] >= 1 for f in records)
     # the survivors went on from their snapshots, not from step 0
-    assert all(f["first_step"] >= 6 for f in finals), finals
+    assert all(f["first_step"] >= 6 for f in records), records
     # Node 3 held one (replica, stage); its same-stage peer now runs both replicas'
     # forwards of that stage (4 + 4 micro-batches), the others their own 4.
-    lost = finals[0]["failed"]
-    assert len(lost) == 1 and all(f["failed"] == lost for f in finals)
-    forwards = {tuple(f["position"]): f["forwards_per_step"] for f in finals}
+    lost = records[0]["failed"]
+    assert len(lost) == 1 and all(f["failed"] == lost for f in records)
+    forwards = {tuple(f["position"]): f["forwards_per_step"] for f in records}
     assert sorted(forwards.values()) == [4, 4, 8]
     helper = next(pos for pos, n in forwards.items() if n == 8)
     assert helper[1] == lost[0][1]
     # bitwise the weights of the run that lost nothing, at every worker of every stage
-    for final in finals:
+    for final in records:
         assert final["digest"] == expected[final["stage"]], final
     logs = "".join(cluster.log(i) for i in range(3))
     assert "1 failed worker(s) re-routed" in logs
@@ -87,17 +90,9 @@ def test_a_node_that_joins_later_follows_the_same_plan_as_the_others(tmp_path: P
     plan than its peers'."""
     steps = "60"
     expected = reference_digests(tmp_path, steps)
-    out, logs = tmp_path / "out", tmp_path / "logs"
-    out.mkdir()
+    logs = tmp_path / "logs"
     flags = [*NODE_FLAGS, f"--log-dir={logs}"]
-    cluster = LocalCluster(
-        tmp_path,
-        4,
-        "2:4",
-        flags,
-        script=EXAMPLE,
-        script_args=["--steps", steps, "--step-sleep", "0.2", "--record", str(out)],
-    )
+    cluster = pipeline_cluster(tmp_path, flags, steps, "0.2")
     try:
         cluster.wait_progress(6)
         cluster.kill_node(3)
@@ -115,7 +110,7 @@ def test_a_node_that_joins_later_follows_the_same_plan_as_the_others(tmp_path: P
     carried = [(p["dp"], p["pp"], p["failed"], p["positions"]) for p in plans]
     assert carried == [carried[0]] * 4
     assert carried[0][0] == 2 and len(carried[0][2]) == 1 and "3" not in carried[0][3]
-    finals = [json.loads(p.read_text()) for p in sorted(out.glob("final_rank*.json"))]
-    assert sorted(f["generation"] for f in finals) == [2, 2, 2]
-    for final in finals:
+    records = finals(cluster)
+    assert sorted(f["generation"] for f in records) == [2, 2, 2]
+    for final in records:
         assert final["digest"] == expected[final["stage"]], final
