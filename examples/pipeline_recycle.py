@@ -71,6 +71,11 @@ class StageWorker:
         # the loss of every micro-batch is scaled so that the summed gradient is the mean
         self.scale = 1.0 / (plan.dp * plan.microbatches)
 
+    def stage_ranks(self) -> list[int]:
+        """The ranks that hold this worker's stage, in any replica."""
+        holders = self.plan.holders.items()
+        return [rank for pos, ranks in holders if pos[1] == self.stage for rank in ranks]
+
     def rank_of(self, position: list[int]) -> int:
         return self.plan.holders[(position[0], position[1])][0]
 
@@ -78,13 +83,15 @@ class StageWorker:
         return (key[0] * self.plan.microbatches + key[1]) * 2 + direction
 
     def run_step(self, step: int) -> tuple[dict[Key, torch.Tensor], float]:
+        """This worker's weight gradient of every micro-batch it ran, and their mean loss
+        (last stage)."""
         params = list(self.module.parameters())
         inputs: dict[Key, torch.Tensor] = {}
         outputs: dict[Key, torch.Tensor] = {}
         upstream: dict[Key, torch.Tensor | None] = {}
         grads: dict[Key, torch.Tensor] = {}
         sends: list[Any] = []
-        loss_sum = 0.0
+        losses: list[float] = []
         for action in self.actions:
             key = (action["replica"], action["microbatch"])
             if action["op"] == "F":
@@ -96,8 +103,9 @@ class StageWorker:
                     x.requires_grad_()
                 out = self.module(x)
                 if self.last:
-                    out = nn.functional.mse_loss(out, target) * self.scale
-                    loss_sum += out.item()
+                    loss = nn.functional.mse_loss(out, target)
+                    losses.append(loss.item())
+                    out = loss * self.scale
                 else:
                     dst = self.rank_of(action["send_to"])
                     sends.append(dist.isend(out.detach(), dst=dst, tag=self.tag(key, FORWARD)))
@@ -121,7 +129,7 @@ class StageWorker:
                 del inputs[key], outputs[key]
         for work in sends:
             work.wait()
-        return grads, loss_sum
+        return grads, sum(losses) / max(len(losses), 1)
 
     def apply(self, total: torch.Tensor, lr: float) -> None:
         offset = 0
@@ -200,25 +208,23 @@ def main() -> None:
 
     for step in range(start, args.steps):
         grads, loss = worker.run_step(step) if worker is not None else ({}, 0.0)
-        total = stage_gradient(worker.stage if worker else None, grads, plan)
-        if worker is not None and total is not None:
+        total = stage_gradient(worker.stage if worker else None, grads, plan)  # every rank
+        if worker is not None:
+            assert total is not None
             worker.apply(total, args.lr)
             snapshot({"stage": worker.stage, "params": list(worker.module.parameters())}, step)
         else:  # no part in the plan (a node that joined later): nothing to keep but the step
             snapshot({"stage": None, "params": []}, step)
         reports = step % 10 == 0 or step == args.steps - 1
-        if reports and worker is not None and worker.last and plan.position == (0, plan.pp - 1):
-            print(f"step {step:4d}  loss of replica 0 {loss * plan.dp:.5f}", flush=True)
+        if reports and worker is not None and worker.last and rank == min(worker.stage_ranks()):
+            print(f"step {step:4d}  loss {loss:.5f}", flush=True)
         if args.record and rank == 0:
             with open(os.path.join(args.record, "progress"), "w") as handle:
                 handle.write(str(step + 1))
         time.sleep(args.step_sleep)
 
     if worker is not None:
-        same_stage = [
-            r for pos, ranks in plan.holders.items() if pos[1] == worker.stage for r in ranks
-        ]
-        if rank == min(same_stage):
+        if rank == min(worker.stage_ranks()):
             print(f"stage {worker.stage}: params sha256 {worker.digest()}", flush=True)
         if args.record:
             forwards = sum(1 for a in worker.actions if a["op"] == "F")
