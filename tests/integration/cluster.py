@@ -122,6 +122,16 @@ class LocalCluster:
             assert time.monotonic() < end, f"training never reached step {steps}:\n{self.log(0)}"
             time.sleep(0.05)
 
+    def kill_node_at(self, steps: int, index: int, timeout: float = 120) -> list[int | None]:
+        """Once training has applied `steps` steps, SIGKILL node `index` whole; every
+        node's exit code (None: still running after `timeout`). Closes the cluster."""
+        try:
+            self.wait_progress(steps)
+            self.kill_node(index)
+            return self.wait(timeout)
+        finally:
+            self.close()
+
     def wait(self, timeout: float = 120) -> list[int | None]:
         end = time.monotonic() + timeout
         codes = []

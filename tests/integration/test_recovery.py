@@ -14,13 +14,8 @@ FAST = ["--heartbeat-interval=0.5", "--heartbeat-timeout=2"]
 
 def test_node_killed_survivors_shrink_and_finish_with_the_same_weights(tmp_path, reference):
     cluster = LocalCluster(tmp_path, 3, "2:3", ["--nproc-per-node=2", *FAST], PROBE_STEPS=STEPS)
-    try:
-        cluster.wait_progress(5)
-        cluster.kill_node(2)
-        codes = cluster.wait()
-        assert codes[:2] == [0, 0], cluster.log(0) + cluster.log(1)
-    finally:
-        cluster.close()
+    codes = cluster.kill_node_at(5, 2)
+    assert codes[:2] == [0, 0], cluster.log(0) + cluster.log(1)
     final = final_records(cluster)
     assert sorted(final) == [0, 1, 2, 3]
     for rec in final.values():
@@ -150,12 +145,7 @@ def test_too_few_nodes_left_ends_with_75_naming_the_lost_node(tmp_path):
     cluster = LocalCluster(
         tmp_path, 2, "2", ["--nproc-per-node=1", *FAST], conf="join_timeout=4", PROBE_STEPS="400"
     )
-    try:
-        cluster.wait_progress(3)
-        cluster.kill_node(1)
-        codes = cluster.wait(timeout=30)
-    finally:
-        cluster.close()
+    codes = cluster.kill_node_at(3, 1, timeout=30)
     assert codes[0] == 75, cluster.log(0)
     last = cluster.log(0).strip().splitlines()[-1]
     assert "rendezvous timed out" in last
@@ -288,12 +278,7 @@ def test_a_lost_node_hands_the_survivors_a_recycle_plan(tmp_path, reference):
     )
     flags = ["--nproc-per-node=1", "--pp=2", f"--recycle-profile={profile}", *FAST]
     cluster = LocalCluster(tmp_path, 4, "2:4", flags, PROBE_STEPS=STEPS, PROBE_STEP_SLEEP="0.1")
-    try:
-        cluster.wait_progress(5)
-        cluster.kill_node(3)
-        codes = cluster.wait()
-    finally:
-        cluster.close()
+    codes = cluster.kill_node_at(5, 3)
     assert codes[:3] == [0, 0, 0], cluster.log(0)
     final = final_records(cluster)
     assert sorted(final) == [0, 1, 2]

@@ -58,12 +58,7 @@ def test_a_lost_node_s_micro_batches_move_to_its_stage_peer_and_nothing_changes(
 ) -> None:
     expected = reference_digests(tmp_path, STEPS)
     cluster = pipeline_cluster(tmp_path, NODE_FLAGS, STEPS, "0.1")
-    try:
-        cluster.wait_progress(6)
-        cluster.kill_node(3)
-        codes = cluster.wait()
-    finally:
-        cluster.close()
+    codes = cluster.kill_node_at(6, 3)
     assert codes[:3] == [0, 0, 0], cluster.log(0)
     records = finals(cluster)
     assert len(records) == 3 and all(f["generation"] >= 1 for f in records)
