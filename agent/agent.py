@@ -51,6 +51,7 @@ from rtrain.core.failures import FailureRecord, root_cause_first
 from rtrain.core.launch_spec import LaunchSpec
 from rtrain.core.store_protocol import MemberInfo, Membership, StoreKeys
 from rtrain.core.topology import LayoutError
+from rtrain.core.worker_env import pool_environment
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ class Agent:
         self.state = AgentState.INIT
         self.run_log_dir = make_run_log_dir(spec)
         self._base_env = dict(base_env)
-        self._pool = WorkerPool(spec.preload, base_env)
+        self._pool = WorkerPool(spec.preload, pool_environment(base_env, nproc))
         self._tail = LogTail()
         self._signal: int | None = None
         self._previous_handlers: dict[int, Any] = {}

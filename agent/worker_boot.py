@@ -10,9 +10,11 @@ report has the traceback even when the script does not use `@record`.
 from __future__ import annotations
 
 import atexit
+import builtins
 import contextlib
 import ctypes
 import faulthandler
+import importlib.machinery
 import io
 import os
 import runpy
@@ -22,7 +24,7 @@ import threading
 import time
 import traceback
 from collections.abc import Sequence
-from types import TracebackType
+from types import ModuleType, TracebackType
 from typing import Any, NoReturn
 
 from rtrain.agent.hang_watch import STACK_FILE, STACK_SIGNAL
@@ -30,6 +32,13 @@ from rtrain.core.failures import error_file_payload
 
 PR_SET_PDEATHSIG = 1
 EXEC_FAILED = 127
+
+# What the script left behind (its namespace, or the exception that ended it), kept until
+# the worker leaves with os._exit, as `python script.py` keeps __main__ until shutdown.
+# Freed earlier, a DDP model that holds the last reference to a gloo process group joins
+# gloo's threads while holding the GIL, and a thread that needs the GIL hangs the worker
+# forever after the script has finished (pytorch#56297; 9 of 25 DDP + DCP runs).
+_kept_alive: list[Any] = []
 
 
 def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
@@ -123,13 +132,14 @@ def _run_python(request: dict[str, Any]) -> int:
         if request["kind"] == "module":
             sys.argv = [target, *args]
             sys.path[0] = os.getcwd()
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
+            _kept_alive.append(runpy.run_module(target, run_name="__main__", alter_sys=True))
         else:
             sys.argv = [target, *args]
             sys.path[0] = os.path.dirname(os.path.abspath(target))
-            runpy.run_path(target, run_name="__main__")
+            _run_script(target)
         return 0
     except SystemExit as exc:
+        _kept_alive.append(exc)
         return _system_exit_code(exc)
     except KeyboardInterrupt:
         traceback.print_exc()
@@ -138,10 +148,34 @@ def _run_python(request: dict[str, Any]) -> int:
         os.kill(os.getpid(), signal.SIGINT)
         return 130
     except BaseException as exc:
-        exc.__traceback__ = _user_frames(exc.__traceback__)
-        sys.excepthook(type(exc), exc, exc.__traceback__)
-        _write_error_file(exc)
+        _kept_alive.append(exc)  # its frames hold the script's locals and globals
+        trimmed = _user_frames(exc.__traceback__)
+        sys.excepthook(type(exc), exc, trimmed)
+        _write_error_file(exc, trimmed)
         return 1
+
+
+def _run_script(path: str) -> None:
+    """Run a script file as `python path` does: in a fresh module that is
+    sys.modules["__main__"] from its first line to the worker's exit (so atexit handlers
+    and lingering threads see the script's __main__, as under torchrun)."""
+    if not os.path.isfile(path):  # a directory or zip file with a __main__.py
+        _kept_alive.append(runpy.run_path(path, run_name="__main__"))
+        return
+    with io.open_code(path) as handle:
+        code = compile(handle.read(), path, "exec", dont_inherit=True)
+    module = ModuleType("__main__")
+    module.__file__ = path
+    module.__cached__ = None  # type: ignore[attr-defined]
+    module.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+    module.__builtins__ = builtins  # type: ignore[attr-defined]
+    sys.modules["__main__"] = module
+    _kept_alive.append(module)
+    try:
+        exec(code, module.__dict__)
+    finally:  # CPython removes these once the script is done (pymain_run_file)
+        module.__dict__.pop("__file__", None)
+        module.__dict__.pop("__cached__", None)
 
 
 def _user_frames(tb: TracebackType | None) -> TracebackType | None:
@@ -164,7 +198,7 @@ def _system_exit_code(exc: SystemExit) -> int:
     return 1
 
 
-def _write_error_file(exc: BaseException) -> None:
+def _write_error_file(exc: BaseException, tb: TracebackType | None) -> None:
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path or os.path.exists(path):  # torch's @record already wrote it
         return
@@ -172,7 +206,7 @@ def _write_error_file(exc: BaseException) -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         payload = error_file_payload(
             message=f"{type(exc).__name__}: {exc}",
-            traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+            traceback="".join(traceback.format_exception(type(exc), exc, tb)),
             timestamp=time.time(),
         )
         with open(path, "w") as handle:

@@ -53,6 +53,11 @@ class WorkerPool:
         self._ready = False
         self._pending: list[dict[str, Any]] = []
 
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment the zygote was started with (and imported the preload in)."""
+        return dict(self._env)
+
     def start(self) -> None:
         """Start the zygote; it imports the preload modules while the agent does rendezvous."""
         ours, theirs = socket.socketpair()

@@ -19,6 +19,7 @@ from rtrain.core.worker_env import (
     STDOUT,
     NodeAssignment,
     attempt_dir,
+    import_time_differences,
     stream_plan,
     tee_prefix,
     worker_environment,
@@ -93,9 +94,7 @@ class WorkerGroup:
             worker.pid = self._pool.spawn(
                 {
                     "id": worker.worker_id,
-                    "kind": spec.entrypoint.kind,
-                    "target": spec.entrypoint.target,
-                    "args": list(spec.entrypoint.args),
+                    **self._entry(env),
                     "env": env,
                     "cwd": os.getcwd(),
                     "stdout_file": stdout_file,
@@ -110,6 +109,32 @@ class WorkerGroup:
             a.rank_offset + a.local_world_size - 1,
             a.world_size,
         )
+
+    def _entry(self, env: Mapping[str, str]) -> dict[str, object]:
+        """How the worker runs the entrypoint: forked from the pool, or as a fresh
+        interpreter when the pool's torch was imported under other import-time settings."""
+        entry = self._spec.entrypoint
+        request: dict[str, object] = {
+            "kind": entry.kind,
+            "target": entry.target,
+            "args": list(entry.args),
+        }
+        differences = import_time_differences(self._pool.env, env)
+        if not differences or entry.kind == "exec":
+            return request
+        flags = ["-u", "-m"] if entry.kind == "module" else ["-u"]
+        logger.warning(
+            "starting the worker as a fresh interpreter, without the preloaded pool: "
+            "%s differ%s from the pool's, and torch reads %s at import",
+            ", ".join(differences),
+            "s" if len(differences) == 1 else "",
+            "it" if len(differences) == 1 else "them",
+        )
+        return {
+            "kind": "exec",
+            "target": sys.executable,
+            "args": [*flags, entry.target, *entry.args],
+        }
 
     def poll(self, timeout: float) -> None:
         try:

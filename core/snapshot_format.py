@@ -90,8 +90,20 @@ def plan_shard(state: Any) -> ShardLayout:
     def walk(value: Any, path: str) -> Any:
         nonlocal offset
         if isinstance(value, torch.Tensor):
-            if value.is_sparse or value.device.type == "meta":
-                raise SnapshotError(f"{path or 'state'}: sparse and meta tensors are not supported")
+            where = path or "state"
+            if type(value) not in (torch.Tensor, torch.nn.Parameter):
+                # A DTensor (FSDP2, tensor parallel) or another wrapper subclass: its bytes
+                # are not its local data, and copying it into a plain tensor fails mid-write.
+                raise SnapshotError(
+                    f"{where}: a {type(value).__module__}.{type(value).__name__} cannot be "
+                    "snapshotted (only plain tensors); pass its local shard "
+                    "(DTensor.to_local()) or a full state dict"
+                )
+            if value.layout != torch.strided or value.device.type == "meta":
+                raise SnapshotError(
+                    f"{where}: a {value.layout} tensor on {value.device.type} cannot be "
+                    "snapshotted (only strided tensors with data)"
+                )
             tensor = value.detach()
             nbytes = tensor.numel() * tensor.element_size()
             ref = TensorRef(

@@ -64,6 +64,48 @@ def omp_threads_default(base_env: Mapping[str, str], local_world_size: int) -> s
     return "1"
 
 
+# Variables read once, when the interpreter starts or torch (with its OpenMP/MKL
+# runtimes, glibc's malloc, the dynamic loader) is imported: a worker forked from the
+# pool, which imported torch already, runs with the pool's values, whatever its own
+# environment says. The pool is started with the workers' values (pool_environment);
+# a worker whose value still differs is started as a fresh interpreter instead.
+IMPORT_TIME_PREFIXES = (
+    "OMP_",
+    "MKL_",
+    "KMP_",
+    "GOMP_",
+    "OPENBLAS_",
+    "MALLOC_",
+    "LD_",
+    "PYTHON",
+    "TORCHDYNAMO_",
+    "TORCHINDUCTOR_",
+)
+IMPORT_TIME_NAMES = frozenset({"GLIBC_TUNABLES", "TORCH_LOGS", "TORCH_CPP_LOG_LEVEL"})
+
+
+def is_import_time(name: str) -> bool:
+    return name in IMPORT_TIME_NAMES or name.startswith(IMPORT_TIME_PREFIXES)
+
+
+def pool_environment(base_env: Mapping[str, str], local_world_size: int) -> dict[str, str]:
+    """The worker pool's environment: the node's, plus what rtrain sets for every worker
+    and torch reads at import (OMP_NUM_THREADS=1 for several workers, as torchrun)."""
+    env = dict(base_env)
+    omp = omp_threads_default(base_env, local_world_size)
+    if omp is not None:
+        env["OMP_NUM_THREADS"] = omp
+    return env
+
+
+def import_time_differences(
+    pool_env: Mapping[str, str], worker_env: Mapping[str, str]
+) -> list[str]:
+    """Import-time variables whose worker value the pool's torch does not have, sorted."""
+    names = {n for n in (*pool_env, *worker_env) if is_import_time(n)}
+    return sorted(n for n in names if pool_env.get(n) != worker_env.get(n))
+
+
 def worker_environment(
     spec: LaunchSpec,
     assignment: NodeAssignment,

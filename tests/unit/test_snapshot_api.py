@@ -82,3 +82,52 @@ def test_zero_copy_tensors_survive_later_snapshots_and_writes_stay_private(
     snapshot_api._slots = None
     latest = restore()
     assert latest is not None and latest[1] == 4
+
+
+def _slot_bytes(directory: str) -> dict[str, bytes]:
+    from pathlib import Path
+
+    return {p: Path(p).read_bytes() for p in slot_paths(directory, 0) if os.path.exists(p)}
+
+
+@pytest.fixture
+def one_rank_group():
+    """A real one-rank gloo group, so that real DTensors (as FSDP2 makes) can be built."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_dtensor_state_is_refused_by_key_and_type_before_anything_is_written(
+    slot_dir: str, one_rank_group
+) -> None:
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    snapshot(_state(1), 1)
+    _mark_replicated(slot_dir)
+    before = _slot_bytes(slot_dir)
+    sharded = distribute_tensor(torch.randn(4, 4), one_rank_group, [Shard(0)])
+    state = {"model": {"a": torch.ones(3), "layer.weight": sharded}, "step": 2}
+    with pytest.raises(snapshot_api.SnapshotError) as error:
+        snapshot(state, 2)
+    assert "model.layer.weight" in str(error.value)
+    assert "DTensor" in str(error.value)
+    after = _slot_bytes(slot_dir)
+    assert after == before  # nothing was written: the step-1 snapshot is intact
+    snapshot_api._slots = None
+    restored = restore()
+    assert restored is not None and restored[1] == 1
+
+
+def test_parameters_are_plain_tensors_to_snapshot(slot_dir: str) -> None:
+    weight = torch.nn.Parameter(torch.randn(3, 3))
+    snapshot({"w": weight}, 1)
+    _mark_replicated(slot_dir)
+    snapshot_api._slots = None
+    restored = restore()
+    assert restored is not None and torch.equal(restored[0]["w"], weight.detach())

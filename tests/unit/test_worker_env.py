@@ -1,0 +1,59 @@
+"""The pool's environment and the import-time variables that decide whether a worker
+may be forked from it (pure functions in core/worker_env.py)."""
+
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace
+
+from rtrain.agent.workers import WorkerGroup
+from rtrain.core.worker_env import import_time_differences, is_import_time, pool_environment
+
+
+def test_the_pool_gets_omp_num_threads_1_for_several_workers_as_torchrun_sets() -> None:
+    assert pool_environment({"PATH": "/bin"}, 2) == {"PATH": "/bin", "OMP_NUM_THREADS": "1"}
+    assert pool_environment({"PATH": "/bin"}, 1) == {"PATH": "/bin"}
+    assert pool_environment({"OMP_NUM_THREADS": "4"}, 8) == {"OMP_NUM_THREADS": "4"}
+
+
+def test_import_time_variables() -> None:
+    for name in (
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "MALLOC_ARENA_MAX",
+        "LD_PRELOAD",
+        "PYTHONHASHSEED",
+        "TORCH_LOGS",
+        "GLIBC_TUNABLES",
+        "TORCHINDUCTOR_CACHE_DIR",
+    ):
+        assert is_import_time(name), name
+    for name in ("RANK", "CUDA_VISIBLE_DEVICES", "NCCL_DEBUG", "MASTER_ADDR", "PATH"):
+        assert not is_import_time(name), name
+
+
+def test_differences_name_only_import_time_variables_that_differ() -> None:
+    pool = {"OMP_NUM_THREADS": "1", "PATH": "/bin", "LD_PRELOAD": "x.so"}
+    worker = {"OMP_NUM_THREADS": "3", "PATH": "/usr/bin", "RANK": "0", "MKL_NUM_THREADS": "2"}
+    assert import_time_differences(pool, worker) == [
+        "LD_PRELOAD",
+        "MKL_NUM_THREADS",
+        "OMP_NUM_THREADS",
+    ]
+    assert import_time_differences(pool, {**pool, "RANK": "1"}) == []
+
+
+def _group(kind: str, pool_env: dict[str, str]) -> WorkerGroup:
+    spec = SimpleNamespace(entrypoint=SimpleNamespace(kind=kind, target="t.py", args=("--a",)))
+    return WorkerGroup(SimpleNamespace(env=pool_env), spec, None, "", {}, None)  # type: ignore[arg-type]
+
+
+def test_a_worker_whose_import_time_settings_differ_runs_as_a_fresh_interpreter() -> None:
+    same = _group("script", {"OMP_NUM_THREADS": "1"})._entry({"OMP_NUM_THREADS": "1"})
+    assert same == {"kind": "script", "target": "t.py", "args": ["--a"]}
+    fresh = _group("script", {"OMP_NUM_THREADS": "1"})._entry({"OMP_NUM_THREADS": "2"})
+    assert fresh == {"kind": "exec", "target": sys.executable, "args": ["-u", "t.py", "--a"]}
+    module = _group("module", {})._entry({"MALLOC_ARENA_MAX": "2"})
+    assert module["args"] == ["-u", "-m", "t.py", "--a"]
+    command = _group("exec", {})._entry({"MALLOC_ARENA_MAX": "2"})
+    assert command["kind"] == "exec" and command["target"] == "t.py"
