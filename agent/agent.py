@@ -41,7 +41,7 @@ from rtrain.agent.lease import LeaseKeeper, PeerLeases
 from rtrain.agent.log_tail import LogTail
 from rtrain.agent.recycle_plans import plan_generation
 from rtrain.agent.rendezvous import GenerationEnded, JobAborted, StoreRendezvous
-from rtrain.agent.runtime_dir import make_run_log_dir, make_runtime_dir
+from rtrain.agent.runtime_dir import make_run_log_dir, make_runtime_dir, write_failure_report
 from rtrain.agent.snapshots import SnapshotService
 from rtrain.agent.store import connect_store, host_store, open_rendezvous_store
 from rtrain.agent.worker_pool import WorkerPool
@@ -383,11 +383,14 @@ class Agent:
         message: str,
         failures: list[FailureRecord] | None = None,
     ) -> RunResult:
+        ordered = root_cause_first(failures or [])
+        if ordered:
+            write_failure_report(self.run_log_dir, ordered)
         return RunResult(
             state=state,
             exit_code=int(code),
             message=message,
             run_log_dir=self.run_log_dir,
             generation=self._gen.number if self._gen is not None else 0,
-            failures=root_cause_first(failures or []),
+            failures=ordered,
         )

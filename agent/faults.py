@@ -160,7 +160,8 @@ class FaultPolicy:
             return None
         if self.budget.exhausted:
             reason = f"{what}; max_restarts={self._spec.max_restarts} exhausted"
-            return GiveUp(reason, self._rdzv.failures(gen.number, gen.num_nodes))
+            stopped = gen.group.stopped_records(self._addr)
+            return GiveUp(reason, self._rdzv.failures(gen.number, gen.num_nodes) + stopped)
         self.budget.charge(gen.number)
         logger.warning(
             "%s; restarting the job (%d of %d restarts used)",

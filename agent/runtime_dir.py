@@ -17,6 +17,7 @@ import shutil
 import tempfile
 
 import psutil
+from rtrain.core.failures import FailureRecord
 from rtrain.core.launch_spec import LaunchSpec
 
 logger = logging.getLogger(__name__)
@@ -30,6 +31,19 @@ def make_run_log_dir(spec: LaunchSpec) -> str:
     base = spec.log_dir or tempfile.mkdtemp(prefix="rtrain_")
     os.makedirs(base, exist_ok=True)
     return tempfile.mkdtemp(prefix=f"{spec.rdzv.run_id}_", dir=base)
+
+
+FAILURE_REPORT = "failures.json"
+
+
+def write_failure_report(run_log_dir: str, failures: list[FailureRecord]) -> None:
+    """<run_log_dir>/failures.json: the report's records, root cause first, for tools."""
+    path = os.path.join(run_log_dir, FAILURE_REPORT)
+    try:
+        with open(path, "w") as handle:
+            handle.write("[\n" + ",\n".join(r.encode() for r in failures) + "\n]\n")
+    except OSError as exc:  # the report on the console still has everything
+        logger.warning("could not write %s (%s)", path, exc.strerror)
 
 
 def make_runtime_dir() -> str:

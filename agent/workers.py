@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from rtrain.agent.log_tail import LogTail
 from rtrain.agent.worker_pool import PoolDied, WorkerPool
-from rtrain.core.failures import FailureRecord, RecordError, parse_error_file
+from rtrain.core.failures import FailureKind, FailureRecord, RecordError, parse_error_file
 from rtrain.core.launch_spec import LaunchSpec
 from rtrain.core.worker_env import (
     STDERR,
@@ -165,7 +165,21 @@ class WorkerGroup:
 
     @property
     def failed(self) -> list[Worker]:
-        return [w for w in self.workers if w.exitcode not in (None, 0) and not w.stopped_by_agent]
+        return [
+            w
+            for w in self.workers
+            if w.exitcode not in (None, 0) and not (w.stopped_by_agent and self._stopped_clean(w))
+        ]
+
+    def _stopped_clean(self, worker: Worker) -> bool:
+        """An exit after the stop is the agent's doing unless the worker had already
+        written its error file: it was failing on its own (a peer's crash broke its
+        collective, say) and only took longer to exit than the agent took to stop it."""
+        try:
+            written = os.stat(worker.error_file).st_mtime
+        except OSError:
+            return True
+        return written >= self._stop_time
 
     @property
     def succeeded(self) -> bool:
@@ -204,37 +218,50 @@ class WorkerGroup:
             self.poll(min(0.05, max(end - time.monotonic(), 0.0)))
 
     def failure_records(self, host: str) -> list[FailureRecord]:
-        records = []
-        for worker in self.failed:
-            message, trace, when = "", "", worker.exit_time
-            if os.path.exists(worker.error_file):
-                try:
-                    with open(worker.error_file) as handle:
-                        content = parse_error_file(handle.read())
-                    message, trace = content.message, content.traceback
-                except (OSError, RecordError) as exc:
-                    message = f"unreadable error file ({exc})"
-            assert worker.exitcode is not None
-            if worker.hang_message:
-                message, trace = worker.hang_message, worker.hang_stack
-            records.append(
-                FailureRecord(
-                    kind="hang"
-                    if worker.hang_message
-                    else "signal"
-                    if worker.exitcode < 0
-                    else "exit",
-                    generation=self.assignment.generation,
-                    node_rank=self.assignment.node_rank,
-                    host=host,
-                    time=when,
-                    local_rank=worker.local_rank,
-                    rank=worker.rank,
-                    pid=worker.pid,
-                    exitcode=worker.exitcode,
-                    message=message,
-                    traceback=trace,
-                    error_file=worker.error_file if os.path.exists(worker.error_file) else "",
-                )
-            )
-        return records
+        """The workers that failed on their own (what the store records and charges)."""
+        return [self._record(worker, host) for worker in self.failed]
+
+    def stopped_records(self, host: str) -> list[FailureRecord]:
+        """The workers the agent stopped that ended non-zero (for the final report)."""
+        failed = {id(w) for w in self.failed}
+        return [
+            self._record(w, host, stopped=True)
+            for w in self.workers
+            if w.exitcode not in (None, 0) and id(w) not in failed
+        ]
+
+    def _record(self, worker: Worker, host: str, stopped: bool = False) -> FailureRecord:
+        message, trace = "", ""
+        if os.path.exists(worker.error_file):
+            try:
+                with open(worker.error_file) as handle:
+                    content = parse_error_file(handle.read())
+                message, trace = content.message, content.traceback
+            except (OSError, RecordError) as exc:
+                message = f"unreadable error file ({exc})"
+        assert worker.exitcode is not None
+        if worker.hang_message:
+            message, trace = worker.hang_message, worker.hang_stack
+        kind: FailureKind = (
+            "stopped"
+            if stopped
+            else "hang"
+            if worker.hang_message
+            else "signal"
+            if worker.exitcode < 0
+            else "exit"
+        )
+        return FailureRecord(
+            kind=kind,
+            generation=self.assignment.generation,
+            node_rank=self.assignment.node_rank,
+            host=host,
+            time=worker.exit_time,
+            local_rank=worker.local_rank,
+            rank=worker.rank,
+            pid=worker.pid,
+            exitcode=worker.exitcode,
+            message=message,
+            traceback=trace,
+            error_file=worker.error_file if os.path.exists(worker.error_file) else "",
+        )

@@ -73,7 +73,7 @@ def _failure_table(console: Console, title: str, style: str, failures: list[Fail
             rank,
             record.describe_exit(),
             "" if record.pid is None else str(record.pid),
-            escape(record.message or record.kind),
+            escape(record.summary()),
         )
     console.print(table)
 

@@ -7,8 +7,19 @@ import signal
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-FailureKind = Literal["exit", "signal", "hang", "lost_node", "unhealthy_gpu", "agent"]
-FAILURE_KINDS: tuple[str, ...] = ("exit", "signal", "hang", "lost_node", "unhealthy_gpu", "agent")
+# "stopped": a worker the agent stopped after another's failure. It appears only in the
+# final failure report of the node that gives up, as torchrun lists every rank that
+# ended non-zero; it is never written to the store, so it is never charged.
+FailureKind = Literal["exit", "signal", "hang", "lost_node", "unhealthy_gpu", "agent", "stopped"]
+FAILURE_KINDS: tuple[str, ...] = (
+    "exit",
+    "signal",
+    "hang",
+    "lost_node",
+    "unhealthy_gpu",
+    "agent",
+    "stopped",
+)
 
 
 class RecordError(ValueError):
@@ -44,6 +55,22 @@ class FailureRecord:
         if name is not None:
             return f"{name} ({self.exitcode})"
         return "" if self.exitcode is None else str(self.exitcode)
+
+    def summary(self) -> str:
+        """What went wrong, in one line: the error's message, or how the process ended."""
+        if self.message:
+            return self.message
+        if self.kind == "exit" and self.exitcode is not None:
+            return (
+                f"exit {self.exitcode}: no Python exception "
+                f"(sys.exit({self.exitcode}) or os._exit({self.exitcode}))"
+            )
+        if self.kind == "signal" and self.signal_name is not None:
+            return f"killed by {self.signal_name}"
+        if self.kind == "stopped":
+            how = self.signal_name or f"exit {self.exitcode}"
+            return f"stopped by rtrain after the failure above ({how})"
+        return self.kind.replace("_", " ")
 
     def encode(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -95,10 +122,12 @@ def is_collective_victim(record: FailureRecord) -> bool:
 
 def root_cause_first(records: list[FailureRecord]) -> list[FailureRecord]:
     """The likely cause first: failures that are not a peer's collective breaking under
-    it, earliest first; then the victims, earliest first."""
+    it, earliest first; then the victims, earliest first; then the workers rtrain
+    stopped."""
     return sorted(
         records,
         key=lambda r: (
+            r.kind == "stopped",
             is_collective_victim(r),
             r.time,
             r.node_rank,

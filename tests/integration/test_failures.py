@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import time
 
 import psutil
 import pytest
+from rtrain.core.failures import FailureRecord
 
 from tests.integration.helpers import PROBE, RTRAIN, probe_env, records, run
 
@@ -142,3 +144,26 @@ def test_killed_worker_pool_is_a_worker_failure_and_restarts(tmp_path):
     assert "starting a new one" in stderr  # the pool was replaced
     found = records(tmp_path)
     assert found[(1, 0)]["steps"] == 60 and found[(1, 1)]["steps"] == 60
+
+
+def _failure_report(log_dir) -> list[dict]:
+    (path,) = log_dir.glob("*/failures.json")
+    return json.loads(path.read_text())
+
+
+def test_the_report_lists_the_root_cause_then_every_other_rank_that_ended_non_zero(tmp_path):
+    """As torchrun's FAILED summary: rank 0, which ignores SIGTERM and fails in its next
+    collective (or is killed), is listed after the root cause, which says "exit 3"."""
+    env = probe_env(
+        tmp_path, PROBE_FAULT="rank=1,step=1,gen=0,action=exit", PROBE_IGNORE_SIGTERM="1"
+    )
+    logs = tmp_path / "logs"
+    result = run([*RTRAIN, "--nproc-per-node=2", f"--log-dir={logs}", PROBE], env)
+    assert result.returncode == 1, result.stderr[-3000:]
+    report = _failure_report(logs)
+    assert (report[0]["rank"], report[0]["exitcode"], report[0]["kind"]) == (1, 3, "exit")
+    assert [r["rank"] for r in report] == [1, 0]
+    assert report[1]["exitcode"] != 0
+    root = FailureRecord.decode(json.dumps(report[0]))
+    assert root.summary() == "exit 3: no Python exception (sys.exit(3) or os._exit(3))"
+    assert "exit 3: no Python exception" in result.stderr  # the table shows the summary

@@ -1,0 +1,58 @@
+"""What every real-client script shares: a digest of the final weights, one result file
+per rank, and a crash injected at a chosen step of the first attempt only.
+
+The scripts run under torchrun and under rtrain alike and know nothing of rtrain.
+Environment: CLIENT_CRASH_STEP and CLIENT_CRASH_RANK (default 1) make that rank exit
+with os._exit(3) at that step while TORCHELASTIC_RESTART_COUNT is 0.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+STARTED = time.monotonic()
+
+
+def weights_digest(state: Mapping[str, Any]) -> str:
+    """sha256 over the tensors of a (flat) state dict, in key order."""
+    digest = hashlib.sha256()
+    for key in sorted(state):
+        value = state[key]
+        if isinstance(value, torch.Tensor):
+            digest.update(key.encode())
+            digest.update(value.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+def write_result(out: str, steps: int, **fields: Any) -> None:
+    wall = time.monotonic() - STARTED
+    rank = int(os.environ.get("RANK", "0"))
+    record = {"rank": rank, "steps": steps, "wall_s": wall, "steps_per_s": steps / wall, **fields}
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"result_rank{rank}.json"), "w") as handle:
+        json.dump(record, handle)
+
+
+def maybe_crash(step: int) -> None:
+    """Exit 3 at CLIENT_CRASH_STEP on CLIENT_CRASH_RANK, in the first attempt only."""
+    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return
+    if os.environ.get("CLIENT_CRASH_STEP") != str(step):
+        return
+    if os.environ.get("RANK") == os.environ.get("CLIENT_CRASH_RANK", "1"):
+        print(f"client: crashing at step {step} as asked", flush=True)
+        os._exit(3)
+
+
+def synthetic_regression(samples: int, features: int, seed: int = 0) -> torch.utils.data.Dataset:
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(samples, features, generator=generator)
+    y = x @ torch.randn(features, 1, generator=generator) + 0.1 * torch.randn(samples, 1)
+    return torch.utils.data.TensorDataset(x, y)
