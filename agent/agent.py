@@ -92,7 +92,6 @@ class Agent:
         # Heartbeat files and snapshot shards: memory-backed where possible.
         self._runtime_dir = make_runtime_dir()
         self._snapshots = SnapshotService.for_launch(spec, self._runtime_dir, self.addr)
-        log.set_node(self.addr)
 
     # -- signals --
 

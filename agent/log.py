@@ -10,8 +10,10 @@ from dataclasses import dataclass
 
 @dataclass
 class LogContext:
-    node: str = "node?"
-    generation: str = "-"
+    """`node<rank>` and `gen<generation>` once rendezvous has given them; `-` before."""
+
+    node: str = "node-"
+    generation: str = "gen-"
 
 
 CONTEXT = LogContext()

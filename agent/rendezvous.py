@@ -96,7 +96,7 @@ class StoreRendezvous:
             target = current + 1 if self._s.exists(self._keys.closed(current)) else current
             slot = self._s.increment(self._keys.joins(target))
             self._call("set", self._keys.slot(target, slot), member.encode())
-            logger.info("joined round %d as slot %d", target, slot)
+            logger.info("joined round %d as slot %d (this node: %s)", target, slot, member.addr)
             membership = self._await_close(target, member, deadline, check_stop, expected)
             if membership is not None:
                 return membership

@@ -38,8 +38,24 @@ app.command("health")(health)
 app.command("plan")(plan_command)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from rtrain import __version__
+
+        print(f"rtrain {__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_print_version,
+        is_eager=True,
+        help="Print rtrain's version and exit.",
+    ),
+) -> None:
     """rtrain: launch training that survives crashed ranks, hung ranks, sick GPUs, lost nodes."""
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -130,3 +132,13 @@ def test_a_bad_recycle_profile_is_refused(tmp_path, content, fragment):
         [*RTRAIN, "--standalone", f"--recycle-profile={profile}", PROBE], probe_env(tmp_path)
     )
     _assert_one_clear_error(result, USAGE, fragment)
+
+
+def test_version_is_the_installed_packages() -> None:
+    from importlib.metadata import version
+
+    result = subprocess.run(
+        [sys.executable, "-m", "rtrain.cli.main", "--version"], capture_output=True, text=True
+    )
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"rtrain {version('rtrain')}"

@@ -123,6 +123,8 @@ def test_example_trains_to_the_same_weights_as_under_torchrun(tmp_path):
         return stdout.strip().splitlines()[-1].rsplit(" ", 1)[-1]
 
     assert checksum(ours.stdout) == checksum(theirs.stdout)
+    # The README's first command: rtrain's own lines and the script's, no stray warnings.
+    assert [line for line in ours.stderr.splitlines() if "Warning" in line] == []
 
 
 def _two_node_job(tmp_path, *extra: str, **env_extra: str) -> list[subprocess.CompletedProcess]:
