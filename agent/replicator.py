@@ -34,8 +34,12 @@ logger = logging.getLogger(__name__)
 
 # A worker's next snapshot waits for this pass: poll often, but only the slot headers
 # (mapped already); once every rank has its two slot files, the folder itself is listed
-# again only every RESCAN_S.
+# again only every RESCAN_S. Idle passes back off from POLL_S to IDLE_POLL_S and any
+# work brings the poll back to POLL_S: polling every 2 ms for ever, with a folder listing
+# each time while a job has no slot files (a job that never snapshots), took 7% of a core
+# and slowed 2-worker jobs on 2 cores by up to a third against torchrun.
 POLL_S = 0.002
+IDLE_POLL_S = 0.064
 RESCAN_S = 0.5
 
 
@@ -82,11 +86,13 @@ class Replicator:
         self._thread.join(timeout=5)
 
     def _run(self) -> None:
+        pause = POLL_S
         while not self._closed.is_set():
             with self._lock:
                 busy = self._generation is not None and self._pass(self._generation)
+            pause = POLL_S if busy else min(pause * 2, IDLE_POLL_S)
             if not busy:
-                time.sleep(POLL_S)
+                self._closed.wait(pause)
 
     def _pass(self, generation: int) -> bool:
         now = time.monotonic()

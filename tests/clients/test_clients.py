@@ -10,65 +10,16 @@ Run this suite alone with `pytest -m clients`.
 
 from __future__ import annotations
 
-import json
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.helpers import ROOT, RTRAIN, probe_env, run, run_torchrun
+from tests.clients.clients import CLIENTS, LAUNCH, SCRIPTS, launch
+from tests.integration.helpers import RTRAIN, probe_env, run
 
 pytestmark = [pytest.mark.integration, pytest.mark.clients]
-
-SCRIPTS = ROOT / "tests" / "clients" / "scripts"
-TIMEOUT_S = 240
-
-
-@dataclass(frozen=True)
-class Client:
-    script: str
-    args: tuple[str, ...] = ()
-    checkpoints: bool = False  # takes --ckpt-dir
-
-    def argv(self, out: Path, ckpt: Path | None = None) -> list[str]:
-        extra = ["--ckpt-dir", str(ckpt)] if ckpt is not None else []
-        return [str(SCRIPTS / self.script), "--out", str(out), *self.args, *extra]
-
-
-CLIENTS = {
-    "lightning": Client("lightning_ddp.py", checkpoints=True),
-    "accelerate": Client("accelerate_loop.py"),
-    "hf-trainer": Client("hf_trainer.py"),
-    "fsdp2": Client("fsdp2_train.py"),
-    "dcp": Client("dcp_checkpoint.py", checkpoints=True),
-    "pipelining-gpipe": Client("pipelining.py", ("--schedule", "gpipe")),
-    "pipelining-1f1b": Client("pipelining.py", ("--schedule", "1f1b")),
-}
-LAUNCH = ["--standalone", "--nproc-per-node=2"]
-
-
-def results(out: Path) -> dict[int, dict[str, Any]]:
-    return {
-        int(p.stem.removeprefix("result_rank")): json.loads(p.read_text())
-        for p in out.glob("result_rank*.json")
-    }
-
-
-def launch(
-    launcher: str, client: Client, tmp: Path, *flags: str, **env: str
-) -> tuple[subprocess.CompletedProcess[str], dict[int, dict[str, Any]]]:
-    out = tmp / launcher
-    ckpt = out / "ckpt" if client.checkpoints else None
-    args = [*LAUNCH, *flags, *client.argv(out, ckpt)]
-    penv = probe_env(out, **env)
-    if launcher == "torchrun":
-        result = run_torchrun(args, penv, timeout=TIMEOUT_S)
-    else:
-        result = run([*RTRAIN, *args], penv, timeout=TIMEOUT_S)
-    return result, results(out)
-
 
 _oracle: dict[str, dict[int, dict[str, Any]]] = {}
 

@@ -5,7 +5,7 @@ import argparse
 import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
-from client_common import synthetic_regression, weights_digest, write_result
+from client_common import synthetic_regression, training_started, weights_digest, write_result
 
 
 def main() -> None:
@@ -20,6 +20,7 @@ def main() -> None:
     loader = torch.utils.data.DataLoader(synthetic_regression(512, 32), batch_size=16)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     steps, loss = 0, torch.zeros(())
+    training_started()
     for _ in range(args.epochs):
         for x, y in loader:
             optimizer.zero_grad()

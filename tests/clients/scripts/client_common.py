@@ -18,6 +18,14 @@ from typing import Any
 import torch
 
 STARTED = time.monotonic()
+_training_started: float | None = None
+
+
+def training_started() -> None:
+    """Mark the first training step: steps/s counts from here (not start-up)."""
+    global _training_started
+    if _training_started is None:
+        _training_started = time.monotonic()
 
 
 def weights_digest(state: Mapping[str, Any]) -> str:
@@ -32,9 +40,17 @@ def weights_digest(state: Mapping[str, Any]) -> str:
 
 
 def write_result(out: str, steps: int, **fields: Any) -> None:
-    wall = time.monotonic() - STARTED
+    now = time.monotonic()
+    training = now - (_training_started if _training_started is not None else STARTED)
     rank = int(os.environ.get("RANK", "0"))
-    record = {"rank": rank, "steps": steps, "wall_s": wall, "steps_per_s": steps / wall, **fields}
+    record = {
+        "rank": rank,
+        "steps": steps,
+        "wall_s": now - STARTED,
+        "train_s": training,
+        "steps_per_s": steps / training if training > 0 else None,
+        **fields,
+    }
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"result_rank{rank}.json"), "w") as handle:
         json.dump(record, handle)

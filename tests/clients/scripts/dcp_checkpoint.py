@@ -9,7 +9,13 @@ import os
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from client_common import maybe_crash, synthetic_regression, weights_digest, write_result
+from client_common import (
+    maybe_crash,
+    synthetic_regression,
+    training_started,
+    weights_digest,
+    write_result,
+)
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel
 
@@ -50,6 +56,7 @@ if found is not None:
     resumed_from = start
 data = synthetic_regression(args.steps * 16 * world, 32)
 loss = torch.zeros(())
+training_started()
 for step in range(start, args.steps):
     maybe_crash(step)
     index = torch.arange(16) + (step * world + rank) * 16

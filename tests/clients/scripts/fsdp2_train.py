@@ -5,7 +5,7 @@ import argparse
 
 import torch
 import torch.distributed as dist
-from client_common import synthetic_regression, weights_digest, write_result
+from client_common import synthetic_regression, training_started, weights_digest, write_result
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
@@ -34,6 +34,7 @@ def main() -> None:
     data = synthetic_regression(args.steps * 16 * dist.get_world_size(), 32)
     rank, world = dist.get_rank(), dist.get_world_size()
     loss = torch.zeros(())
+    training_started()
     for step in range(args.steps):
         index = torch.arange(16) + (step * world + rank) * 16
         x, y = data[index]

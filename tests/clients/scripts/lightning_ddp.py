@@ -7,7 +7,13 @@ import os
 
 import pytorch_lightning as pl
 import torch
-from client_common import maybe_crash, synthetic_regression, weights_digest, write_result
+from client_common import (
+    maybe_crash,
+    synthetic_regression,
+    training_started,
+    weights_digest,
+    write_result,
+)
 from pytorch_lightning.callbacks import ModelCheckpoint
 
 
@@ -20,6 +26,7 @@ class Regression(pl.LightningModule):
         self.last_loss = float("nan")
 
     def training_step(self, batch, _index):
+        training_started()
         maybe_crash(self.global_step)
         x, y = batch
         loss = torch.nn.functional.mse_loss(self.net(x), y)

@@ -5,7 +5,7 @@ import argparse
 
 import torch
 import torch.distributed as dist
-from client_common import weights_digest, write_result
+from client_common import training_started, weights_digest, write_result
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
@@ -36,6 +36,7 @@ def main() -> None:
     )
     optimizer = torch.optim.SGD(module.parameters(), lr=0.01)
     generator = torch.Generator().manual_seed(0)
+    training_started()
     for _ in range(args.steps):
         x = torch.randn(16, 32, generator=generator)
         y = torch.randn(16, 1, generator=generator)

@@ -1,0 +1,306 @@
+"""Real clients under rtrain and torchrun, side by side: wall time, steps/s, hangs.
+
+Each client of tests/clients (PyTorch Lightning, HuggingFace accelerate, the
+transformers Trainer, FSDP2, torch.distributed.checkpoint, torch.distributed.pipelining
+with GPipe and 1F1B) runs --runs times under each launcher, alternating, with
+`--standalone --nproc-per-node=2` on CPU/gloo. A run that outlasts --timeout counts as
+a hang (its whole process group is killed); a non-zero exit as a failure. The median
+wall time (launcher start to exit) and the clients' own steps/s are reported with the
+rtrain/torchrun ratios, and whether the final weights were bitwise equal.
+
+Then the crash cases: rank 1 exits with os._exit(3) mid-run with --max-restarts=1, in
+Lightning (resume from last.ckpt) and in the DCP script (resume from the newest DCP
+checkpoint), --crash-runs times under each launcher.
+
+Results go to docs/benchmarks.md between the bench_clients markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT))
+
+from bench_launch import write_doc  # noqa: E402
+
+from tests.clients.clients import CLIENTS, LAUNCH, Client, results  # noqa: E402
+from tests.integration.helpers import RTRAIN, TORCHRUN, probe_env  # noqa: E402
+
+MARK_BEGIN, MARK_END = "<!-- bench_clients:begin -->", "<!-- bench_clients:end -->"
+LAUNCHERS = {"torchrun": TORCHRUN, "rtrain": RTRAIN}
+CRASHES = {"lightning": "40", "dcp": "17"}  # client -> the step rank 1 crashes at
+
+
+@dataclass
+class Run:
+    code: int | None  # None: hung (killed at the timeout)
+    wall_s: float
+    results: dict[int, dict[str, Any]]
+    stderr: str = ""
+
+
+@dataclass
+class Tally:
+    runs: list[Run] = field(default_factory=list)
+
+    @property
+    def done(self) -> list[Run]:
+        return [r for r in self.runs if r.code == 0 and len(r.results) == 2]
+
+    @property
+    def hangs(self) -> int:
+        return sum(r.code is None for r in self.runs)
+
+    @property
+    def failures(self) -> int:
+        return sum(r.code not in (None, 0) for r in self.runs)
+
+    def median_wall(self) -> float | None:
+        return statistics.median(r.wall_s for r in self.done) if self.done else None
+
+    def median_steps_per_s(self) -> float | None:
+        """The client's own rate on rank 0 (the Trainer's, for the transformers one)."""
+        rates = [
+            r.results[0].get("trainer_steps_per_s") or r.results[0]["steps_per_s"]
+            for r in self.done
+        ]
+        return statistics.median(rates) if rates else None
+
+    def weights(self) -> set[tuple[str, str]]:
+        return {(r.results[0]["weights"], r.results[1]["weights"]) for r in self.done}
+
+
+def launch(
+    launcher: str, client: Client, out: Path, timeout: float, *flags: str, **env: str
+) -> Run:
+    ckpt = out / "ckpt" if client.checkpoints else None
+    command = [*LAUNCHERS[launcher], *LAUNCH, *flags, *client.argv(out, ckpt)]
+    started = time.monotonic()
+    with tempfile.TemporaryFile("w+") as errors:
+        proc = subprocess.Popen(
+            command,
+            env=probe_env(out, **env),
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=errors,
+            start_new_session=True,  # a hung run is killed with all its workers
+        )
+        try:
+            code: int | None = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            code = None
+        wall = time.monotonic() - started
+        errors.seek(0)
+        text = errors.read()
+    return Run(code, wall, results(out), text[-20000:])
+
+
+def measure_clients(runs: int, timeout: float, tmp: Path) -> dict[str, dict[str, Tally]]:
+    tallies = {name: {launcher: Tally() for launcher in LAUNCHERS} for name in CLIENTS}
+    with Progress(console=Console(stderr=True)) as progress:
+        task = progress.add_task("clients", total=len(CLIENTS) * runs * len(LAUNCHERS))
+        for name, client in CLIENTS.items():
+            for attempt in range(runs):
+                for launcher in LAUNCHERS:  # alternating, so drift hits both alike
+                    out = tmp / name / f"{launcher}{attempt}"
+                    tallies[name][launcher].runs.append(launch(launcher, client, out, timeout))
+                    progress.update(task, advance=1, description=f"{name} ({launcher})")
+    return tallies
+
+
+@dataclass
+class CrashRow:
+    client: str
+    launcher: str
+    runs: int
+    recovered: int
+    same_weights: int
+    hangs: int
+    why: str
+
+
+def _why_failed(run: Run) -> str:
+    for marker in ("connectFullMesh", "Connection refused", "Connection reset by peer"):
+        if marker in run.stderr:
+            lines = [line for line in run.stderr.splitlines() if marker in line]
+            return lines[-1].strip()[:160]
+    return f"exit {run.code}" if run.code is not None else "hung"
+
+
+def measure_crashes(
+    crash_runs: int, timeout: float, tmp: Path, reference: dict[str, dict[str, Tally]]
+) -> list[CrashRow]:
+    rows = []
+    with Progress(console=Console(stderr=True)) as progress:
+        task = progress.add_task("crashes", total=len(CRASHES) * crash_runs * len(LAUNCHERS))
+        for name, step in CRASHES.items():
+            expected = reference[name]["torchrun"].weights() | reference[name]["rtrain"].weights()
+            for launcher in LAUNCHERS:
+                tally = Tally()
+                for attempt in range(crash_runs):
+                    out = tmp / f"crash-{name}" / f"{launcher}{attempt}"
+                    run = launch(
+                        launcher,
+                        CLIENTS[name],
+                        out,
+                        timeout,
+                        "--max-restarts=1",
+                        CLIENT_CRASH_STEP=step,
+                    )
+                    tally.runs.append(run)
+                    progress.update(task, advance=1, description=f"crash {name} ({launcher})")
+                same = sum(
+                    (r.results[0]["weights"], r.results[1]["weights"]) in expected
+                    for r in tally.done
+                )
+                failed = [r for r in tally.runs if r not in tally.done]
+                rows.append(
+                    CrashRow(
+                        name,
+                        launcher,
+                        crash_runs,
+                        len(tally.done),
+                        same,
+                        tally.hangs,
+                        _why_failed(failed[0]) if failed else "",
+                    )
+                )
+    return rows
+
+
+def _fmt(value: float | None, unit: str = "", digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}{unit}"
+
+
+def _ratio(ours: float | None, theirs: float | None) -> float | None:
+    return None if ours is None or theirs is None or theirs == 0 else ours / theirs
+
+
+def client_rows(tallies: dict[str, dict[str, Tally]]) -> list[list[str]]:
+    rows = []
+    for name, by in tallies.items():
+        ours, theirs = by["rtrain"], by["torchrun"]
+        wall = _ratio(ours.median_wall(), theirs.median_wall())
+        rate = _ratio(ours.median_steps_per_s(), theirs.median_steps_per_s())
+        same = ours.weights() == theirs.weights() and len(ours.weights()) == 1
+        rows.append(
+            [
+                name,
+                _fmt(theirs.median_wall(), " s"),
+                _fmt(ours.median_wall(), " s"),
+                _fmt(wall),
+                _fmt(theirs.median_steps_per_s(), "", 1),
+                _fmt(ours.median_steps_per_s(), "", 1),
+                _fmt(rate),
+                f"{ours.hangs} / {ours.failures} of {len(ours.runs)}",
+                f"{theirs.hangs} / {theirs.failures} of {len(theirs.runs)}",
+                "yes" if same else "NO",
+            ]
+        )
+    return rows
+
+
+CLIENT_COLUMNS = (
+    "client",
+    "torchrun wall",
+    "rtrain wall",
+    "wall rtrain/torchrun",
+    "torchrun steps/s",
+    "rtrain steps/s",
+    "steps/s rtrain/torchrun",
+    "rtrain hangs / failures",
+    "torchrun hangs / failures",
+    "same weights",
+)
+CRASH_COLUMNS = ("client", "launcher", "recovered", "weights = no-crash run", "hangs", "failure")
+
+
+def crash_cells(row: CrashRow) -> list[str]:
+    return [
+        row.client,
+        row.launcher,
+        f"{row.recovered} of {row.runs}",
+        f"{row.same_weights} of {row.runs}",
+        str(row.hangs),
+        row.why,
+    ]
+
+
+def render(client_table: list[list[str]], crashes: list[CrashRow], command: str, runs: int) -> str:
+    def markdown(columns: tuple[str, ...], rows: list[list[str]]) -> list[str]:
+        lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        return lines + ["| " + " | ".join(c.replace("|", "/") for c in r) + " |" for r in rows]
+
+    lines = [
+        MARK_BEGIN,
+        "## Real clients (`scripts/bench_clients.py`)",
+        "",
+        f"`{command}` on {platform.node() or 'this machine'} ({os.cpu_count()} cores, "
+        f"torch {torch.__version__}, Python {platform.python_version()}); "
+        f"{runs} runs of each client under each launcher, alternating. Wall: median, "
+        "launcher start to exit. Steps/s: the client's own, on rank 0 (the Trainer's "
+        "`train_steps_per_second` for the transformers one), median.",
+        "",
+        *markdown(CLIENT_COLUMNS, client_table),
+        "",
+        "A crash (rank 1 `os._exit(3)` mid-run, `--max-restarts=1`), resumed from the "
+        "framework's own checkpoint:",
+        "",
+        *markdown(CRASH_COLUMNS, [crash_cells(r) for r in crashes]),
+        MARK_END,
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--crash-runs", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=180.0)
+    parser.add_argument("--doc", default=str(ROOT / "docs" / "benchmarks.md"))
+    args = parser.parse_args()
+    command = "python scripts/bench_clients.py " + " ".join(sys.argv[1:])
+    with tempfile.TemporaryDirectory(prefix="bench_clients_") as tmp:
+        tallies = measure_clients(args.runs, args.timeout, Path(tmp))
+        crashes = measure_crashes(args.crash_runs, args.timeout, Path(tmp), tallies)
+    rows = client_rows(tallies)
+    console = Console(width=200)
+    table = Table(title="real clients: rtrain vs torchrun")
+    for column in CLIENT_COLUMNS:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    crash_table = Table(title="a crash, resumed from the framework's checkpoint")
+    for column in CRASH_COLUMNS:
+        crash_table.add_column(column)
+    for crash in crashes:
+        crash_table.add_row(*crash_cells(crash))
+    console.print(crash_table)
+    write_doc(
+        render(rows, crashes, command.strip(), args.runs), Path(args.doc), MARK_BEGIN, MARK_END
+    )
+
+
+if __name__ == "__main__":
+    main()
