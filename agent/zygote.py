@@ -31,6 +31,7 @@ import select
 import signal
 import socket
 import sys
+import threading
 import time
 from typing import Any
 
@@ -43,6 +44,7 @@ class Zygote:
         self._parent_pid = parent_pid
         self._children: dict[int, str] = {}
         self.warm_later: list[str] = []
+        self._warmer: threading.Thread | None = None
         self._buffer = b""
         # Set while lines are written: a report from the SIGCHLD handler then waits in
         # _queued instead of landing in the middle of a line.
@@ -78,10 +80,13 @@ class Zygote:
         while True:
             idle_s = 0.2 if self.warm_later else 1.0
             readable, _, _ = select.select([self._sock, self._wake_r], [], [], idle_s)
-            if not readable and self.warm_later:
+            if not readable and self.warm_later and self._warmer is None:
                 # Idle: import what workers will import anyway (see WorkerPool), so that
                 # restarted workers skip it, without making the first start wait for it.
-                preload(self.warm_later)
+                self._warmer = threading.Thread(
+                    target=_warm_at_idle_priority, args=(self.warm_later,), daemon=True
+                )
+                self._warmer.start()
                 self.warm_later = []
             if self._wake_r in readable:
                 try:
@@ -112,6 +117,10 @@ class Zygote:
             raise SystemExit(0)
 
     def _spawn(self, request: dict[str, Any]) -> None:
+        if self._warmer is not None:
+            # A fork while another thread holds the import lock would leave the child
+            # deadlocked on its first import: let the warm-up finish first.
+            self._warmer.join()
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         zygote_pid = os.getpid()
@@ -159,6 +168,16 @@ class Zygote:
     def _report_exit(self, pid: int, code: int, when: float) -> None:
         worker_id = self._children.pop(pid)
         self.send({"ev": "exited", "id": worker_id, "pid": pid, "exitcode": code, "time": when})
+
+
+def _warm_at_idle_priority(modules: list[str]) -> None:
+    """Import `modules` in this thread at SCHED_IDLE (a per-thread policy on Linux): the
+    first generation's workers are running by then, and on a small node a full-priority
+    import of torch._dynamo (1-3 s of CPU) slowed their first steps. Workers are forked
+    from the main thread, whose policy stays as it was."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    preload(modules)
 
 
 def preload(modules: list[str]) -> dict[str, str]:

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
@@ -89,10 +90,16 @@ class Tally:
 
 
 def launch(
-    launcher: str, client: Client, out: Path, timeout: float, *flags: str, **env: str
+    launcher: str,
+    client: Client,
+    out: Path,
+    timeout: float,
+    *flags: str,
+    scale: int = 1,
+    **env: str,
 ) -> Run:
     ckpt = out / "ckpt" if client.checkpoints else None
-    command = [*LAUNCHERS[launcher], *LAUNCH, *flags, *client.argv(out, ckpt)]
+    command = [*LAUNCHERS[launcher], *LAUNCH, *flags, *client.argv(out, ckpt, scale)]
     started = time.monotonic()
     with tempfile.TemporaryFile("w+") as errors:
         proc = subprocess.Popen(
@@ -115,7 +122,9 @@ def launch(
     return Run(code, wall, results(out), text[-20000:])
 
 
-def measure_clients(runs: int, timeout: float, tmp: Path) -> dict[str, dict[str, Tally]]:
+def measure_clients(
+    runs: int, timeout: float, tmp: Path, scale: int
+) -> dict[str, dict[str, Tally]]:
     tallies = {name: {launcher: Tally() for launcher in LAUNCHERS} for name in CLIENTS}
     with Progress(console=Console(stderr=True)) as progress:
         task = progress.add_task("clients", total=len(CLIENTS) * runs * len(LAUNCHERS))
@@ -123,7 +132,8 @@ def measure_clients(runs: int, timeout: float, tmp: Path) -> dict[str, dict[str,
             for attempt in range(runs):
                 for launcher in LAUNCHERS:  # alternating, so drift hits both alike
                     out = tmp / name / f"{launcher}{attempt}"
-                    tallies[name][launcher].runs.append(launch(launcher, client, out, timeout))
+                    run = launch(launcher, client, out, timeout, scale=scale)
+                    tallies[name][launcher].runs.append(run)
                     progress.update(task, advance=1, description=f"{name} ({launcher})")
     return tallies
 
@@ -147,14 +157,15 @@ def _why_failed(run: Run) -> str:
     return f"exit {run.code}" if run.code is not None else "hung"
 
 
-def measure_crashes(
-    crash_runs: int, timeout: float, tmp: Path, reference: dict[str, dict[str, Tally]]
-) -> list[CrashRow]:
+def measure_crashes(crash_runs: int, timeout: float, tmp: Path) -> list[CrashRow]:
+    """Each crash case under both launchers; the weights are compared with a run of the
+    same client without the crash (under torchrun)."""
     rows = []
     with Progress(console=Console(stderr=True)) as progress:
         task = progress.add_task("crashes", total=len(CRASHES) * crash_runs * len(LAUNCHERS))
         for name, step in CRASHES.items():
-            expected = reference[name]["torchrun"].weights() | reference[name]["rtrain"].weights()
+            clean = launch("torchrun", CLIENTS[name], tmp / f"clean-{name}", timeout)
+            expected = Tally([clean]).weights()
             for launcher in LAUNCHERS:
                 tally = Tally()
                 for attempt in range(crash_runs):
@@ -246,7 +257,9 @@ def crash_cells(row: CrashRow) -> list[str]:
     ]
 
 
-def render(client_table: list[list[str]], crashes: list[CrashRow], command: str, runs: int) -> str:
+def render(
+    client_table: list[list[str]], crashes: list[CrashRow], command: str, runs: int, scale: int
+) -> str:
     def markdown(columns: tuple[str, ...], rows: list[list[str]]) -> list[str]:
         lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
         return lines + ["| " + " | ".join(c.replace("|", "/") for c in r) + " |" for r in rows]
@@ -257,7 +270,8 @@ def render(client_table: list[list[str]], crashes: list[CrashRow], command: str,
         "",
         f"`{command}` on {platform.node() or 'this machine'} ({os.cpu_count()} cores, "
         f"torch {torch.__version__}, Python {platform.python_version()}); "
-        f"{runs} runs of each client under each launcher, alternating. Wall: median, "
+        f"{runs} runs of each client under each launcher, alternating, each trained "
+        f"{scale}x as long as in tests/clients. Wall: median, "
         "launcher start to exit. Steps/s: the client's own, on rank 0 (the Trainer's "
         "`train_steps_per_second` for the transformers one), median.",
         "",
@@ -276,13 +290,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--crash-runs", type=int, default=3)
+    parser.add_argument(
+        "--scale", type=int, default=3, help="train each client this many times longer"
+    )
     parser.add_argument("--timeout", type=float, default=180.0)
     parser.add_argument("--doc", default=str(ROOT / "docs" / "benchmarks.md"))
     args = parser.parse_args()
     command = "python scripts/bench_clients.py " + " ".join(sys.argv[1:])
     with tempfile.TemporaryDirectory(prefix="bench_clients_") as tmp:
-        tallies = measure_clients(args.runs, args.timeout, Path(tmp))
-        crashes = measure_crashes(args.crash_runs, args.timeout, Path(tmp), tallies)
+        tallies = measure_clients(args.runs, args.timeout, Path(tmp), args.scale)
+        crashes = measure_crashes(args.crash_runs, args.timeout, Path(tmp))
     rows = client_rows(tallies)
     console = Console(width=200)
     table = Table(title="real clients: rtrain vs torchrun")
@@ -295,11 +312,10 @@ def main() -> None:
     for column in CRASH_COLUMNS:
         crash_table.add_column(column)
     for crash in crashes:
-        crash_table.add_row(*crash_cells(crash))
+        crash_table.add_row(*(escape(cell) for cell in crash_cells(crash)))
     console.print(crash_table)
-    write_doc(
-        render(rows, crashes, command.strip(), args.runs), Path(args.doc), MARK_BEGIN, MARK_END
-    )
+    section = render(rows, crashes, command.strip(), args.runs, args.scale)
+    write_doc(section, Path(args.doc), MARK_BEGIN, MARK_END)
 
 
 if __name__ == "__main__":

@@ -22,22 +22,27 @@ TIMEOUT_S = 240
 @dataclass(frozen=True)
 class Client:
     script: str
+    length: tuple[str, int]  # the flag that sets how long it trains, and its default
     args: tuple[str, ...] = ()
     checkpoints: bool = False  # takes --ckpt-dir
 
-    def argv(self, out: Path, ckpt: Path | None = None) -> list[str]:
+    def argv(self, out: Path, ckpt: Path | None = None, scale: int = 1) -> list[str]:
+        """The script's command line; `scale` trains that many times longer."""
+        flag, default = self.length
         extra = ["--ckpt-dir", str(ckpt)] if ckpt is not None else []
+        if scale != 1:
+            extra += [flag, str(default * scale)]
         return [str(SCRIPTS / self.script), "--out", str(out), *self.args, *extra]
 
 
 CLIENTS = {
-    "lightning": Client("lightning_ddp.py", checkpoints=True),
-    "accelerate": Client("accelerate_loop.py"),
-    "hf-trainer": Client("hf_trainer.py"),
-    "fsdp2": Client("fsdp2_train.py"),
-    "dcp": Client("dcp_checkpoint.py", checkpoints=True),
-    "pipelining-gpipe": Client("pipelining.py", ("--schedule", "gpipe")),
-    "pipelining-1f1b": Client("pipelining.py", ("--schedule", "1f1b")),
+    "lightning": Client("lightning_ddp.py", ("--epochs", 4), checkpoints=True),
+    "accelerate": Client("accelerate_loop.py", ("--epochs", 3)),
+    "hf-trainer": Client("hf_trainer.py", ("--steps", 60)),
+    "fsdp2": Client("fsdp2_train.py", ("--steps", 40)),
+    "dcp": Client("dcp_checkpoint.py", ("--steps", 30), checkpoints=True),
+    "pipelining-gpipe": Client("pipelining.py", ("--steps", 20), ("--schedule", "gpipe")),
+    "pipelining-1f1b": Client("pipelining.py", ("--steps", 20), ("--schedule", "1f1b")),
 }
 LAUNCH = ["--standalone", "--nproc-per-node=2"]
 
