@@ -8,7 +8,9 @@
 # 2. `rtrain health --json` and the table against the real NVML, with their exit codes;
 # 3. the agent's sampler: every check on every GPU, timed (real driver calls);
 # 4. a 30-second monitored run: `rtrain launch` with --health-interval 2 on a small CPU
-#    job, so that the agent's NVML monitor and XID listener run beside training.
+#    job, so that the agent's NVML monitor and XID listener run beside training;
+# 5. CUDA and NCCL in workers forked from the pool, before and after a restart (the
+#    second generation is forked after the pool warmed torch._dynamo).
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -55,4 +57,8 @@ RUN=$!
 sleep 30
 pkill -INT -f "examples/train_mlp.py" 2>/dev/null
 wait $RUN
+echo "== CUDA in forked workers (a crash, then a restart)"
+timeout 120 $PY -m rtrain.cli.main launch --standalone --nproc-per-node=1 --max-restarts=1 \
+    tests/scripts/cuda_fork_probe.py 2>&1 | grep -E "cuda ok|rtrain:|Error|error" | tail -n 20
+echo "exit code: ${PIPESTATUS[0]}"
 echo "== done"

@@ -72,3 +72,23 @@ def synthetic_regression(samples: int, features: int, seed: int = 0) -> torch.ut
     x = torch.randn(samples, features, generator=generator)
     y = x @ torch.randn(features, 1, generator=generator) + 0.1 * torch.randn(samples, 1)
     return torch.utils.data.TensorDataset(x, y)
+
+
+BATCH = 16
+
+
+def regression_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data: torch.utils.data.TensorDataset,
+    step: int,
+    rank: int,
+    world: int,
+) -> torch.Tensor:
+    """One step on this rank's slice of the global batch of `step`; the loss."""
+    x, y = data[torch.arange(BATCH) + (step * world + rank) * BATCH]
+    optimizer.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    optimizer.step()
+    return loss

@@ -11,6 +11,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from client_common import (
     maybe_crash,
+    regression_step,
     synthetic_regression,
     training_started,
     weights_digest,
@@ -59,12 +60,7 @@ loss = torch.zeros(())
 training_started()
 for step in range(start, args.steps):
     maybe_crash(step)
-    index = torch.arange(16) + (step * world + rank) * 16
-    x, y = data[index]
-    optimizer.zero_grad()
-    loss = torch.nn.functional.mse_loss(model(x), y)
-    loss.backward()
-    optimizer.step()
+    loss = regression_step(model, optimizer, data, step, rank, world)
     if (step + 1) % args.every == 0:
         model_state, optim_state = get_state_dict(model, optimizer)
         path = os.path.join(args.ckpt_dir, f"step_{step + 1}")

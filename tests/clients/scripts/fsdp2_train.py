@@ -5,7 +5,13 @@ import argparse
 
 import torch
 import torch.distributed as dist
-from client_common import synthetic_regression, training_started, weights_digest, write_result
+from client_common import (
+    regression_step,
+    synthetic_regression,
+    training_started,
+    weights_digest,
+    write_result,
+)
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
@@ -36,12 +42,7 @@ def main() -> None:
     loss = torch.zeros(())
     training_started()
     for step in range(args.steps):
-        index = torch.arange(16) + (step * world + rank) * 16
-        x, y = data[index]
-        optimizer.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        optimizer.step()
+        loss = regression_step(model, optimizer, data, step, rank, world)
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     write_result(args.out, args.steps, weights=weights_digest(full), loss=float(loss.detach()))
     dist.destroy_process_group()
