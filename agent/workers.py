@@ -69,6 +69,7 @@ class WorkerGroup:
         self._base_env = base_env
         self._tail = tail
         self._stopping = False
+        self._warned_fresh = False
         self._stop_time = float("inf")  # wall clock when stop() began
         self.workers: list[Worker] = []
 
@@ -123,13 +124,15 @@ class WorkerGroup:
         if not differences or entry.kind == "exec":
             return request
         flags = ["-u", "-m"] if entry.kind == "module" else ["-u"]
-        logger.warning(
-            "starting the worker as a fresh interpreter, without the preloaded pool: "
-            "%s differ%s from the pool's, and torch reads %s at import",
-            ", ".join(differences),
-            "s" if len(differences) == 1 else "",
-            "it" if len(differences) == 1 else "them",
-        )
+        if not self._warned_fresh:  # the same for every worker of the group: say it once
+            self._warned_fresh = True
+            logger.warning(
+                "starting workers as fresh interpreters, without the preloaded pool: "
+                "%s differ%s from the pool's, and torch reads %s at import",
+                ", ".join(differences),
+                "s" if len(differences) == 1 else "",
+                "it" if len(differences) == 1 else "them",
+            )
         return {
             "kind": "exec",
             "target": sys.executable,
