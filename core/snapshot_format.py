@@ -1,11 +1,12 @@
 """The byte layout of one shard: a training state dict in a flat, mappable buffer.
 
-  [ header (64 bytes) | skeleton (pickle) | tensor data, each 64-byte aligned ]
+  [ header (64 bytes) | skeleton (tagged JSON) | tensor data, each 64-byte aligned ]
 
 The skeleton is the state dict with every tensor replaced by a TensorRef (dtype, shape,
-offset, size); everything else in it (ints, floats, strings, RNG states as bytes,
-nested dicts and lists) is pickled as is. Tensors are copied straight into the buffer,
-so writing a shard costs one memory copy of the tensor bytes.
+offset, size); everything else in it must be a plain value (core.snapshot_skeleton:
+ints, floats, strings, bytes, nested dicts, lists and tuples). No pickle: a shard comes
+from shared memory or a peer, and reading one must never run code. Tensors are copied
+straight into the buffer, so writing a shard costs one memory copy of the tensor bytes.
 
 The header's `state` field is written last: a shard whose writer died half-way stays
 WRITING and is never read. Checksums are 64-bit XXH3 digests per 8 MiB chunk of
@@ -19,7 +20,6 @@ torch is imported inside the functions that need it: `rtrain.core` must stay che
 from __future__ import annotations
 
 import os
-import pickle
 import struct
 import warnings
 from collections.abc import Sequence
@@ -28,11 +28,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import xxhash
+from rtrain.core.snapshot_skeleton import (
+    NUMPY_DTYPES,
+    TORCH_DTYPES,
+    SkeletonError,
+    TensorRef,
+    decode,
+    encode,
+)
 
 MAGIC = b"RTRSHRD1"
 HEADER = struct.Struct("<8sIIqqqq")  # magic, version, state, step, meta_len, data_len, replicated
 HEADER_SIZE = 64
-VERSION = 2  # 2: XXH3-64 chunk digests instead of CRC-32
+VERSION = 3  # 2: XXH3-64 chunk digests instead of CRC-32; 3: a JSON skeleton, no pickle
 EMPTY, WRITING, COMMITTED = 0, 1, 2
 STATE_OFFSET = 12  # where the 4-byte state field sits, for the final commit write
 REPLICATED_OFFSET = 40  # the step the agent last replicated (written by the agent)
@@ -42,14 +50,6 @@ CHUNK = 8 << 20
 
 class SnapshotError(ValueError):
     """A state dict rtrain cannot snapshot, or a shard it must not trust."""
-
-
-@dataclass(frozen=True)
-class TensorRef:
-    dtype: str
-    shape: tuple[int, ...]
-    offset: int
-    nbytes: int
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class ShardHeader:
 
 @dataclass
 class ShardLayout:
-    """What write_shard needs: the pickled skeleton, the tensors, and the total size."""
+    """What write_shard needs: the encoded skeleton, the tensors, and the total size."""
 
     meta: bytes
     tensors: list[Any]
@@ -81,53 +81,53 @@ class ShardLayout:
 
 def plan_shard(state: Any) -> ShardLayout:
     """Lay out a state dict; raise SnapshotError (naming the key) for what cannot be kept."""
+    import numpy
     import torch
 
     tensors: list[Any] = []
     refs: list[TensorRef] = []
     offset = 0
 
-    def walk(value: Any, path: str) -> Any:
+    def tensor_ref(value: Any, where: str) -> TensorRef | None:
         nonlocal offset
-        if isinstance(value, torch.Tensor):
-            where = path or "state"
-            if type(value) not in (torch.Tensor, torch.nn.Parameter):
-                # A DTensor (FSDP2, tensor parallel) or another wrapper subclass: its bytes
-                # are not its local data, and copying it into a plain tensor fails mid-write.
+        is_array = isinstance(value, numpy.ndarray)
+        if is_array:
+            if value.dtype.name not in NUMPY_DTYPES:
                 raise SnapshotError(
-                    f"{where}: a {type(value).__module__}.{type(value).__name__} cannot be "
-                    "snapshotted (only plain tensors); pass its local shard "
-                    "(DTensor.to_local()) or a full state dict"
+                    f"{where}: a numpy array of {value.dtype} cannot be snapshotted "
+                    "(only numeric and bool arrays)"
                 )
-            if value.layout != torch.strided or value.device.type == "meta":
-                raise SnapshotError(
-                    f"{where}: a {value.layout} tensor on {value.device.type} cannot be "
-                    "snapshotted (only strided tensors with data)"
-                )
-            tensor = value.detach()
-            nbytes = tensor.numel() * tensor.element_size()
-            ref = TensorRef(
-                str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset, nbytes
-            )
-            offset += -(-nbytes // ALIGN) * ALIGN
-            tensors.append(tensor)
-            refs.append(ref)
-            return ref
-        if isinstance(value, dict):
-            return {k: walk(v, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            items = [walk(v, f"{path}[{i}]") for i, v in enumerate(value)]
-            return items if isinstance(value, list) else tuple(items)
-        try:
-            pickle.dumps(value, protocol=5)
-        except Exception as exc:
+            value = torch.from_numpy(numpy.ascontiguousarray(value))
+        elif not isinstance(value, torch.Tensor):
+            return None
+        if type(value) not in (torch.Tensor, torch.nn.Parameter):
+            # A DTensor (FSDP2, tensor parallel) or another wrapper subclass: its bytes
+            # are not its local data, and copying it into a plain tensor fails mid-write.
             raise SnapshotError(
-                f"{path or 'state'}: a {type(value).__name__} cannot be snapshotted ({exc})"
-            ) from None
-        return value
+                f"{where}: a {type(value).__module__}.{type(value).__name__} cannot be "
+                "snapshotted (only plain tensors); pass its local shard "
+                "(DTensor.to_local()) or a full state dict"
+            )
+        if value.layout != torch.strided or value.device.type == "meta":
+            raise SnapshotError(
+                f"{where}: a {value.layout} tensor on {value.device.type} cannot be "
+                "snapshotted (only strided tensors with data)"
+            )
+        dtype = str(value.dtype).removeprefix("torch.")
+        if dtype not in TORCH_DTYPES:
+            raise SnapshotError(f"{where}: a {dtype} tensor cannot be snapshotted")
+        tensor = value.detach()
+        nbytes = tensor.numel() * tensor.element_size()
+        ref = TensorRef(dtype, tuple(tensor.shape), offset, nbytes, numpy=is_array)
+        offset += -(-nbytes // ALIGN) * ALIGN
+        tensors.append(tensor)
+        refs.append(ref)
+        return ref
 
-    skeleton = walk(state, "")
-    meta = pickle.dumps(skeleton, protocol=5)
+    try:
+        meta = encode(state, tensor_ref)
+    except SkeletonError as exc:
+        raise SnapshotError(str(exc)) from None
     return ShardLayout(meta, tensors, refs, offset)
 
 
@@ -172,22 +172,24 @@ def read_shard(buffer: Any, copy: bool = True) -> tuple[Any, int]:
         raise SnapshotError("shard is truncated")
     meta_end = HEADER_SIZE + header.meta_len
     try:
-        skeleton = pickle.loads(bytes(buffer[HEADER_SIZE:meta_end]))
-    except Exception as exc:
-        raise SnapshotError(f"shard skeleton unreadable ({exc})") from None
+        skeleton = decode(bytes(buffer[HEADER_SIZE:meta_end]), header.data_len)
+    except SkeletonError as exc:
+        raise SnapshotError(f"shard skeleton refused: {exc}") from None
 
     def build(value: Any) -> Any:
         if isinstance(value, TensorRef):
             dtype = getattr(torch, value.dtype)
             if value.nbytes == 0:
-                return torch.empty(value.shape, dtype=dtype)
+                empty = torch.empty(value.shape, dtype=dtype)
+                return empty.numpy() if value.numpy else empty
             with warnings.catch_warnings():
                 # A read-only mapping is fine when the tensor is cloned at once.
                 warnings.simplefilter("ignore", UserWarning)
                 raw = torch.frombuffer(
                     buffer, dtype=torch.uint8, count=value.nbytes, offset=meta_end + value.offset
                 )
-            return (raw.clone() if copy else raw).view(dtype).reshape(value.shape)
+            tensor = (raw.clone() if copy else raw).view(dtype).reshape(value.shape)
+            return tensor.numpy() if value.numpy else tensor
         if isinstance(value, dict):
             return {k: build(v) for k, v in value.items()}
         if isinstance(value, list):

@@ -125,3 +125,98 @@ def test_plan_falls_back_to_a_dp_peer_when_no_copy_of_a_shard_survives():
 def test_plan_is_none_on_a_fresh_start():
     topo = build_grid(Layout(), 0, nodes("a"))
     assert plan_restore(topo, {0: []}) is None
+
+
+def test_plain_python_and_numpy_state_round_trips_with_its_types():
+    import random
+
+    import numpy
+
+    state = {
+        0: {"step": torch.tensor(3.0)},
+        (1, "a"): [1, 2.5, None, True, "x"],
+        "betas": (0.9, 0.999),
+        "blob": b"\x00\xffraw",
+        "special": [float("inf"), -float("inf")],
+        "py_rng": random.getstate(),
+        "np_rng": numpy.random.get_state(),
+        "array": numpy.arange(6, dtype=numpy.int32).reshape(2, 3),
+        "np_scalar": numpy.float32(1.5),
+    }
+    back, _ = round_trip(state)
+    assert back[0]["step"].item() == 3.0
+    assert back[(1, "a")] == [1, 2.5, None, True, "x"]
+    assert back["betas"] == (0.9, 0.999) and isinstance(back["betas"], tuple)
+    assert back["blob"] == b"\x00\xffraw" and back["special"] == state["special"]
+    assert back["py_rng"] == state["py_rng"]
+    random.setstate(back["py_rng"])  # the restored state is usable as it is
+    assert isinstance(back["array"], numpy.ndarray) and (back["array"] == state["array"]).all()
+    assert back["np_rng"][0] == "MT19937" and (back["np_rng"][1] == state["np_rng"][1]).all()
+    numpy.random.set_state(back["np_rng"])
+    assert back["np_scalar"] == 1.5
+
+
+def planted_shard(meta: bytes, data_len: int = 0) -> bytearray:
+    """A committed shard whose skeleton bytes are `meta`, as a forger would write it."""
+    from rtrain.core.snapshot_format import HEADER, HEADER_SIZE, MAGIC, VERSION
+
+    buffer = bytearray(HEADER_SIZE + len(meta) + data_len)
+    HEADER.pack_into(buffer, 0, MAGIC, VERSION, COMMITTED, 10**9, len(meta), data_len, -1)
+    buffer[HEADER_SIZE : HEADER_SIZE + len(meta)] = meta
+    return buffer
+
+
+def test_a_pickled_skeleton_is_refused_and_never_runs(tmp_path):
+    import os
+    import pickle
+
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    with pytest.raises(SnapshotError, match="skeleton refused"):
+        read_shard(planted_shard(pickle.dumps({"model": Payload()})))
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        b'{"t":["float32",[4],0,16]}',  # points past the data area
+        b'{"t":["load",[1],0,1]}',  # not a dtype
+        b'{"t":["float32",[2],0,4]}',  # nbytes does not match the shape
+        b'{"x":1}',
+        b'{"d":[[{"d":[]},1]]}',  # an unhashable key
+        b"[" * 100 + b"]" * 100,
+        b"\xff\xfe",
+    ],
+)
+def test_a_forged_skeleton_is_refused_by_shape(meta):
+    with pytest.raises(SnapshotError, match="skeleton refused"):
+        read_shard(planted_shard(meta))
+
+
+def test_any_bytes_as_a_skeleton_give_a_state_or_a_refusal():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.binary(max_size=200) | st.text(max_size=200).map(str.encode))
+    def check(meta):
+        try:
+            read_shard(planted_shard(meta, data_len=64))
+        except SnapshotError:
+            pass
+
+    check()
+
+
+def test_objects_with_no_plain_form_are_refused_by_key():
+    with pytest.raises(SnapshotError, match=r"opt\.groups: a set cannot be snapshotted"):
+        plan_shard({"opt": {"groups": {1, 2}}})
+    with pytest.raises(SnapshotError, match=r"a numpy array of object"):
+        import numpy
+
+        plan_shard({"a": numpy.array([object()])})

@@ -1,0 +1,176 @@
+"""The skeleton of a shard: a state dict's structure and plain values, as tagged JSON.
+
+Shards travel between nodes and sit in shared memory that other processes can write,
+so reading one must never run code: no pickle. The skeleton holds only plain types,
+each JSON value tagged where JSON alone would lose the type:
+
+  None, bool, int, float (nan/inf too), str    as themselves
+  list                                         a JSON list
+  {"d": [[key, value], ...]}                   a dict (keys: any hashable plain value)
+  {"u": [...]}                                 a tuple
+  {"b": "<base64>"}                            bytes
+  {"t": [dtype, shape, offset, nbytes]}        a torch tensor, its bytes in the data area
+  {"n": [dtype, shape, offset, nbytes]}        a numpy array, likewise
+
+Decoding checks every node against this grammar and every tensor reference against the
+shard's data area; anything else is a SnapshotError. Pure: no I/O, no torch import.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+MAX_DEPTH = 64
+# The element types a tensor or array in a shard may have: nothing that holds objects.
+TORCH_DTYPES = {
+    "float64": 8,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "complex64": 8,
+    "complex128": 16,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "uint16": 2,
+    "uint32": 4,
+    "uint64": 8,
+    "bool": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+}
+NUMPY_DTYPES = {
+    name: size for name, size in TORCH_DTYPES.items() if not name.startswith(("bfloat", "float8"))
+}
+
+
+class SkeletonError(ValueError):
+    """A value that has no place in a skeleton, or bytes that are not one."""
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+    numpy: bool = False
+
+
+def encode(value: Any, tensor_ref: Callable[[Any, str], TensorRef | None]) -> bytes:
+    """The skeleton of `value`; tensor_ref(value, path) turns a tensor (or array) into
+    its TensorRef and returns None for anything else."""
+    return json.dumps(_encode(value, "", tensor_ref, 0), separators=(",", ":")).encode()
+
+
+def _encode(value: Any, path: str, tensor_ref: Callable[[Any, str], Any], depth: int) -> Any:
+    where = path or "state"
+    if depth > MAX_DEPTH:
+        raise SkeletonError(f"{where}: nested deeper than {MAX_DEPTH} levels")
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return int(value)  # an IntEnum or numpy-like int subclass keeps its value only
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, bytes):
+        return {"b": base64.b64encode(value).decode()}
+    if type(value).__module__ == "numpy" and type(value).__name__ != "ndarray":
+        return _encode(value.item(), path, tensor_ref, depth)  # a numpy scalar: its value
+    ref = tensor_ref(value, where)
+    if ref is not None:
+        tag = "n" if ref.numpy else "t"
+        return {tag: [ref.dtype, list(ref.shape), ref.offset, ref.nbytes]}
+    if isinstance(value, dict):
+        items = []
+        for key, item in value.items():
+            child = f"{path}.{key}" if path else str(key)
+            items.append(
+                [
+                    _encode(key, child, _no_tensors, depth + 1),
+                    _encode(item, child, tensor_ref, depth + 1),
+                ]
+            )
+        return {"d": items}
+    if isinstance(value, (list, tuple)):
+        items = [_encode(v, f"{path}[{i}]", tensor_ref, depth + 1) for i, v in enumerate(value)]
+        return items if isinstance(value, list) else {"u": items}
+    raise SkeletonError(
+        f"{where}: a {type(value).__name__} cannot be snapshotted (only tensors, numpy "
+        "arrays, dicts, lists, tuples, str, bytes, int, float, bool and None)"
+    )
+
+
+def _no_tensors(value: Any, where: str) -> None:
+    if type(value).__name__ in ("Tensor", "Parameter", "ndarray"):
+        raise SkeletonError(f"{where}: a tensor cannot be a dict key")
+    return None
+
+
+def decode(raw: bytes, data_len: int) -> Any:
+    """The skeleton in `raw`, checked; TensorRefs where the tensors go."""
+    try:
+        tree = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise SkeletonError(f"not a skeleton ({str(exc)[:80]})") from None
+    return _decode(tree, data_len, 0)
+
+
+def _decode(node: Any, data_len: int, depth: int) -> Any:
+    if depth > MAX_DEPTH:
+        raise SkeletonError(f"nested deeper than {MAX_DEPTH} levels")
+    if node is None or isinstance(node, (bool, int, float, str)):
+        return node
+    if isinstance(node, list):
+        return [_decode(v, data_len, depth + 1) for v in node]
+    if not isinstance(node, dict) or len(node) != 1:
+        raise SkeletonError("an object that is not one tagged value")
+    ((tag, body),) = node.items()
+    if tag == "d" and isinstance(body, list):
+        result = {}
+        for pair in body:
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise SkeletonError("a dict item that is not a [key, value] pair")
+            key = _decode(pair[0], data_len, depth + 1)
+            try:
+                result[key] = _decode(pair[1], data_len, depth + 1)
+            except TypeError:
+                raise SkeletonError("a dict key that is not hashable") from None
+        return result
+    if tag == "u" and isinstance(body, list):
+        return tuple(_decode(v, data_len, depth + 1) for v in body)
+    if tag == "b" and isinstance(body, str):
+        try:
+            return base64.b64decode(body, validate=True)
+        except ValueError:
+            raise SkeletonError("bytes that are not base64") from None
+    if tag in ("t", "n"):
+        return _tensor_ref(body, data_len, numpy=tag == "n")
+    raise SkeletonError(f"an unknown tag {tag[:20]!r}")
+
+
+def _tensor_ref(body: Any, data_len: int, numpy: bool) -> TensorRef:
+    if not (isinstance(body, list) and len(body) == 4):
+        raise SkeletonError("a tensor reference that is not [dtype, shape, offset, nbytes]")
+    dtype, shape, offset, nbytes = body
+    sizes = NUMPY_DTYPES if numpy else TORCH_DTYPES
+    if not isinstance(dtype, str) or dtype not in sizes:
+        raise SkeletonError(f"a tensor of unknown dtype {str(dtype)[:20]!r}")
+    if not (isinstance(shape, list) and all(_count(d) for d in shape) and len(shape) <= 64):
+        raise SkeletonError("a tensor shape that is not a list of sizes")
+    if not (_count(offset) and _count(nbytes)):
+        raise SkeletonError("a tensor offset or size that is not a count")
+    if math.prod(shape) * sizes[dtype] != nbytes or offset + nbytes > data_len:
+        raise SkeletonError("a tensor reference that does not match the shard's data")
+    return TensorRef(dtype, tuple(shape), offset, nbytes, numpy)
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
