@@ -69,7 +69,9 @@ class Agent:
         base_env: Mapping[str, str],
         nproc: int,
         health: HealthGuard | None = None,
+        secret: bytes | None = None,
     ) -> None:
+        """secret: the job secret (agent/job_secret.py); None hands one out through the store."""
         self.spec = spec
         self.nproc = nproc
         self.node_id = uuid.uuid4().hex
@@ -91,7 +93,7 @@ class Agent:
         self._worker_store: Any = None
         # Heartbeat files and snapshot shards: memory-backed where possible.
         self._runtime_dir = make_runtime_dir()
-        self._snapshots = SnapshotService.for_launch(spec, self._runtime_dir, self.addr)
+        self._snapshots = SnapshotService.for_launch(spec, self._runtime_dir, self.addr, secret)
 
     # -- signals --
 

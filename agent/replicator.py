@@ -16,6 +16,7 @@ import mmap
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rtrain.agent.disk_checkpoints import DiskCheckpointer
@@ -24,6 +25,7 @@ from rtrain.agent.shard_store import SLOT, ShardStore
 from rtrain.core.restore_plan import ShardId
 from rtrain.core.snapshot_format import (
     COMMITTED,
+    HEADER_SIZE,
     checksums,
     read_header,
     replicated_step,
@@ -45,10 +47,19 @@ RESCAN_S = 0.5
 
 class Replicator:
     def __init__(
-        self, store: ShardStore, secret: bytes, checkpointer: DiskCheckpointer | None = None
+        self,
+        store: ShardStore,
+        secret: bytes,
+        checkpointer: DiskCheckpointer | None = None,
+        source: str | None = None,
+        on_local_step: Callable[[int, int], None] | None = None,
     ) -> None:
+        """source: this node's job address (peers accept replicas from it only);
+        on_local_step: told (rank, step) of every snapshot this node's own workers commit."""
         self._store = store
         self._secret = secret
+        self._source = source
+        self._on_local_step = on_local_step
         self._checkpointer = checkpointer
         self._world_size = 0
         self._generation: int | None = None
@@ -57,7 +68,7 @@ class Replicator:
         self._maps: dict[str, tuple[tuple[int, int], mmap.mmap]] = {}  # (inode, size)
         self._lock = threading.Lock()
         self._closed = threading.Event()
-        self._warned: set[tuple[str, int, int]] = set()
+        self._warned: set[tuple[str, int, int]] = set()  # (peer, rank, step)
         self._paths: list[str] = []
         self._rescan_at = 0.0
         self._slot_files = 0
@@ -105,39 +116,55 @@ class Replicator:
             buffer = self._map(path)
             if buffer is None:
                 continue
-            header = read_header(buffer)
+            # The header and the replicated mark in one read: read apart, a worker that
+            # starts rewriting the slot in between made an old step look unreplicated.
+            head = bytes(buffer[:HEADER_SIZE])
+            header = read_header(head)
             if header is None or header.state != COMMITTED:
                 continue
-            if replicated_step(buffer) >= header.step:
+            if replicated_step(head) >= header.step:
                 continue
             match = SLOT.search(path)
             assert match is not None
             shard = ShardId(generation, int(match[2]), header.step)
             crcs = checksums(buffer, header.size)
+            if bytes(buffer[:HEADER_SIZE]) != head:
+                continue  # rewritten while it was checksummed: the next pass takes it
+            if self._on_local_step is not None:
+                self._on_local_step(shard.rank, header.step)
             self._store.remember_crcs(shard, crcs)
-            if self._send(shard, buffer, header.size, crcs):
-                if self._checkpointer is not None:
-                    self._checkpointer.offer(
-                        shard.rank, shard.step, self._world_size, buffer[: header.size], crcs
-                    )
-                set_replicated(buffer, header.step)
-                worked = True
+            error = self._send(shard, buffer, header.size, crcs)
+            if error is not None:
+                if bytes(buffer[:HEADER_SIZE]) == head:
+                    self._warn_once(shard, error)
+                continue
+            if self._checkpointer is not None:
+                self._checkpointer.offer(
+                    shard.rank, shard.step, self._world_size, buffer[: header.size], crcs
+                )
+            set_replicated(buffer, header.step)
+            worked = True
         return worked
 
-    def _send(self, shard: ShardId, buffer: Any, size: int, crcs: list[int]) -> bool:
+    def _send(self, shard: ShardId, buffer: Any, size: int, crcs: list[int]) -> str | None:
+        """None once every peer holds the shard, else what went wrong (retried later)."""
         for peer in self._peers:
             try:
-                client = self._clients.get(peer) or ShardClient(peer[0], peer[1], self._secret)
+                client = self._clients.get(peer) or ShardClient(
+                    peer[0], peer[1], self._secret, self._source
+                )
                 self._clients[peer] = client
                 client.put(shard, buffer, size, crcs)
             except (OSError, ShardError) as exc:
                 self._clients.pop(peer, None)
-                key = (peer[0], peer[1], shard.step)
-                if key not in self._warned:
-                    self._warned.add(key)
-                    logger.warning("replicating %s to %s:%d failed: %s", shard, *peer, exc)
-                return False
-        return True
+                return f"{peer[0]}:{peer[1]}: {exc}"
+        return None
+
+    def _warn_once(self, shard: ShardId, error: str) -> None:
+        key = (error.split(": ", 1)[0], shard.rank, shard.step)
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning("replicating %s to %s", shard, error)
 
     def _map(self, path: str) -> mmap.mmap | None:
         """The slot file's mapping, re-made when the file changed size or was replaced:

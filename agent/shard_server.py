@@ -10,11 +10,18 @@ requests go as a 4-byte length + JSON header, then raw bytes:
   get {gen, rank, step}                       -> {ok, size, crcs} + shard
 
 Shards carry their chunk checksums; the receiver verifies them before keeping or using a
-shard, so a corrupt copy is refused, never restored.
+shard, so a corrupt copy is refused, never restored. An authenticated request is then
+judged by core.shard_admission (who may put what, who may get).
+
+Before authentication a connection costs a thread and a descriptor, so at most
+MAX_UNAUTHENTICATED are open at once and each must finish the handshake within
+HANDSHAKE_S in all (not per read): a slow or flooding client is cut off, and a flood
+is logged once a minute, not once per connection.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import json
@@ -24,12 +31,15 @@ import socket
 import socketserver
 import struct
 import threading
+import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from rtrain.agent.shard_store import ShardStore
 from rtrain.core.errors import RtrainError
 from rtrain.core.restore_plan import ShardId
+from rtrain.core.shard_admission import Admission
 from rtrain.core.snapshot_format import CHUNK, HEADER_SIZE, chunk_digest
 
 logger = logging.getLogger(__name__)
@@ -39,6 +49,9 @@ NONCE = 32
 MAX_HEADER = 1 << 20
 IO_TIMEOUT_S = 30.0
 BUFFER = 1 << 20
+MAX_UNAUTHENTICATED = 32
+HANDSHAKE_S = 5.0
+LOG_EVERY_S = 60.0
 
 
 class ShardError(RtrainError):
@@ -49,9 +62,15 @@ def _mac(secret: bytes, role: bytes, nonce: bytes) -> bytes:
     return hmac.new(secret, role + nonce, hashlib.sha256).digest()
 
 
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
+def _recv_exact(sock: socket.socket, size: int, deadline: float | None = None) -> bytes:
+    """`size` bytes; with a deadline (time.monotonic), all of them by then."""
     data = bytearray()
     while len(data) < size:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ShardError(f"no handshake within {HANDSHAKE_S:g}s")
+            sock.settimeout(left)
         chunk = sock.recv(min(size - len(data), BUFFER))
         if not chunk:
             raise ShardError("connection closed by peer")
@@ -112,75 +131,175 @@ def _recv_message(sock: socket.socket) -> dict[str, Any]:
     return header
 
 
+class _RateLimitedLog:
+    """One warning per kind of event per LOG_EVERY_S, with the count since the last."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[float, int]] = {}
+        self._lock = threading.Lock()
+
+    def warn(self, kind: str, message: str, *args: object) -> None:
+        now = time.monotonic()
+        with self._lock:
+            last, skipped = self._last.get(kind, (-LOG_EVERY_S, 0))
+            if now - last < LOG_EVERY_S:
+                self._last[kind] = (last, skipped + 1)
+                return
+            self._last[kind] = (now, 0)
+        more = f" ({skipped} more like it since the last report)" if skipped else ""
+        logger.warning(message + more, *args)
+
+
 class _Handler(socketserver.BaseRequestHandler):
     server: _Server
 
     def handle(self) -> None:
         sock: socket.socket = self.request
-        sock.settimeout(IO_TIMEOUT_S)
-        secret = self.server.secret
+        peer = self.client_address[0]
         try:
-            nonce = secrets.token_bytes(NONCE)
-            sock.sendall(MAGIC + nonce)
-            answer = _recv_exact(sock, 32 + NONCE)
-            if not hmac.compare_digest(answer[:32], _mac(secret, b"client", nonce)):
-                logger.warning("refused a shard client without the job secret")
+            if not self._authenticate(sock, peer):
                 return
-            sock.sendall(_mac(secret, b"server", answer[32:]))
+            sock.settimeout(IO_TIMEOUT_S)
             while True:
                 try:
                     request = _recv_message(sock)
                 except ShardError:
                     return
-                self._serve(sock, request)
+                if not self._serve(sock, request, peer):
+                    return
         except (OSError, ShardError) as exc:
-            logger.warning("shard connection from %s failed: %s", self.client_address[0], exc)
+            self.server.refuse("failed", "shard connection from %s failed: %s", peer, exc)
 
-    def _serve(self, sock: socket.socket, request: dict[str, Any]) -> None:
-        store = self.server.store
+    def _authenticate(self, sock: socket.socket, peer: str) -> bool:
+        secret = self.server.secret
+        try:
+            deadline = time.monotonic() + HANDSHAKE_S
+            sock.settimeout(HANDSHAKE_S)
+            nonce = secrets.token_bytes(NONCE)
+            sock.sendall(MAGIC + nonce)
+            answer = _recv_exact(sock, 32 + NONCE, deadline)
+            if not hmac.compare_digest(answer[:32], _mac(secret, b"client", nonce)):
+                self.server.refuse(
+                    "secret", "refused a shard client without the job secret (%s)", peer
+                )
+                return False
+            sock.sendall(_mac(secret, b"server", answer[32:]))
+            return True
+        except (OSError, ShardError) as exc:
+            self.server.refuse("handshake", "shard client %s did not authenticate: %s", peer, exc)
+            return False
+        finally:
+            self.server.authenticated()
+
+    def _serve(self, sock: socket.socket, request: dict[str, Any], peer: str) -> bool:
+        """Answer one request; False: close the connection (a refused put's payload
+        follows its header, so the stream cannot go on)."""
+        store, admission = self.server.store, self.server.admission
         try:
             shard = ShardId(int(request["gen"]), int(request["rank"]), int(request["step"]))
         except (KeyError, TypeError, ValueError):
             _send_message(sock, {"ok": False, "error": "malformed request"})
-            return
+            return request.get("op") != "put"
         if request.get("op") == "put":
-            size, crcs = int(request["size"]), [int(c) for c in request["crcs"]]
+            try:
+                size, crcs = int(request["size"]), [int(c) for c in request["crcs"]]
+            except (KeyError, TypeError, ValueError):
+                size = -1
+            if size < HEADER_SIZE:
+                _send_message(sock, {"ok": False, "error": "malformed request"})
+                return False
+            kept = store.replica_steps(shard.generation, shard.rank)
+            why = (
+                None
+                if admission is None
+                else admission.refuse_put(peer, shard.generation, shard.step, kept)
+            )
+            if why is not None:
+                self.server.refuse("put", "refused a replica of %s from %s: %s", shard, peer, why)
+                _send_message(sock, {"ok": False, "error": f"refused: {why}"})
+                return False
             with store.receive(shard, size) as buffer:
                 ok = _recv_verified(sock, buffer, size) == crcs
                 if ok:
                     store.keep_replica(shard, size, crcs)
+            if not ok:  # the sender checks its slot did not change: this is corruption
+                self.server.refuse(
+                    "mismatch", "a replica of %s from %s failed its checksum", shard, peer
+                )
             _send_message(sock, {"ok": ok, "error": "" if ok else "checksum mismatch"})
-        elif request.get("op") == "get":
+            return True
+        if request.get("op") == "get":
+            why = None if admission is None else admission.refuse_get(peer)
+            if why is not None:
+                self.server.refuse("get", "refused %s to %s: %s", shard, peer, why)
+                _send_message(sock, {"ok": False, "error": f"refused: {why}"})
+                return True
             found = store.open_shard(shard)
             if found is None:
                 _send_message(sock, {"ok": False, "error": "not held"})
-                return
+                return True
             buffer, size, crcs = found
             _send_message(sock, {"ok": True, "size": size, "crcs": crcs}, memoryview(buffer)[:size])
-        else:
-            _send_message(sock, {"ok": False, "error": "unknown op"})
+            return True
+        _send_message(sock, {"ok": False, "error": "unknown op"})
+        return True
 
 
 class _Server(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, addr: tuple[str, int], secret: bytes, store: ShardStore) -> None:
+    def __init__(
+        self, addr: tuple[str, int], secret: bytes, store: ShardStore, admission: Admission | None
+    ) -> None:
         self.secret = secret
         self.store = store
+        self.admission = admission
+        self.refusals: Counter[str] = Counter()
+        self._log = _RateLimitedLog()
+        self._unauthenticated = threading.BoundedSemaphore(MAX_UNAUTHENTICATED)
         super().__init__(addr, _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # The bound is taken before a thread exists: a flood costs no threads.
+        if not self._unauthenticated.acquire(blocking=False):
+            self.refuse(
+                "flood",
+                "refusing shard connections: %d are already authenticating (latest from %s)",
+                MAX_UNAUTHENTICATED,
+                client_address[0],
+            )
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def authenticated(self) -> None:
+        """A connection left the handshake (authenticated or not): free its place."""
+        self._unauthenticated.release()
+
+    def refuse(self, kind: str, message: str, *args: object) -> None:
+        self.refusals[kind] += 1
+        self._log.warn(kind, message, *args)
 
 
 class ShardServer:
     """Serves this node's shards and keeps peers' replicas, on the job's address only."""
 
-    def __init__(self, host: str, secret: bytes, store: ShardStore) -> None:
-        self._server = _Server((host, 0), secret, store)
+    def __init__(
+        self, host: str, secret: bytes, store: ShardStore, admission: Admission | None = None
+    ) -> None:
+        """admission None serves every authenticated request (tools and tests only)."""
+        self._server = _Server((host, 0), secret, store, admission)
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="rtrain-shards", daemon=True
         )
         self._thread.start()
+
+    @property
+    def refusals(self) -> Counter[str]:
+        """Requests and connections refused so far, by kind (flood, secret, put, ...)."""
+        return self._server.refusals
 
     def close(self) -> None:
         self._server.shutdown()
@@ -188,8 +307,9 @@ class ShardServer:
 
 
 class ShardClient:
-    def __init__(self, host: str, port: int, secret: bytes) -> None:
-        self._sock = socket.create_connection((host, port), timeout=IO_TIMEOUT_S)
+    def __init__(self, host: str, port: int, secret: bytes, source: str | None = None) -> None:
+        """source: this node's job address, which the server judges requests by."""
+        self._sock = _connect(host, port, source)
         try:
             hello = _recv_exact(self._sock, len(MAGIC) + NONCE)
             if hello[: len(MAGIC)] != MAGIC:
@@ -210,8 +330,19 @@ class ShardClient:
 
     def put(self, shard: ShardId, buffer: Any, size: int, crcs: list[int]) -> None:
         header = {"op": "put", "gen": shard.generation, "rank": shard.rank, "step": shard.step}
-        _send_message(self._sock, {**header, "size": size, "crcs": crcs}, memoryview(buffer)[:size])
-        reply = _recv_message(self._sock)
+        try:
+            _send_message(
+                self._sock, {**header, "size": size, "crcs": crcs}, memoryview(buffer)[:size]
+            )
+        except OSError:
+            # A refusal comes before the payload is read, then the peer closes: its
+            # answer says why, where the broken pipe would not.
+            try:
+                reply = _recv_message(self._sock)
+            except (OSError, ShardError):
+                raise ShardError("the peer closed the connection during a put") from None
+        else:
+            reply = _recv_message(self._sock)
         if not reply.get("ok"):
             raise ShardError(f"peer refused the replica: {reply.get('error', '?')}")
 
@@ -233,3 +364,15 @@ class ShardClient:
 
     def close(self) -> None:
         self._sock.close()
+
+
+def _connect(host: str, port: int, source: str | None) -> socket.socket:
+    if source:
+        try:
+            return socket.create_connection((host, port), IO_TIMEOUT_S, (source, 0))
+        except OSError as exc:
+            if exc.errno != errno.EADDRNOTAVAIL:
+                raise
+            # Not an address of this machine (NAT, a name for another interface): the
+            # peer may refuse requests from the address the kernel picks instead.
+    return socket.create_connection((host, port), timeout=IO_TIMEOUT_S)

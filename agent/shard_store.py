@@ -64,6 +64,10 @@ class ShardStore:
         with self._lock:
             return [(shard, path) for shard, (path, _) in self._replicas.items()]
 
+    def replica_steps(self, generation: int, rank: int) -> list[int]:
+        with self._lock:
+            return [s.step for s in self._replicas if (s.generation, s.rank) == (generation, rank)]
+
     def inventory(self) -> list[ShardId]:
         return sorted({shard for shard, _ in self.local_slots() + self.replicas()}, key=str)
 
@@ -245,7 +249,11 @@ def _map(path: str, writable: bool) -> mmap.mmap:
 
 
 def _allocate(path: str, size: int) -> mmap.mmap:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    # A new file, never the old one truncated: the old name may be a hard link to a
+    # shard another slot still holds (adopt), as after a restore attempt that is redone.
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.posix_fallocate(fd, 0, max(size, 1))
         return mmap.mmap(fd, max(size, 1))

@@ -10,16 +10,18 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-from collections.abc import Callable
+import socket
+from collections.abc import Callable, Iterable
 
 from rtrain.agent.disk_checkpoints import DiskCheckpointer, write_checkpoint
 from rtrain.agent.rendezvous import StoreRendezvous
 from rtrain.agent.replicator import Replicator
-from rtrain.agent.restorer import gather, publish, restore_local_ranks
+from rtrain.agent.restorer import Peers, gather, publish, restore_agreed
 from rtrain.agent.shard_server import ShardServer
 from rtrain.agent.shard_store import ShardStore
 from rtrain.core.launch_spec import LaunchSpec
-from rtrain.core.restore_plan import ring_successors
+from rtrain.core.restore_plan import Reached, ring_successors
+from rtrain.core.shard_admission import Admission
 from rtrain.core.snapshot_api import SNAPSHOT_BUDGET, SNAPSHOT_DIR
 from rtrain.core.snapshot_format import COMMITTED, checksums, read_header
 from rtrain.core.store_protocol import Membership, StoreKeys
@@ -38,7 +40,9 @@ class SnapshotService:
         run_id: str,
         checkpoint_dir: str | None = None,
         checkpoint_every: int = 0,
+        secret: bytes | None = None,
     ) -> None:
+        """secret: the job secret, or None to hand a random one out through the store."""
         self.store = ShardStore(root, budget)
         self._checkpoint_dir = checkpoint_dir
         self._checkpointer = (
@@ -50,14 +54,19 @@ class SnapshotService:
         self._budget = budget
         self._copies = copies
         self._keys = StoreKeys(run_id)
-        self._secret: bytes | None = None
+        self._secret = secret
+        self._admission = Admission()
+        self._local_ranks: list[int] = []
+        self._local_steps: dict[int, int] = {}  # this generation's ranks: newest committed
         self._server: ShardServer | None = None
         self._replicator: Replicator | None = None
         self._generation: int | None = None  # the generation the workers now run
         self._world_size = 0
 
     @classmethod
-    def for_launch(cls, spec: LaunchSpec, runtime_dir: str, addr: str) -> SnapshotService:
+    def for_launch(
+        cls, spec: LaunchSpec, runtime_dir: str, addr: str, secret: bytes | None
+    ) -> SnapshotService:
         """The service a launch asks for, its shards in <runtime_dir>/shards."""
         root = os.path.join(runtime_dir, "shards")
         os.makedirs(root)
@@ -69,18 +78,33 @@ class SnapshotService:
             spec.rdzv.run_id,
             spec.snapshots.checkpoint_dir,
             spec.snapshots.checkpoint_every,
+            secret,
         )
 
     def _start(self, rdzv: StoreRendezvous) -> None:
-        """The job secret: RTRAIN_SECRET, else one random value the first agent sets."""
-        given = os.environ.get("RTRAIN_SECRET")
-        if given:
-            self._secret = given.encode()
-        else:
+        """The job secret as given (agent/job_secret.py), else one random value the first
+        agent sets in the store."""
+        if self._secret is None:
             value = rdzv.call("compare_set", self._keys.secret, "", secrets.token_hex(32))
             self._secret = value if isinstance(value, bytes) else str(value).encode()
-        self._server = ShardServer(self._host, self._secret, self.store)
-        self._replicator = Replicator(self.store, self._secret, self._checkpointer)
+        self._server = ShardServer(self._host, self._secret, self.store, self._admission)
+        self._replicator = Replicator(
+            self.store,
+            self._secret,
+            self._checkpointer,
+            source=self._host,
+            on_local_step=self._on_local_step,
+        )
+
+    def _on_local_step(self, rank: int, step: int) -> None:
+        """A worker of this node committed `step` (from the replicator's thread)."""
+        self._admission.ceiling.observe(step)
+        self._local_steps[rank] = max(step, self._local_steps.get(rank, step))
+
+    def _reached(self) -> Reached:
+        """How far this node's own workers got, for the next restore plan."""
+        every = bool(self._local_ranks) and all(r in self._local_steps for r in self._local_ranks)
+        return Reached(self._admission.ceiling.newest, every)
 
     def prepare(
         self,
@@ -99,17 +123,35 @@ class SnapshotService:
         assert self._secret is not None
         generation = membership.generation
         self._generation, self._world_size = generation, topology.world_size
-        publish(rdzv, self._keys, self.store, generation, node_rank, self._host, self._server.port)
-        inventory, servers = gather(rdzv, self._keys, membership, timeout, watch)
-        result = restore_local_ranks(
-            self.store, self._secret, topology, node_rank, inventory, servers, self._checkpoint_dir
+        self._admit(membership, node_rank)
+        address = (self._host, self._server.port)
+        publish(rdzv, self._keys, self.store, generation, node_rank, address, self._reached())
+        pooled = gather(rdzv, self._keys, membership, timeout, watch)
+        local_ranks = [c.rank for c in topology.coords if c.node_rank == node_rank]
+        self._local_steps = {}
+        result = restore_agreed(
+            rdzv,
+            self._keys,
+            membership,
+            self.store,
+            Peers(self._secret, self._host, pooled.servers),
+            topology,
+            node_rank,
+            pooled,
+            self._checkpoint_dir,
+            timeout,
+            watch,
         )
         logger.info("%s", result.describe())
+        self._local_ranks = local_ranks
+        if result.step is not None:
+            self._admission.ceiling.observe(result.step)
+            self._local_steps = dict.fromkeys(local_ranks, result.step)
+        servers = pooled.servers
         successors = ring_successors(node_rank, len(membership.members), self._copies)
         self._replicator.follow(
             generation, [servers[n] for n in successors], topology.world_size, local_world_size
         )
-        local_ranks = [c.rank for c in topology.coords if c.node_rank == node_rank]
         self.store.recycle(generation, local_ranks, result.step)
         self.store.prune(keep_from=generation - 1)
         per_slot = self._budget // max(local_world_size * 2 * self._copies, 1)
@@ -120,6 +162,19 @@ class SnapshotService:
             per_slot / 2**20,
         )
         return {SNAPSHOT_DIR: self.store.snap_dir(generation), SNAPSHOT_BUDGET: str(per_slot)}
+
+    def _admit(self, membership: Membership, node_rank: int) -> None:
+        """From now on serve this generation: replicas from the nodes placement sends
+        them from, shards to its members only."""
+        count = len(membership.members)
+        senders = [
+            m.addr
+            for n, m in enumerate(membership.members)
+            if node_rank in ring_successors(n, count, self._copies)
+        ]
+        self._admission.readers = frozenset(addresses_of(m.addr for m in membership.members))
+        self._admission.senders = frozenset(addresses_of(senders))
+        self._admission.generation = membership.generation
 
     def save_to_disk(self) -> int | None:
         """Write this node's workers' snapshots to --checkpoint-dir now (a Slurm job about
@@ -156,6 +211,19 @@ class SnapshotService:
             self._server.close()
         if self._checkpointer is not None:
             self._checkpointer.close()
+
+
+def addresses_of(names: Iterable[str]) -> set[str]:
+    """The IP addresses peers connect from, for each node address (a name or an IP)."""
+    found: set[str] = set()
+    for name in names:
+        name = "127.0.0.1" if name == "localhost" else name
+        found.add(name)
+        try:
+            found.update(str(info[4][0]) for info in socket.getaddrinfo(name, None))
+        except OSError:
+            logger.warning("cannot resolve node address %s", name)
+    return found
 
 
 def default_budget(root: str) -> int:

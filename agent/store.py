@@ -2,13 +2,21 @@
 
 TCPStore's client can block past its own timeout when something other than a
 TCPStore listens on the port, so every connect here runs under a hard deadline.
+
+TCPStore's server listens on every interface whatever host it is given; a store
+hosted here listens on the job address only: rtrain binds the socket itself and hands
+it over (TCPStore's public master_listen_fd), unless the address is a name that
+resolves to loopback (a Debian /etc/hosts quirk: peers reach the node elsewhere).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
+import ipaddress
 import logging
+import os
 import socket
 import threading
 from dataclasses import dataclass
@@ -61,17 +69,59 @@ def _is_addr_in_use(exc: BaseException) -> bool:
     return "EADDRINUSE" in str(exc) or "address already in use" in str(exc).lower()
 
 
+def listening_socket(host: str, port: int) -> socket.socket | None:
+    """A socket listening on host:port only, or None where binding to every interface is
+    the right thing (a wildcard, or a name that resolves to loopback). Raises
+    OSError(EADDRINUSE) if the port is taken."""
+    if host in ("", "0.0.0.0", "::"):
+        return None
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return None  # TCPStore reports the bad name
+    family, _, _, _, address = infos[0]
+    literal = _is_ip_literal(host)
+    if not literal and address[0].startswith("127."):
+        return None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(1024)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise OSError(errno.EADDRINUSE, f"port {port} is in use") from None
+        return None  # not an address of this machine: let TCPStore listen everywhere
+    return sock
+
+
+def _is_ip_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
 def host_store(host: str, port: int, timeout_s: float) -> OpenedStore:
-    """Start a TCPStore server on this node. Raises OSError(EADDRINUSE) if the port is taken."""
+    """Start a TCPStore server on this node, listening on `host` (see the module's note).
+    Raises OSError(EADDRINUSE) if the port is taken."""
+    sock = listening_socket(host, port)
+    bound: dict[str, Any] = {"port": port}
+    if sock is not None:
+        bound = {"port": sock.getsockname()[1], "master_listen_fd": sock.detach()}
     try:
         store = _tcp_store(
             host_name=host,
-            port=port,
             is_master=True,
             wait_for_workers=False,
             timeout=datetime.timedelta(seconds=timeout_s),
+            **bound,
         )
-    except Exception as exc:  # torch raises DistNetworkError (a RuntimeError)
+    except Exception as exc:
+        if "master_listen_fd" in bound:
+            os.close(bound["master_listen_fd"])  # torch raises DistNetworkError (a RuntimeError)
         if _is_addr_in_use(exc):
             raise OSError(98, f"port {port} is in use") from None
         raise RendezvousError(

@@ -194,6 +194,13 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "already in memory (default 0: never).",
     )
     value(
+        *both("secret-file"),
+        default=None,
+        help="A file only you can read (mode 0600) holding the job secret that authenticates "
+        "the agents' shard servers; RTRAIN_SECRET takes precedence. Without either, a "
+        "random secret goes through the rendezvous store (see README, Security).",
+    )
+    value(
         *both("max-node-failures"),
         default=0,
         help="Exclude a node from the job after this many failures charged to it (0: never).",

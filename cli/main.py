@@ -89,6 +89,9 @@ def run_launch(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         from rtrain.agent.preflight import preflight
 
         nproc = preflight(spec)
+        from rtrain.agent.job_secret import read_job_secret
+
+        secret = read_job_secret(spec.snapshots.secret_file, environ)
     except RtrainError as exc:
         _error(str(exc))
         return exc.exit_code
@@ -98,6 +101,10 @@ def run_launch(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     from rtrain.agent import log
 
     log.configure()
+    if secret.value is None:
+        from rtrain.agent.job_secret import STORE_FALLBACK_WARNING
+
+        logging.getLogger("rtrain.cli").warning("%s", STORE_FALLBACK_WARNING)
     job = spec.slurm
     if job is not None:  # the first line says what rtrain took from Slurm
         node = job.nodes[job.node_id]
@@ -125,7 +132,7 @@ def run_launch(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     except RtrainError as exc:
         _error(str(exc))
         return exc.exit_code
-    result = Agent(spec, base_env, nproc, health).run()
+    result = Agent(spec, base_env, nproc, health, secret.value).run()
     console = render.report_console()
     if result.state is AgentState.SUCCEEDED:
         if result.failures:

@@ -113,6 +113,8 @@ class SnapshotSpec:
     # checkpoint_every steps (0: never, only read what is there).
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
+    # A file (mode 0600) holding the job secret that authenticates shard servers.
+    secret_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -264,6 +266,7 @@ def build_launch_spec(raw: Mapping[str, Any]) -> LaunchSpec:
             copies=positive_int("--snapshot-copies", raw.get("snapshot_copies", 2)),
             checkpoint_dir=raw.get("checkpoint_dir") or None,
             checkpoint_every=non_negative_int("--checkpoint-every", raw.get("checkpoint_every", 0)),
+            secret_file=raw.get("secret_file") or None,
         ),
         slurm=slurm,
         recycle_profile=None

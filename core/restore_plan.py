@@ -45,17 +45,26 @@ def ring_successors(node_rank: int, num_nodes: int, copies: int) -> list[int]:
 
 
 def plan_restore(
-    topology: Topology, inventory: Mapping[int, Iterable[ShardId]]
+    topology: Topology,
+    inventory: Mapping[int, Iterable[ShardId]],
+    ceiling: int | None = None,
+    unusable: Iterable[tuple[ShardId, int]] = (),
 ) -> tuple[int, dict[int, RestoreSource]] | None:
     """(step, rank -> source) for the newest step every rank can restore, or None.
 
     inventory: node rank (new generation) -> the shards it holds. Only shards of the
     previous generation count: the agents relabel restored shards into each new one.
+    ceiling: the newest step any node's own workers reached; a copy of a later step
+    cannot be genuine and is ignored. unusable: (shard, holder) copies that failed
+    verification or could not be fetched in an earlier attempt.
     """
     previous = topology.generation - 1
+    refused = set(unusable)
     holders: dict[tuple[int, int], set[int]] = {}
     for node, shards in inventory.items():
         for shard in shards:
+            if (shard, node) in refused or (ceiling is not None and shard.step > ceiling):
+                continue
             if shard.generation == previous:
                 holders.setdefault((shard.rank, shard.step), set()).add(node)
     if not holders:
@@ -76,6 +85,29 @@ def plan_restore(
             else:
                 return step, plan
     return None
+
+
+@dataclass(frozen=True)
+class Reached:
+    """What one node says its own workers reached before this restore."""
+
+    newest: int | None = None  # the newest step any of them committed
+    every_rank: bool = False  # every one of them had committed a snapshot
+    was_member: bool = False  # the node ran in an earlier generation
+
+
+def job_ceiling(reached: Iterable[Reached]) -> int | None:
+    steps = [r.newest for r in reached if r.newest is not None]
+    return max(steps) if steps else None
+
+
+def snapshots_existed(reached: Iterable[Reached]) -> bool:
+    """Whether a step every rank could restore must have existed: every node that ran
+    before had all its workers snapshot (and the snapshot policy keeps the ranks within
+    a step of each other). Then no plan means copies were destroyed, and starting from
+    scratch would silently throw the training away."""
+    earlier = [r for r in reached if r.was_member]
+    return bool(earlier) and all(r.every_rank for r in earlier)
 
 
 def _source(

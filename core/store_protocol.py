@@ -14,9 +14,10 @@ A job's keys live under /rtrain/<run_id>/. Generations are rounds:
   r<g>/exited              counter of nodes that saw every node done and are leaving
   r<g>/lease/<node>        the node's lease: a counter its agent renews every heartbeat
   r<g>/lost/<node>         the node rank of the agent that found <node>'s lease expired
-  r<g>/inv/<node>          the shards <node> holds (for restore planning)
+  r<g>/inv/<node>          the shards <node> holds and the steps its workers reached
   r<g>/shards/<node>       host:port of <node>'s shard server
-  secret                   the job's shard secret, when RTRAIN_SECRET is not set
+  r<g>/restored/<a>/<node> attempt <a> of the restore: complete or not, bad copies
+  secret                   the job's shard secret, when none was given to the agents
   r<g>/charged             which node was charged the root cause of <g>'s failure (once)
   node_failures/<addr>     counter of failures charged to the node at <addr> (flapping)
   abort                    an AbortRecord: the whole job stops
@@ -97,6 +98,9 @@ class StoreKeys:
 
     def shards(self, generation: int, node_rank: int) -> str:
         return f"{self.prefix}/r{generation}/shards/{node_rank}"
+
+    def restore_outcome(self, generation: int, node_rank: int, attempt: int) -> str:
+        return f"{self.prefix}/r{generation}/restored/{attempt}/{node_rank}"
 
     @property
     def secret(self) -> str:

@@ -3,6 +3,7 @@ hung workers. Every fault is injected for real into a LocalCluster of agents."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -149,7 +150,8 @@ def test_too_few_nodes_left_ends_with_75_naming_the_lost_node(tmp_path):
     assert codes[0] == 75, cluster.log(0)
     last = cluster.log(0).strip().splitlines()[-1]
     assert "rendezvous timed out" in last
-    assert "lost in generation 0: node 1 (127.0.0.2)" in last
+    # node ranks follow join order: the killed node (127.0.0.2) may have been either
+    assert re.search(r"lost in generation 0: node [01] \(127\.0\.0\.2\)", last), last
     assert "--nnodes needs at least 2 nodes" in last
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from rtrain.agent.restorer import restore_local_ranks
+from rtrain.agent.restorer import Peers, restore_once
 from rtrain.agent.shard_server import ShardClient, ShardError, ShardServer
 from rtrain.agent.shard_store import ShardStore
 from rtrain.core.restore_plan import ShardId
@@ -116,7 +116,8 @@ def test_a_corrupt_replica_is_refused_and_restore_takes_the_next_holder(node, ca
     topo = recompute_topology(Layout(), 1, [NodeSlot("new", 1)], before)
     inventory = {0: store_a.inventory(), 1: store_b.inventory(), 2: []}
     servers = {0: ("127.0.0.1", server_a.port), 1: ("127.0.0.1", server_b.port)}
-    result = restore_local_ranks(store_new, SECRET, _only_node(topo, 2), 2, inventory, servers)
+    peers = Peers(SECRET, None, servers)
+    result = restore_once(store_new, peers, _only_node(topo, 2), 2, inventory)
     assert result.step == 4 and result.fetched == 1
     assert "failed its checksum" in caplog.text
     slot = slot_paths(store_new.snap_dir(1), 0)[0]

@@ -4,7 +4,9 @@ rtrain.core.restore(): model, Adam state, the global RNG state and the step.
 Deterministic on the CPU: the data of each step depends only on (step, rank) and the
 noise on the restored RNG state, so a run with failures must end bitwise equal to one
 without. Writes $PROBE_OUT/final_rank<R>.json (sha256 of parameters and optimizer
-state) and $PROBE_OUT/restored_gen<G>_rank<R>.json. Faults as in train_resumable.py
+state) and $PROBE_OUT/restored_gen<G>_rank<R>.json (the step and digest restored);
+with PROBE_STEP_DIGESTS=1, rank 0 writes $PROBE_OUT/digest_step<S>.txt after each step.
+Faults as in train_resumable.py
 (PROBE_FAULT="rank=R,step=S,gen=G,action=exit|kill"). PROBE_STATE_MB pads the state
 with a buffer of that size, for the benchmark.
 """
@@ -77,7 +79,12 @@ def main() -> None:
         torch.set_rng_state(state["rng"])
         start = step + 1
         if out:
-            record = {"step": step, "seconds": time.time() - t0, "t": time.time()}
+            record = {
+                "step": step,
+                "seconds": time.time() - t0,
+                "t": time.time(),
+                "digest": digest(model, optimizer),
+            }
             with open(os.path.join(out, f"restored_gen{generation}_rank{rank}.json"), "w") as f:
                 json.dump(record, f)
     for step in range(start, steps):
@@ -100,6 +107,9 @@ def main() -> None:
             "note": f"rank {rank}",
         }
         snapshot(state, step)
+        if rank == 0 and out and os.environ.get("PROBE_STEP_DIGESTS"):
+            with open(os.path.join(out, f"digest_step{step}.txt"), "w") as handle:
+                handle.write(digest(model, optimizer))
         if disk_file:
             torch.save((state, step), disk_file + ".tmp")
             os.replace(disk_file + ".tmp", disk_file)
