@@ -1,0 +1,204 @@
+"""What a reachable store or a stolen secret gives an attacker: real servers, real
+sockets from other loopback addresses, and a live job attacked while it trains."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import pickle
+import socket
+import stat
+from pathlib import Path
+
+import pytest
+import torch
+from rtrain.agent.shard_server import ShardClient, ShardError, ShardServer
+from rtrain.agent.shard_store import ShardStore
+from rtrain.agent.store import host_store
+from rtrain.core.restore_plan import ShardId
+from rtrain.core.shard_admission import Admission
+from rtrain.core.snapshot_format import (
+    COMMITTED,
+    HEADER,
+    HEADER_SIZE,
+    MAGIC,
+    VERSION,
+    checksums,
+    plan_shard,
+    write_shard,
+)
+from rtrain.core.store_protocol import StoreKeys, decode_master
+
+from tests.integration.cluster import SNAPSHOTTING, LocalCluster
+from tests.integration.helpers import PROBE, RTRAIN, probe_env, run
+
+SECRET = b"a job secret nobody else has!!!!"
+FAST = ["--nproc-per-node=2", "--heartbeat-interval=0.5", "--heartbeat-timeout=2"]
+
+
+def shard(value: float, step: int) -> bytearray:
+    layout = plan_shard({"w": torch.full((100,), value), "step": step})
+    buffer = bytearray(layout.size)
+    write_shard(buffer, layout, step)
+    return buffer
+
+
+def pickled_shard(marker: Path, step: int) -> bytearray:
+    """A forged shard whose skeleton is a pickle that runs `touch marker` when loaded."""
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    meta = pickle.dumps({"model": Payload()})
+    buffer = bytearray(HEADER_SIZE + len(meta))
+    HEADER.pack_into(buffer, 0, MAGIC, VERSION, COMMITTED, step, len(meta), 0, -1)
+    buffer[HEADER_SIZE:] = meta
+    return buffer
+
+
+def put(port: int, source: str, which: ShardId, buffer: bytearray, host: str = "127.0.0.1"):
+    client = ShardClient(host, port, SECRET, source)
+    try:
+        client.put(which, buffer, len(buffer), checksums(buffer, len(buffer)))
+    finally:
+        client.close()
+
+
+def get(port: int, source: str, which: ShardId) -> bytearray:
+    got: list[bytearray] = []
+    client = ShardClient("127.0.0.1", port, SECRET, source)
+    try:
+        client.get(which, lambda size: got.append(bytearray(size)) or got[-1])
+    finally:
+        client.close()
+    return got[0]
+
+
+@pytest.fixture
+def guarded(tmp_path):
+    """A shard server of generation 3 whose replicas come from 127.0.0.2 and whose
+    members are 127.0.0.1-2; its own workers reached step 10, snapshotting every step."""
+    admission = Admission(3, frozenset({"127.0.0.2"}), frozenset({"127.0.0.1", "127.0.0.2"}))
+    admission.ceiling.observe(9)
+    admission.ceiling.observe(10)
+    store = ShardStore(str(tmp_path / "shards"), budget=0)
+    server = ShardServer("127.0.0.1", SECRET, store, admission)
+    yield store, server
+    server.close()
+
+
+def test_a_replica_is_accepted_only_from_its_sender_for_now_and_a_plausible_step(guarded):
+    store, server = guarded
+    put(server.port, "127.0.0.2", ShardId(3, 1, 10), shard(1.0, 10))
+    refusals = {
+        "127.0.0.3": ShardId(3, 1, 11),  # a member's secret, used from elsewhere
+        "127.0.0.1": ShardId(3, 1, 11),  # a member, but not this node's sender
+    }
+    for source, which in refusals.items():
+        with pytest.raises(ShardError, match="does not replicate to this node"):
+            put(server.port, source, which, shard(1.0, 11))
+    with pytest.raises(ShardError, match="not the current one"):
+        put(server.port, "127.0.0.2", ShardId(2, 1, 11), shard(1.0, 11))
+    with pytest.raises(ShardError, match="beyond any step this job has reached"):
+        put(server.port, "127.0.0.2", ShardId(3, 1, 10**9), shard(1.0, 10**9))
+    with pytest.raises(ShardError, match="older than the replica kept"):
+        put(server.port, "127.0.0.2", ShardId(3, 1, 4), shard(1.0, 4))
+    assert [s for s, _ in store.replicas()] == [ShardId(3, 1, 10)]
+    assert server.refusals["put"] == 5
+
+
+def test_a_shard_goes_to_members_only(guarded):
+    _, server = guarded
+    put(server.port, "127.0.0.2", ShardId(3, 1, 10), shard(2.0, 10))
+    assert get(server.port, "127.0.0.1", ShardId(3, 1, 10)) == shard(2.0, 10)
+    with pytest.raises(ShardError, match="not a member of the current generation"):
+        get(server.port, "127.0.0.9", ShardId(3, 1, 10))
+
+
+def test_stores_listen_on_the_job_address_only():
+    opened = host_store("127.0.0.2", 0, 5.0)
+    with socket.create_connection(("127.0.0.2", opened.port), timeout=5):
+        pass
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", opened.port), timeout=5)
+
+
+def test_a_live_job_gives_a_thief_of_its_secret_nothing_and_takes_no_plant(tmp_path):
+    """The secret leaked (RTRAIN_SECRET): from another address the thief can neither
+    read state nor plant a replica; from a member's own address, a planted far-future
+    replica with a pickled skeleton is refused; a restart then restores real state."""
+    from torch.distributed import TCPStore
+
+    marker = tmp_path / "planted-code-ran"
+    cluster = LocalCluster(
+        tmp_path,
+        2,
+        "2",
+        [*FAST, "--max-restarts=1"],
+        script=SNAPSHOTTING,
+        PROBE_STEPS="40",
+        PROBE_STEP_SLEEP="0.1",
+        PROBE_FAULT="rank=0,step=20,gen=0,action=exit",
+        RTRAIN_SECRET=SECRET.decode(),
+    )
+    try:
+        cluster.wait_progress(5)
+        store = TCPStore(
+            "127.0.0.1", cluster.port, is_master=False, timeout=datetime.timedelta(seconds=10)
+        )
+        keys = StoreKeys("recovery")
+        assert not store.check([keys.secret])  # given to the agents, never put in the store
+        _, port0 = decode_master(store.get(keys.shards(0, 0)))
+        with pytest.raises(ShardError, match="not a member"):
+            get(port0, "127.0.0.9", ShardId(0, 2, 3))
+        for source in ("127.0.0.9", "127.0.0.2"):  # node 1 replicates to node 0
+            with pytest.raises(ShardError, match="refused"):
+                put(port0, source, ShardId(0, 2, 10**6), pickled_shard(marker, 10**6))
+        codes = cluster.wait()
+    finally:
+        cluster.close()
+    logs = cluster.log(0) + cluster.log(1)
+    assert codes == [0, 0], logs
+    assert not marker.exists()
+    steps = {json.loads(p.read_text())["step"] for p in cluster.out.glob("restored_*.json")}
+    assert len(steps) == 1 and steps.pop() < 20
+
+
+def test_without_a_secret_the_first_line_says_it_goes_through_the_store(tmp_path):
+    env = probe_env(tmp_path / "out", PROBE_STEPS="1")
+    env.pop("RTRAIN_SECRET", None)
+    result = run([*RTRAIN, "--standalone", "--nproc-per-node=1", PROBE], env)
+    assert result.returncode == 0, result.stderr
+    first = result.stderr.splitlines()[0]
+    assert "no job secret given" in first and "rendezvous store" in first
+
+
+@pytest.mark.parametrize(
+    ("mode", "content", "fragment"),
+    [
+        (0o644, b"s3cret", "readable by others (mode 0644"),
+        (0o600, b"  \n", "must hold 1 to 4096 bytes"),
+    ],
+)
+def test_a_secret_file_others_can_read_is_refused(tmp_path, mode, content, fragment):
+    path = tmp_path / "secret"
+    path.write_bytes(content)
+    path.chmod(mode)
+    env = probe_env(tmp_path / "out")
+    env.pop("RTRAIN_SECRET", None)
+    result = run([*RTRAIN, "--standalone", f"--secret-file={path}", "--dry-run", PROBE], env)
+    assert result.returncode == 64, result.stderr
+    assert fragment in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_secret_file_is_used_and_not_the_store(tmp_path):
+    path = tmp_path / "secret"
+    path.write_bytes(SECRET)
+    path.chmod(stat.S_IRUSR | stat.S_IWUSR)
+    env = probe_env(tmp_path / "out", PROBE_STEPS="1")
+    env.pop("RTRAIN_SECRET", None)
+    result = run([*RTRAIN, "--standalone", f"--secret-file={path}", PROBE], env)
+    assert result.returncode == 0, result.stderr
+    assert "no job secret given" not in result.stderr
