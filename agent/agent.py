@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
 import uuid
 from collections.abc import Mapping
@@ -41,7 +40,12 @@ from rtrain.agent.lease import LeaseKeeper, PeerLeases
 from rtrain.agent.log_tail import LogTail
 from rtrain.agent.recycle_plans import plan_generation
 from rtrain.agent.rendezvous import GenerationEnded, JobAborted, StoreRendezvous
-from rtrain.agent.runtime_dir import make_run_log_dir, make_runtime_dir, write_failure_report
+from rtrain.agent.runtime_dir import (
+    make_folder,
+    make_run_log_dir,
+    make_runtime_dir,
+    write_failure_report,
+)
 from rtrain.agent.snapshots import SnapshotService
 from rtrain.agent.store import connect_store, host_store, open_rendezvous_store
 from rtrain.agent.worker_pool import WorkerPool
@@ -92,7 +96,8 @@ class Agent:
         self._lease: LeaseKeeper | None = None
         self._worker_store: Any = None
         # Heartbeat files and snapshot shards: memory-backed where possible.
-        self._runtime_dir = make_runtime_dir()
+        self._runtime = make_runtime_dir()
+        self._runtime_dir = self._runtime.path
         self._snapshots = SnapshotService.for_launch(spec, self._runtime_dir, self.addr, secret)
 
     # -- signals --
@@ -121,7 +126,7 @@ class Agent:
             self._snapshots.close()
             if self._health is not None:
                 self._health.close()
-            shutil.rmtree(self._runtime_dir, ignore_errors=True)
+            self._runtime.close()
             for signum, handler in self._previous_handlers.items():
                 signal.signal(signum, handler)
 
@@ -287,7 +292,7 @@ class Agent:
             rdzv, membership, topology, node_rank, self.nproc, self.spec.rdzv.join_timeout, watch
         )
         beat_dir = os.path.join(self._runtime_dir, f"gen{generation}")
-        os.makedirs(beat_dir, exist_ok=True)
+        make_folder(beat_dir, "this generation's heartbeat files")
         hangs = HangWatch(self.spec.faults.hang_timeout, beat_dir)
 
         def extra_env(local_rank: int, log_dir: str) -> dict[str, str]:

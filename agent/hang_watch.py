@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from rtrain.agent.runtime_dir import write_small_file
 from rtrain.core.liveness import StalenessTracker
 from rtrain.core.worker_api import HEARTBEAT_FILE, HEARTBEAT_FORMAT, HEARTBEAT_SIZE
 
@@ -40,7 +41,9 @@ class HangWatch:
         self, timeout: float, beat_dir: str, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self._beat_dir = beat_dir
-        self._tracker: StalenessTracker[int] = StalenessTracker(timeout, armed_by_first_change=True)
+        self._tracker: StalenessTracker[int] = StalenessTracker(
+            timeout, armed_by_first_change=True, initial=0
+        )
         self._files: dict[int, str] = {}
         self._stacks: dict[int, str] = {}
         self._clock = clock
@@ -53,8 +56,7 @@ class HangWatch:
         the log dir, which may be a network file system.
         """
         path = os.path.join(self._beat_dir, f"rank{local_rank}.beat")
-        with open(path, "wb") as handle:
-            handle.write(b"\0" * HEARTBEAT_SIZE)
+        write_small_file(path, b"\0" * HEARTBEAT_SIZE, f"local rank {local_rank}'s heartbeat file")
         self._files[local_rank] = path
         self._stacks[local_rank] = os.path.join(log_dir, "stack.txt")
         return {HEARTBEAT_FILE: path, STACK_FILE: self._stacks[local_rank]}

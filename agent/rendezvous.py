@@ -56,7 +56,7 @@ class StoreRendezvous:
         endpoint: str,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._s = StoreCalls(store, endpoint)
+        self._s = StoreCalls(store, endpoint, spec.rdzv.read_timeout)
         self._spec = spec
         self._keys = StoreKeys(spec.rdzv.run_id)
         self._endpoint = endpoint

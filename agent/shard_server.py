@@ -167,7 +167,7 @@ class _Handler(socketserver.BaseRequestHandler):
                     return
                 if not self._serve(sock, request, peer):
                     return
-        except (OSError, ShardError) as exc:
+        except (OSError, RtrainError) as exc:  # ShardError, a full /dev/shm: the peer retries
             self.server.refuse("failed", "shard connection from %s failed: %s", peer, exc)
 
     def _authenticate(self, sock: socket.socket, peer: str) -> bool:
@@ -248,6 +248,9 @@ class _Handler(socketserver.BaseRequestHandler):
 class _Server(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # A flood is refused by process_request, quickly, not left waiting in the kernel's
+    # queue in front of the real peers.
+    request_queue_size = 256
 
     def __init__(
         self, addr: tuple[str, int], secret: bytes, store: ShardStore, admission: Admission | None

@@ -22,6 +22,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from rtrain.agent.runtime_dir import make_folder, no_space
 from rtrain.core.restore_plan import ShardId
 from rtrain.core.snapshot_format import COMMITTED, HEADER_SIZE, checksums, read_header
 
@@ -45,7 +46,7 @@ class ShardStore:
 
     def snap_dir(self, generation: int) -> str:
         path = os.path.join(self.root, "snap", f"gen{generation}")
-        os.makedirs(path, exist_ok=True)
+        make_folder(path, "this generation's snapshot slots")
         return path
 
     # -- what is here --
@@ -255,7 +256,14 @@ def _allocate(path: str, size: int) -> mmap.mmap:
         os.remove(path)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        os.posix_fallocate(fd, 0, max(size, 1))
+        try:
+            os.posix_fallocate(fd, 0, max(size, 1))
+        except OSError as exc:
+            os.remove(path)
+            error = no_space(os.path.dirname(path), size, "a snapshot shard", exc)
+            if error is None:
+                raise
+            raise error from None
         return mmap.mmap(fd, max(size, 1))
     finally:
         os.close(fd)

@@ -2,10 +2,19 @@
 
 Every failure of the store itself becomes one clear RendezvousError; every value read
 back as a number is validated, so garbage under the job's keys is refused, not trusted.
+
+Every call is bounded. TCPStore's client waits for ever for the answer to a check,
+set or add when the server's process is stopped (SIGSTOP, a frozen VM): its timeout
+covers only waits for keys. So calls run on one helper thread and the caller waits at
+most the deadline (--rdzv-conf read_timeout); a store that did not answer in time is
+treated as lost from then on, like one whose host died.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
+from concurrent.futures import Future
 from typing import Any
 
 from rtrain.core.errors import RendezvousError
@@ -16,14 +25,57 @@ def text_of(value: bytes | str) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
+class _CallThread:
+    """Runs calls one at a time on a daemon thread, so that one stuck for ever in C
+    does not keep the agent from exiting."""
+
+    def __init__(self) -> None:
+        self._calls: queue.SimpleQueue[tuple[Future[Any], Any, tuple[Any, ...]]] = (
+            queue.SimpleQueue()
+        )
+        threading.Thread(target=self._run, name="rtrain-store-calls", daemon=True).start()
+
+    def submit(self, function: Any, *args: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        self._calls.put((future, function, args))
+        return future
+
+    def _run(self) -> None:
+        while True:
+            future, function, args = self._calls.get()
+            try:
+                future.set_result(function(*args))
+            except BaseException as exc:  # handed to the caller
+                future.set_exception(exc)
+
+
 class StoreCalls:
-    def __init__(self, store: Any, endpoint: str) -> None:
+    def __init__(self, store: Any, endpoint: str, deadline_s: float | None = None) -> None:
+        """deadline_s: the longest a call may take; None calls the store directly."""
         self._store = store
         self._endpoint = endpoint
+        self._deadline_s = deadline_s
+        self._thread = _CallThread() if deadline_s else None
+        self._unanswered: str | None = None
 
     def call(self, op: str, *args: Any) -> Any:
+        if self._unanswered is not None:
+            raise RendezvousError(self._unanswered)
         try:
-            return getattr(self._store, op)(*args)
+            if self._thread is None:
+                return getattr(self._store, op)(*args)
+            future = self._thread.submit(getattr(self._store, op), *args)
+            try:
+                return future.result(timeout=self._deadline_s)
+            except TimeoutError:
+                self._unanswered = (
+                    f"the rendezvous store at {self._endpoint} stopped answering: no reply to "
+                    f"{op} within read_timeout={self._deadline_s:g}s (its host is stopped, "
+                    "frozen or cut off)"
+                )
+                raise RendezvousError(self._unanswered) from None
+        except RendezvousError:
+            raise
         except Exception as exc:
             raise RendezvousError(
                 f"lost the rendezvous store at {self._endpoint} "

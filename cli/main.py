@@ -132,7 +132,12 @@ def run_launch(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     except RtrainError as exc:
         _error(str(exc))
         return exc.exit_code
-    result = Agent(spec, base_env, nproc, health, secret.value).run()
+    try:
+        agent = Agent(spec, base_env, nproc, health, secret.value)
+    except RtrainError as exc:
+        _error(str(exc))
+        return exc.exit_code
+    result = agent.run()
     console = render.report_console()
     if result.state is AgentState.SUCCEEDED:
         if result.failures:

@@ -27,16 +27,20 @@ class StalenessTracker(Generic[Key]):
     """timeout: seconds without a change before a key is stale.
 
     armed_by_first_change: worker heartbeats count only once the worker has called
-    heartbeat() at least once (its value moved from the initial one); leases count
-    from the moment the observer starts watching, so a node that never heartbeats at
-    all is caught too.
+    heartbeat() at least once (its value moved from `initial`, the value its file starts
+    with, even if that move happened before the first observation); leases count from
+    the moment the observer starts watching, so a node that never heartbeats at all is
+    caught too.
     """
 
-    def __init__(self, timeout: float, armed_by_first_change: bool = False) -> None:
+    def __init__(
+        self, timeout: float, armed_by_first_change: bool = False, initial: object = None
+    ) -> None:
         if timeout <= 0:
             raise ValueError("timeout must be positive")
         self.timeout = timeout
         self._armed_by_first_change = armed_by_first_change
+        self._initial = initial
         self._seen: dict[Key, _Seen] = {}
         self._armed: set[Key] = set()
 
@@ -44,7 +48,8 @@ class StalenessTracker(Generic[Key]):
         seen = self._seen.get(key)
         if seen is None:
             self._seen[key] = _Seen(value, now)
-            if not self._armed_by_first_change:
+            started = self._initial is not None and value != self._initial
+            if not self._armed_by_first_change or started:
                 self._armed.add(key)
         elif seen.value != value:
             seen.value, seen.changed_at = value, now

@@ -239,7 +239,8 @@ class AbortRecord:
 
 
 def order_members(joined: Sequence[MemberInfo], static: bool) -> tuple[MemberInfo, ...]:
-    """Node ranks: the static backend's given ranks, else previous ranks first, then join order."""
+    """Node ranks: the static backend's given ranks, else previous ranks kept where
+    possible and join order for the rest."""
     if len({m.node_id for m in joined}) != len(joined):
         raise ProtocolError("the same node joined twice")
     if static:
@@ -252,11 +253,24 @@ def order_members(joined: Sequence[MemberInfo], static: bool) -> tuple[MemberInf
                 "exactly once each"
             )
         return tuple(sorted(joined, key=lambda m: m.requested_rank or 0))
+    # A node keeps its previous rank where it can and newcomers fill the gaps (a
+    # replacement takes the lost node's rank): ranks, and so grid coordinates and the
+    # state each worker continues, stay put. Past the end (the job shrank), the rest
+    # close up, previous ranks first.
     order = sorted(
         range(len(joined)),
         key=lambda i: (joined[i].prev_rank is None, joined[i].prev_rank or 0, i),
     )
-    return tuple(joined[i] for i in order)
+    slots: list[MemberInfo | None] = [None] * len(joined)
+    rest = []
+    for i in order:
+        prev = joined[i].prev_rank
+        if prev is not None and prev < len(slots) and slots[prev] is None:
+            slots[prev] = joined[i]
+        else:
+            rest.append(joined[i])
+    fill = iter(rest)
+    return tuple(m if m is not None else next(fill) for m in slots)
 
 
 def members_to_close(

@@ -206,21 +206,38 @@ def recompute_topology(
         if c.dp is not None and previous.nodes[c.node_rank].node_id in alive:
             holders.setdefault((c.pp, c.tp), ())
             holders[(c.pp, c.tp)] += (c.rank,)
+    # Whose state each new rank continues: the old rank at its own grid coordinate where
+    # the old grid had it (a node-rank shift must not hand stage 2's state to stage 0,
+    # nor one DP rank's RNG and data position to another); else, on a node that ran
+    # before, the old rank it ran there if that held the same stage. previous_rank
+    # names an old rank of the same node (its state is local), replaces another's.
     prev_offsets = _offsets(previous.nodes)
     offsets = _offsets(nodes)
-    previous_rank: dict[int, int] = {}
+    on_node: dict[int, int] = {}
     for node in nodes:
         if node.node_id not in prev_offsets:
             continue
         prev_offset, prev_size = prev_offsets[node.node_id]
         for local in range(min(node.local_world_size, prev_size)):
-            previous_rank[offsets[node.node_id][0] + local] = prev_offset + local
-    lost_at = {(c.dp, c.pp, c.tp): c.rank for c in previous.coords if c.rank in set(lost)}
-    replaces = {
-        c.rank: lost_at[(c.dp, c.pp, c.tp)]
-        for c in grid.coords
-        if c.rank not in previous_rank and c.dp is not None and (c.dp, c.pp, c.tp) in lost_at
-    }
+            on_node[offsets[node.node_id][0] + local] = prev_offset + local
+    old_at = {(c.dp, c.pp, c.tp): c.rank for c in previous.coords if c.dp is not None}
+    old_coord = {c.rank: c for c in previous.coords}
+    previous_rank: dict[int, int] = {}
+    replaces: dict[int, int] = {}
+    for c in grid.coords:
+        local = on_node.get(c.rank)
+        if c.dp is None:  # a spare holds no state; it keeps its old rank's name
+            if local is not None:
+                previous_rank[c.rank] = local
+            continue
+        exact = old_at.get((c.dp, c.pp, c.tp))
+        if exact is not None:
+            if local == exact:
+                previous_rank[c.rank] = exact
+            else:
+                replaces[c.rank] = exact
+        elif local is not None and (old_coord[local].pp, old_coord[local].tp) == (c.pp, c.tp):
+            previous_rank[c.rank] = local
     return replace(
         grid,
         lost_ranks=lost,

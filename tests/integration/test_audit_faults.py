@@ -8,13 +8,18 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import struct
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from tests.integration.cluster import SNAPSHOTTING, LocalCluster
+from tests.integration.helpers import ROOT, RTRAIN, probe_env
 
 FAST = ["--nproc-per-node=2", "--heartbeat-interval=0.5", "--heartbeat-timeout=2"]
 STEPS = "30"
@@ -96,3 +101,188 @@ def test_a_corrupt_newest_copy_costs_one_step_not_the_run(tmp_path, reference):
     assert {r["digest"] for r in records} == {reference.steps[step]}
     if "from a DP peer" not in logs:
         assert digests(cluster) == {reference.final}
+
+
+def test_a_stopped_store_host_ends_the_job_with_75_naming_the_store(tmp_path):
+    read_timeout = 5.0
+    cluster = LocalCluster(
+        tmp_path,
+        2,
+        "2",
+        FAST,
+        conf=f"join_timeout=30,read_timeout={read_timeout:g}",
+        script=SNAPSHOTTING,
+        PROBE_STEPS="100000",
+        PROBE_STEP_SLEEP="0.05",
+    )
+    try:
+        cluster.wait_progress(5)
+        stopped = time.monotonic()
+        cluster.stop_agent(0)  # the agent that hosts the store: SIGSTOP, like a frozen host
+        (code,) = cluster.wait(timeout=read_timeout + 30)[1:]
+        took = time.monotonic() - stopped
+    finally:
+        cluster.close()
+    last = cluster.log(1).strip().splitlines()[-1]
+    assert code == 75, cluster.log(1)
+    assert f"the rendezvous store at 127.0.0.1:{cluster.port} stopped answering" in last, last
+    # within the read timeout, plus the workers' stop grace and the agent's exit
+    assert took < read_timeout + 10, took
+
+
+def test_a_worker_that_beats_once_and_hangs_is_found_hung(tmp_path):
+    """The worker's single heartbeat() lands before the agent's first look at its file
+    (a real worker process writing the real file); the count never moves again."""
+    from rtrain.agent.hang_watch import HangWatch
+    from rtrain.core.worker_api import HEARTBEAT_FILE
+
+    now = [0.0]
+    watch = HangWatch(2.0, str(tmp_path), clock=lambda: now[0])
+    env = {**os.environ, **watch.worker_env(0, str(tmp_path))}
+    beat = "from rtrain.core import heartbeat; heartbeat(7)"
+    subprocess.run([sys.executable, "-c", beat], env=env, check=True, timeout=60)
+    assert watch.read(0) == (1, 7) and env[HEARTBEAT_FILE]
+    assert watch.hung([0]) == []
+    now[0] = 2.5
+    assert watch.hung([0]) == [0]
+
+
+def single_node(tmp_path: Path, *flags: str, **env: str) -> subprocess.Popen[str]:
+    """A standalone 2-worker job of the snapshotting script, its output in a log file."""
+    log = open(tmp_path / "job.log", "w")  # noqa: SIM115 - the job writes to it until it exits
+    cmd = [*RTRAIN, "--standalone", "--nproc-per-node=2", *flags, SNAPSHOTTING]
+    env = probe_env(tmp_path / "out", PROBE_STEP_SLEEP="0.1", **env)
+    return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+
+
+def wait_progress(tmp_path: Path, steps: int, job: subprocess.Popen[str], timeout: float = 60):
+    end = time.monotonic() + timeout
+    progress = tmp_path / "out" / "progress"
+    while not (progress.exists() and progress.read_text() and int(progress.read_text()) >= steps):
+        assert job.poll() is None and time.monotonic() < end, (tmp_path / "job.log").read_text()
+        time.sleep(0.05)
+
+
+def agent_folder(job: subprocess.Popen[str], base: str = "/dev/shm") -> str:
+    (found,) = glob.glob(f"{base}/rtrain-run-{job.pid}-*")
+    return found
+
+
+def can_unshare_pid() -> bool:
+    probe = ["unshare", "--pid", "--fork", "--mount-proc", "true"]
+    return shutil.which("unshare") is not None and subprocess.run(probe).returncode == 0
+
+
+@pytest.mark.skipif(not can_unshare_pid(), reason="unshare --pid is not allowed here")
+def test_a_job_in_another_pid_namespace_leaves_a_live_jobs_snapshots_alone(tmp_path):
+    # Job A runs here; job B starts in a new PID namespace sharing /dev/shm (as two
+    # containers with --ipc=host): there A's pid does not exist, but A's lock holds.
+    job = single_node(
+        tmp_path,
+        "--max-restarts=1",
+        PROBE_STEPS="40",
+        PROBE_FAULT="rank=1,step=25,gen=0,action=exit",
+    )
+    try:
+        wait_progress(tmp_path, 10, job)
+        folder = agent_folder(job)
+        neighbour = tmp_path / "neighbour"
+        cmd = [
+            "unshare",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            *RTRAIN,
+            "--standalone",
+            "--nproc-per-node=1",
+            SNAPSHOTTING,
+        ]
+        other = subprocess.run(
+            cmd,
+            env=probe_env(neighbour, PROBE_STEPS="2"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
+        assert other.returncode == 0, other.stderr
+        assert os.path.isdir(folder), other.stderr
+        assert job.wait(timeout=120) == 0, (tmp_path / "job.log").read_text()
+    finally:
+        if job.poll() is None:
+            job.kill()
+    restored = [
+        json.loads(p.read_text())["step"] for p in (tmp_path / "out").glob("restored_*.json")
+    ]
+    assert restored == [24, 24]
+
+
+def test_destroyed_snapshots_are_an_error_not_a_fresh_start(tmp_path):
+    # Something frees the live folder (as a neighbour's sweep did): the workers' next
+    # snapshots wait for a replication that never comes, they are killed as hung, and
+    # the restart finds nothing although every rank had snapshots.
+    job = single_node(tmp_path, "--max-restarts=1", "--hang-timeout=3", PROBE_STEPS="400")
+    try:
+        wait_progress(tmp_path, 5, job)
+        shutil.rmtree(agent_folder(job))
+        code = job.wait(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    log = (tmp_path / "job.log").read_text()
+    assert code == 1, log
+    assert "refusing to start from scratch" in log.strip().splitlines()[-1], log
+    assert not list((tmp_path / "out").glob("final_rank*.json"))
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    mount = tmp_path / "shm"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill(folder: Path) -> None:
+    """Take every free byte of the file system `folder` is on."""
+    with open(folder / "filler", "wb") as handle:
+        try:
+            while True:
+                handle.write(b"\xff" * 65536)
+                handle.flush()
+        except OSError:
+            pass
+    with open(folder / "filler-small", "wb") as handle:
+        try:
+            while True:
+                handle.write(b"\xff" * 512)
+                handle.flush()
+        except OSError:
+            pass
+
+
+def test_a_full_runtime_folder_at_a_restart_is_one_clear_error(tmp_path, small_tmpfs):
+    job = single_node(
+        tmp_path,
+        "--max-restarts=1",
+        PROBE_STEPS="400",
+        PROBE_FAULT="rank=0,step=12,gen=0,action=exit",
+        RTRAIN_RUNTIME_DIR=str(small_tmpfs),
+    )
+    try:
+        wait_progress(tmp_path, 8, job)
+        fill(small_tmpfs)
+        code = job.wait(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    log = (tmp_path / "job.log").read_text()
+    assert code == 1, log
+    last = log.strip().splitlines()[-1]
+    assert f"no space left in {small_tmpfs}/rtrain-run-" in last and "MiB needed" in last, log
+    assert "Traceback" not in log

@@ -3,6 +3,7 @@ sockets from other loopback addresses, and a live job attacked while it trains."
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -202,3 +203,49 @@ def test_a_secret_file_is_used_and_not_the_store(tmp_path):
     result = run([*RTRAIN, "--standalone", f"--secret-file={path}", PROBE], env)
     assert result.returncode == 0, result.stderr
     assert "no job secret given" not in result.stderr
+
+
+def closed_by_peer(sock: socket.socket) -> bool:
+    sock.settimeout(0.5)
+    try:
+        while sock.recv(4096):  # the hello of a connection that got a handshake
+            pass
+        return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        sock.close()
+
+
+def test_a_slow_flood_of_unauthenticated_connections_is_bounded(guarded, caplog):
+    """Hundreds of clients that send a byte now and then: at most MAX_UNAUTHENTICATED
+    get a thread, each is cut off HANDSHAKE_S after it connected, the flood is logged
+    once, and a real peer still gets in meanwhile."""
+    import threading
+    import time
+
+    from rtrain.agent import shard_server
+
+    store, server = guarded
+    before = threading.active_count()
+    socks = []
+    for _ in range(200):
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        sock.send(b"x")
+        socks.append(sock)
+    time.sleep(0.5)
+    assert threading.active_count() - before <= shard_server.MAX_UNAUTHENTICATED + 2
+    for _ in range(3):  # a byte every so often keeps no connection open past the deadline
+        for sock in socks:
+            with contextlib.suppress(OSError):
+                sock.send(b"x")
+        time.sleep(shard_server.HANDSHAKE_S / 2)
+    time.sleep(1.0)
+    put(server.port, "127.0.0.2", ShardId(3, 1, 10), shard(1.0, 10))  # served again
+    assert all(closed_by_peer(sock) for sock in socks)
+    assert server.refusals["flood"] >= 200 - shard_server.MAX_UNAUTHENTICATED
+    floods = [r for r in caplog.records if "already authenticating" in r.getMessage()]
+    assert len(floods) == 1
+    assert store.replicas()

@@ -239,3 +239,81 @@ def test_old_slots_are_recycled_wiped_and_never_restored(tmp_path, monkeypatch):
     restored = restore()
     assert restored is not None and restored[1] == 8
     assert torch.equal(restored[0]["w"], torch.full((1000,), 8.0))
+
+
+REWRITER = """
+import mmap, struct, sys, time
+from rtrain.core.snapshot_format import COMMITTED, HEADER, MAGIC, VERSION, WRITING, read_header
+with open(sys.argv[1], "r+b") as handle:
+    slot = mmap.mmap(handle.fileno(), 0)
+old = read_header(slot)
+end = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    # A worker starts rewriting this (already replicated) slot for a newer step: the
+    # header first (replicated reset), then the data...
+    sizes = (old.meta_len, old.data_len)
+    HEADER.pack_into(slot, 0, MAGIC, VERSION, WRITING, old.step + 2, *sizes, -1)
+    slot[-1] ^= 0xFF
+    # ... and, to do it again and again, the slot is put back as it was.
+    slot[-1] ^= 0xFF
+    HEADER.pack_into(slot, 0, MAGIC, VERSION, COMMITTED, old.step, *sizes, old.step)
+"""
+
+
+def test_a_slot_a_worker_starts_rewriting_is_not_sent_as_its_old_step(node):
+    """The replicator reads a slot's header while a worker (a real process on the real
+    slot file) keeps starting to rewrite it: read apart, the old step looked committed
+    and unreplicated, and a torn copy went out (the audit's false checksum mismatches)."""
+    from rtrain.agent.replicator import Replicator
+    from rtrain.core.snapshot_format import set_replicated
+
+    store_a, _ = node("a")
+    store_b, server_b = node("b")
+    slots = slot_paths(store_a.snap_dir(0), 0)
+    for path, step in zip(slots, (1, 2), strict=True):
+        data = shard_bytes(step, step)
+        set_replicated(data, step)  # both already replicated
+        Path(path).write_bytes(data)
+    replicator = Replicator(store_a, SECRET)
+    replicator.follow(0, [("127.0.0.1", server_b.port)], world_size=1, local_ranks=1)
+    try:
+        subprocess.run([sys.executable, "-c", REWRITER, slots[0], "3"], check=True, timeout=60)
+    finally:
+        replicator.close()
+    assert store_b.replicas() == [] and server_b.refusals["mismatch"] == 0
+
+
+STEADY_WRITER = """
+import sys, torch
+from rtrain.core.snapshot_api import snapshot
+big = torch.empty(int(sys.argv[1]) * 2**18)
+for step in range(int(sys.argv[2])):
+    big.fill_(float(step))
+    snapshot({"w": big, "step": step}, step)
+"""
+
+
+def test_a_slot_rewritten_while_it_is_replicated_is_never_a_checksum_mismatch(node, caplog):
+    """A real worker snapshots as fast as it can while the real Replicator sends every
+    step to a real ShardServer: a mismatch may only ever mean corruption, so there is
+    none, and every replica kept holds one whole step."""
+    from rtrain.agent.replicator import Replicator
+
+    store_a, _ = node("a")
+    store_b, server_b = node("b")
+    replicator = Replicator(store_a, SECRET)
+    replicator.follow(0, [("127.0.0.1", server_b.port)], world_size=1, local_ranks=1)
+    env = {**os.environ, "RTRAIN_SNAPSHOT_DIR": store_a.snap_dir(0), "RANK": "0"}
+    try:
+        subprocess.run(
+            [sys.executable, "-c", STEADY_WRITER, "1", "600"], env=env, check=True, timeout=300
+        )
+    finally:
+        replicator.close()
+    assert server_b.refusals["mismatch"] == 0
+    assert "checksum" not in caplog.text
+    kept = store_b.replicas()
+    assert kept
+    for which, path in kept:
+        state, step = read_shard(bytearray(Path(path).read_bytes()))
+        assert step == which.step == state["step"] and torch.all(state["w"] == float(step))

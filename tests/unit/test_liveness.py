@@ -76,3 +76,9 @@ def test_fault_flags_defaults_and_rdzv_conf_heartbeat_timeout():
     assert spec.health.interval == 0.0 and spec.health.drain_on_fault
     spec = spec_of("--rdzv-conf=heartbeat_timeout=9", "--tp=2", "--nproc-per-node=4", "t.py")
     assert spec.faults.heartbeat_timeout == 9.0 and spec.layout.tp == 2
+
+
+def test_a_heartbeat_made_before_the_first_look_arms_the_watch():
+    tracker: StalenessTracker[int] = StalenessTracker(2.0, armed_by_first_change=True, initial=0)
+    tracker.observe(0, 1, now=0.0)  # the worker beat once before the agent first looked
+    assert tracker.stale(1.0) == [] and tracker.stale(2.5) == [0]

@@ -78,11 +78,15 @@ def test_a_replacement_takes_over_the_lost_place_and_nothing_is_failed() -> None
     assert plan["positions"]["3"] == [1, 1]
 
 
-def test_a_stage_with_no_survivor_gets_no_plan() -> None:
+def test_a_stage_whose_workers_are_all_lost_is_carried_from_replicas() -> None:
     before = build_grid(LAYOUT, 0, NODES)
     after = recompute_topology(LAYOUT, 1, [NODES[0], NODES[2]], before)  # both stage-1 gone
-    assert set(carried_positions(grid_positions(before), after).values()) == {(0, 0), (1, 0)}
-    assert recycle_plan(after, PROFILE, before) is None
+    # n2's worker now sits at stage 1 of the shrunk grid: it continues the lost stage-1
+    # rank at that coordinate (from the replica n2 holds), never its own stage-0 state
+    assert after.replaces == {1: 1} and after.previous_rank == {0: 0}
+    assert set(carried_positions(grid_positions(before), after).values()) == {(0, 0), (0, 1)}
+    plan = recycle_plan(after, PROFILE, before)
+    assert plan is not None and plan["failed"] == [[1, 0], [1, 1]]
 
 
 @pytest.mark.parametrize(

@@ -86,6 +86,16 @@ def test_garbage_membership_abort_and_master_are_refused():
     assert AbortRecord.decode(AbortRecord(1, 2, "why", 75).encode()) == AbortRecord(1, 2, "why", 75)
 
 
+def test_c10d_order_keeps_previous_ranks_and_fills_gaps_in_join_order():
+    # old node 0 was lost: its replacement takes rank 0, the survivor stays rank 1
+    joined = [member("old1", prev=1), member("new")]
+    assert [m.node_id for m in order_members(joined, static=False)] == ["new", "old1"]
+    # the job shrank: rank 3 is past the end, so old3 takes the first free rank, before
+    # the newcomer
+    joined = [member("new"), member("old3", prev=3), member("old1", prev=1)]
+    assert [m.node_id for m in order_members(joined, static=False)] == ["old3", "old1", "new"]
+
+
 def test_c10d_order_keeps_previous_ranks_then_join_order():
     joined = [member("new1"), member("old1", prev=1), member("new2"), member("old0", prev=0)]
     assert [m.node_id for m in order_members(joined, static=False)] == [

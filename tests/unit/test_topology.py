@@ -63,11 +63,21 @@ def test_node_loss_shrinks_dp_keeps_stages_and_names_lost_ranks_and_holders():
     assert after.lost_ranks == (2, 3)
     # stage 0 was held by ranks 0, 2, 4; rank 2's node is gone
     assert after.previous_holders == {(0, 0): (0, 4), (1, 0): (1, 5)}
-    # node n2 kept its workers: its new ranks 2, 3 were ranks 4, 5
-    assert after.previous_rank == {0: 0, 1: 1, 2: 4, 3: 5}
+    # node n2's new ranks 2, 3 sit at the grid coordinates of the lost ranks 2, 3, so
+    # they continue those ranks' state (from replicas), not that of their old ranks 4, 5
+    assert after.previous_rank == {0: 0, 1: 1} and after.replaces == {2: 2, 3: 3}
     view = worker_view(after, 3)
     assert (view.dp_rank, view.pp_rank) == (1, 1)
     assert view.previous_stage_holders == (1, 5) and view.lost_ranks == (2, 3)
+
+
+def test_a_node_rank_shift_never_hands_a_rank_another_stages_state():
+    # PP=4 over two nodes; the first node is lost and the survivor becomes node 0: its
+    # new ranks 0, 1 are stages 0, 1, so they continue old ranks 0, 1, not its own 2, 3
+    before = build_grid(Layout(pp=4), 0, nodes(2, 2))
+    after = recompute_topology(Layout(pp=4), 1, [before.nodes[1], NodeSlot("new", 2)], before)
+    assert after.previous_rank == {} and after.replaces == {0: 0, 1: 1, 2: 2, 3: 3}
+    assert [c.pp for c in after.coords] == [0, 1, 2, 3]
 
 
 def test_a_new_node_has_no_previous_rank():
