@@ -94,7 +94,7 @@ class Replicator:
 
     def close(self) -> None:
         self._closed.set()
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=1)  # a put to a stopped peer may hang: it is a daemon
 
     def _run(self) -> None:
         pause = POLL_S

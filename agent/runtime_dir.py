@@ -74,13 +74,20 @@ def no_space(folder: str, needed: int, what: str, exc: OSError) -> NoSpaceError 
         return None
     try:
         stats = os.statvfs(folder)
-        free = f"{stats.f_bavail * stats.f_frsize / 2**20:.1f} MiB free"
+        free = f"{_size(stats.f_bavail * stats.f_frsize)} free"
     except OSError:
         free = "free space unknown"
     return NoSpaceError(
-        f"no space left in {folder} for {what}: {needed / 2**20:.2f} MiB needed, {free} "
+        f"no space left in {folder} for {what}: {_size(needed)} needed, {free} "
         "(free shared memory, lower --snapshot-memory, or point RTRAIN_RUNTIME_DIR elsewhere)"
     )
+
+
+def _size(count: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} bytes"
 
 
 def write_small_file(path: str, data: bytes, what: str) -> None:
