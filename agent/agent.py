@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 import uuid
 from collections.abc import Mapping
 from types import FrameType
@@ -38,6 +39,7 @@ from rtrain.agent.health_guard import HealthGuard
 from rtrain.agent.job_end import JobEnd
 from rtrain.agent.lease import LeaseKeeper, PeerLeases
 from rtrain.agent.log_tail import LogTail
+from rtrain.agent.process_tree import ZombieReaper, become_subreaper, kill_leftovers
 from rtrain.agent.recycle_plans import plan_generation
 from rtrain.agent.rendezvous import GenerationEnded, JobAborted, StoreRendezvous
 from rtrain.agent.runtime_dir import (
@@ -53,6 +55,7 @@ from rtrain.agent.workers import WorkerGroup
 from rtrain.core.errors import ExitCode, RendezvousError, RtrainError, exit_code_for_signal
 from rtrain.core.failures import FailureRecord, root_cause_first
 from rtrain.core.launch_spec import LaunchSpec
+from rtrain.core.restart_budget import RESTART_RESET_S, restart_delay
 from rtrain.core.store_protocol import MemberInfo, Membership, StoreKeys
 from rtrain.core.topology import LayoutError
 from rtrain.core.worker_env import pool_environment
@@ -95,6 +98,9 @@ class Agent:
         self._last: tuple[Membership, int, PeerLeases] | None = None
         self._lease: LeaseKeeper | None = None
         self._worker_store: Any = None
+        self._quick_failures = 0  # failures in a row soon after a start (restart backoff)
+        self._generation_started = time.monotonic()
+        self._reaper = ZombieReaper() if spec.faults.kill_process_tree else None
         # Heartbeat files and snapshot shards: memory-backed where possible.
         self._runtime = make_runtime_dir()
         self._runtime_dir = self._runtime.path
@@ -114,11 +120,16 @@ class Agent:
     def run(self) -> RunResult:
         for signum in self.spec.signals_to_handle:
             self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
+        if self.spec.faults.kill_process_tree and not become_subreaper():
+            logger.warning("--kill-process-tree: this system has no child subreaper; ignored")
         self._pool.start()
         try:
             return self._run()
         finally:
             self._stop_group(signal.SIGKILL, 1.0)
+            if self.spec.faults.kill_process_tree:
+                self._pool.close()
+                kill_leftovers(keep=())
             if self._lease is not None:
                 self._lease.close()
             self._pool.close()
@@ -211,6 +222,7 @@ class Agent:
                 logger.info("%s (a member was lost while it started); rejoining", exc)
                 continue
             self._set_state(AgentState.HEALTHY)
+            self._generation_started = time.monotonic()
             outcome = self._monitor(rdzv, gen)
             if outcome is Outcome.SUCCEEDED:
                 # One node reports what the job recovered from, not every node; read it
@@ -228,6 +240,8 @@ class Agent:
             if fault is not None and fault.action.excludes_node:
                 return self._leave(rdzv, end, fault)
             self._stop_group(signal.SIGTERM, RESTART_STOP_GRACE_S)
+            if self.spec.faults.kill_process_tree:
+                kill_leftovers(keep=self._pool.pids)
             if outcome is Outcome.MEMBERSHIP_CHANGE:  # ours may have failed as it moved on
                 self._policy.record_failures(gen)
             if outcome in (Outcome.LOCAL_FAILURE, Outcome.GPU_FAULT):
@@ -241,6 +255,9 @@ class Agent:
                     return self._result(
                         AgentState.FAILED, give_up.exit_code, give_up.reason, give_up.failures
                     )
+                self._back_off()
+            else:
+                self._quick_failures = 0
             rdzv.open_next_round(gen.number)
 
     def _start_generation(
@@ -340,12 +357,33 @@ class Agent:
                 return Outcome.GPU_FAULT
             if group.succeeded:
                 return Outcome.SUCCEEDED
+            if self._reaper is not None:
+                self._reaper.poll()
             rdzv.raise_if_aborted()
             if self._policy.check_peers(gen):
                 return Outcome.MEMBERSHIP_CHANGE
             if room_to_grow and rdzv.waiting_nodes(generation) > 0:
                 logger.info("a new node is waiting to join; restarting to admit it")
                 return Outcome.MEMBERSHIP_CHANGE
+
+    def _back_off(self) -> None:
+        """Wait before restarting a node whose workers keep failing soon after a start
+        (50 restarts in 7 s help nobody); a generation that ran long resets it."""
+        lived = time.monotonic() - self._generation_started
+        self._quick_failures = self._quick_failures + 1 if lived < RESTART_RESET_S else 1
+        delay = restart_delay(self._quick_failures, self.spec.faults.restart_backoff)
+        if delay > 0:
+            logger.warning(
+                "the workers failed %d times in a row within %gs of starting; waiting %gs "
+                "before restarting (--restart-backoff)",
+                self._quick_failures,
+                RESTART_RESET_S,
+                delay,
+            )
+            end = time.monotonic() + delay
+            while time.monotonic() < end:
+                self._check_signal()
+                time.sleep(min(0.1, max(end - time.monotonic(), 0.0)))
 
     def _save_for_requeue(self, end: JobEnd, why: str) -> RunResult:
         """Slurm is about to stop the job (time limit, preemption): stop the workers,

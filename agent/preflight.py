@@ -59,4 +59,16 @@ def local_world_size(spec: LaunchSpec) -> int:
 def preflight(spec: LaunchSpec) -> int:
     """Validate what the spec points at; return this node's number of workers."""
     check_entrypoint(spec.entrypoint)
+    if spec.log_dir:
+        check_log_dir(spec.log_dir)
     return local_world_size(spec)
+
+
+def check_log_dir(path: str) -> None:
+    """--log-dir must be a folder this user can write (made if it is missing)."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--log-dir {path}: {exc.strerror}") from None
+    if not os.path.isdir(path) or not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError(f"--log-dir {path}: not a folder this user can write")

@@ -32,7 +32,7 @@ import tempfile
 from dataclasses import dataclass
 
 import psutil
-from rtrain.core.errors import RtrainError
+from rtrain.core.errors import RtrainError, UsageError
 from rtrain.core.failures import FailureRecord
 from rtrain.core.launch_spec import LaunchSpec
 
@@ -46,9 +46,16 @@ BASE_ENV = "RTRAIN_RUNTIME_DIR"
 
 
 def make_run_log_dir(spec: LaunchSpec) -> str:
-    base = spec.log_dir or tempfile.mkdtemp(prefix="rtrain_")
-    os.makedirs(base, exist_ok=True)
-    return tempfile.mkdtemp(prefix=f"{spec.rdzv.run_id}_", dir=base)
+    """<--log-dir>/<run id>_<random>: a new folder for this run's logs."""
+    try:
+        base = spec.log_dir or tempfile.mkdtemp(prefix="rtrain_")
+        os.makedirs(base, exist_ok=True)
+        return tempfile.mkdtemp(prefix=f"{spec.rdzv.run_id}_", dir=base)
+    except OSError as exc:
+        where = spec.log_dir or tempfile.gettempdir()
+        raise UsageError(
+            f"--log-dir {where}: cannot make the run's log folder ({exc.strerror})"
+        ) from None
 
 
 FAILURE_REPORT = "failures.json"

@@ -168,6 +168,11 @@ class WorkerPool:
         except OSError:
             raise PoolDied("the worker pool is gone") from None
 
+    @property
+    def pids(self) -> list[int]:
+        """The pool's own process (the zygote), while it runs."""
+        return [self._proc.pid] if self._proc is not None and self._proc.poll() is None else []
+
     def close(self) -> None:
         if self._sock is not None:
             self._sock.close()  # the zygote kills its workers when this closes

@@ -201,6 +201,18 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "random secret goes through the rendezvous store (see README, Security).",
     )
     value(
+        *both("restart-backoff"),
+        default=1.0,
+        help="Seconds a node whose workers fail again within a minute of starting waits "
+        "before the next restart, doubling up to 30 (default 1; the first restart is "
+        "immediate; 0: never wait).",
+    )
+    switch(
+        *both("kill-process-tree"),
+        help="When workers stop, also stop every process they started, even detached "
+        "ones (the agent becomes their subreaper); torchrun leaves them running.",
+    )
+    value(
         *both("max-node-failures"),
         default=0,
         help="Exclude a node from the job after this many failures charged to it (0: never).",

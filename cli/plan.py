@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sys
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from typing import Annotated
 
 import typer
 from rtrain.core.errors import RtrainError, UsageError
+from rtrain.core.flag_values import ascii_int
 
 FAIL_HELP = "A failed worker REPLICA:STAGE (both from 0); repeat for several."
 
@@ -88,11 +90,17 @@ def _solver_output_to_stderr() -> Iterator[None]:
         os.close(saved)
 
 
+# dp x pp x microbatches past which the heuristic takes minutes (linear: 16k cells
+# took 9-19 s on one core here); the exact solver has its own, smaller limit.
+MAX_PLAN_CELLS = 16384
+
+
 def parse_fail(text: str) -> tuple[int, int]:
     replica, sep, stage = text.partition(":")
-    if not sep or not replica.strip().isdigit() or not stage.strip().isdigit():
+    numbers = ascii_int(replica), ascii_int(stage)
+    if not sep or numbers[0] is None or numbers[1] is None:
         raise UsageError(f"--fail {text!r}: expected REPLICA:STAGE, e.g. 1:2")
-    return int(replica), int(stage)
+    return numbers[0], numbers[1]
 
 
 def run_plan(
@@ -114,8 +122,28 @@ def run_plan(
     from rtrain.core.pipeline_report import action_list, compare, timeline_svg
     from rtrain.core.pipeline_sim import simulate
 
-    if restart_cost < 0 or failure_rate < 0:
-        raise UsageError("--restart-cost and --failure-rate must be >= 0")
+    numbers = {
+        "--restart-cost": restart_cost,
+        "--failure-rate": failure_rate,
+        "--transfer": transfer,
+    }
+    numbers.update(
+        zip(
+            ("--forward", "--backward-input", "--backward-weight", "--optimizer"),
+            durations,
+            strict=True,
+        )
+    )
+    for flag, number in numbers.items():
+        if not (math.isfinite(number) and number >= 0):
+            raise UsageError(f"{flag}: expected a finite number >= 0, got {number}")
+    cells = dp * pp * microbatches
+    if min(dp, pp, microbatches) >= 1 and cells > MAX_PLAN_CELLS:
+        raise UsageError(
+            f"--dp x --pp x --microbatches = {cells} is more than rtrain plan handles "
+            f"({MAX_PLAN_CELLS}; about 20 s on one core): plan a smaller model of the job, "
+            "the schedule repeats per replica"
+        )
     failed = [parse_fail(f) for f in fail]
     if profile is not None:
         try:

@@ -3,6 +3,9 @@ value or raises UsageError naming the flag. Pure: no processes, no I/O."""
 
 from __future__ import annotations
 
+import ipaddress
+import math
+import re
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,6 +23,16 @@ RDZV_CONF_DEFAULTS: dict[str, float] = {
     "read_timeout": 60.0,
 }
 RDZV_CONF_FLAGS = ("is_host",)
+# Bounds past which a value is a typo, not a configuration: they keep absurd numbers
+# from turning into sleeps that never end, overflows or a launcher forking for ever.
+MAX_SECONDS = 7 * 24 * 3600.0
+MAX_COUNT = 1 << 31
+MAX_NODES = 65536
+MAX_NPROC = 1024
+MAX_SIZE = 1 << 60
+_INT = re.compile(r"\+?[0-9]{1,19}")  # ASCII digits only (str.isdigit() takes "²", "١")
+_SIZE = re.compile(r"[0-9]{1,19}(\.[0-9]{1,9})?")
+_HOST = re.compile(r"[A-Za-z0-9_.\-]{1,253}")
 RDZV_CONF_STRINGS = ("store_type",)
 
 
@@ -44,12 +57,23 @@ class StreamMap:
         return self.per_rank.get(local_rank, self.default)
 
 
+def ascii_int(value: Any) -> int | None:
+    """An integer written in ASCII digits (or an int), else None."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    text = str(value).strip()
+    return int(text) if _INT.fullmatch(text) else None
+
+
 def parse_nnodes(value: str) -> NodeRange:
     text = str(value).strip()
     parts = text.split(":")
-    if len(parts) not in (1, 2) or not all(p.strip().isdigit() for p in parts):
+    numbers = [ascii_int(p) for p in parts]
+    if len(parts) not in (1, 2) or any(n is None for n in numbers):
         raise UsageError(f"--nnodes: expected N or MIN:MAX with positive integers, got {value!r}")
-    lo, hi = (int(parts[0]), int(parts[-1]))
+    lo, hi = (numbers[0] or 0, numbers[-1] or 0)
+    if hi > MAX_NODES:
+        raise UsageError(f"--nnodes: at most {MAX_NODES} nodes, got {value!r}")
     if lo < 1:
         raise UsageError(f"--nnodes: the node count must be at least 1, got {value!r}")
     if lo > hi:
@@ -61,12 +85,13 @@ def validate_nproc(value: str) -> str:
     text = str(value).strip()
     if text in NPROC_KEYWORDS:
         return text
-    if not text.isdigit() or int(text) < 1:
+    number = ascii_int(text)
+    if number is None or not 1 <= number <= MAX_NPROC:
         raise UsageError(
-            f"--nproc-per-node: expected a positive integer or one of "
+            f"--nproc-per-node: expected an integer 1-{MAX_NPROC} or one of "
             f"{', '.join(NPROC_KEYWORDS)}, got {value!r}"
         )
-    return str(int(text))
+    return str(number)
 
 
 def resolve_nproc(value: str, gpu_count: int, cpu_count: int) -> int:
@@ -86,18 +111,18 @@ def resolve_nproc(value: str, gpu_count: int, cpu_count: int) -> int:
 
 def parse_stream_map(flag: str, value: str) -> StreamMap:
     text = str(value).strip()
-    if text.isdigit():
-        mask = int(text)
-        _check_mask(flag, mask, value)
-        return StreamMap(default=mask)
+    whole = ascii_int(text)
+    if whole is not None:
+        _check_mask(flag, whole, value)
+        return StreamMap(default=whole)
     per_rank: dict[int, int] = {}
     for item in text.split(","):
-        rank, sep, mask_text = item.partition(":")
-        if not sep or not rank.strip().isdigit() or not mask_text.strip().isdigit():
+        rank_text, sep, mask_text = item.partition(":")
+        rank, mask = ascii_int(rank_text), ascii_int(mask_text)
+        if not sep or rank is None or mask is None or rank > MAX_NPROC:
             raise UsageError(f"{flag}: expected 0-3 or LOCAL_RANK:MASK,..., got {value!r}")
-        mask = int(mask_text)
         _check_mask(flag, mask, value)
-        per_rank[int(rank)] = mask
+        per_rank[rank] = mask
     return StreamMap(default=0, per_rank=per_rank)
 
 
@@ -107,23 +132,55 @@ def _check_mask(flag: str, mask: int, value: str) -> None:
 
 
 def parse_endpoint(value: str, default_port: int) -> tuple[str, int]:
+    """HOST, HOST:PORT, an IPv6 address, or [IPv6]:PORT."""
     text = str(value).strip()
     if not text:
         raise UsageError("--rdzv-endpoint: empty endpoint")
     if text.startswith("["):  # [ipv6]:port
-        host, _, rest = text[1:].partition("]")
-        port_text = rest[1:] if rest.startswith(":") else ""
-    elif text.count(":") == 1:
-        host, _, port_text = text.partition(":")
+        host, closed, rest = text[1:].partition("]")
+        if not closed or (rest and not rest.startswith(":")) or not _is_ipv6(host):
+            raise UsageError(f"--rdzv-endpoint: expected [IPv6]:PORT, got {value!r}")
+        port_text = rest[1:] if rest else None
+    elif text.count(":") > 1:
+        if not _is_ipv6(text):
+            raise UsageError(
+                f"--rdzv-endpoint: too many ':' in {value!r} (write an IPv6 address as "
+                "[ADDRESS]:PORT)"
+            )
+        host, port_text = text, None
     else:
-        host, port_text = text, ""
-    if not host:
-        raise UsageError(f"--rdzv-endpoint: missing host in {value!r}")
-    if not port_text:
+        host, sep, port_text_or_empty = text.partition(":")
+        port_text = port_text_or_empty if sep else None
+        if not host:
+            raise UsageError(f"--rdzv-endpoint: missing host in {value!r}")
+        if not _HOST.fullmatch(host):
+            raise UsageError(f"--rdzv-endpoint: {host!r} is not a host name or address")
+    if port_text is None:
         return host, default_port
-    if not port_text.isdigit() or not 0 <= int(port_text) < 65536:
+    port = ascii_int(port_text)
+    if port is None or not 0 <= port < 65536:
         raise UsageError(f"--rdzv-endpoint: port must be 0-65535, got {value!r}")
-    return host, int(port_text)
+    return host, port
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        return ipaddress.ip_address(text).version == 6
+    except ValueError:
+        return False
+
+
+def seconds_value(flag: str, raw: Any) -> float:
+    """A positive, finite number of seconds within MAX_SECONDS."""
+    try:
+        seconds = float(raw)
+    except (TypeError, ValueError):
+        raise UsageError(f"{flag}: expected a positive number of seconds, got {raw!r}") from None
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_SECONDS):
+        raise UsageError(
+            f"{flag}: expected a positive number of seconds, at most {MAX_SECONDS:g}, got {raw!r}"
+        )
+    return seconds
 
 
 def parse_rdzv_conf(value: str) -> dict[str, Any]:
@@ -139,15 +196,7 @@ def parse_rdzv_conf(value: str) -> dict[str, Any]:
         if not sep or not key:
             raise UsageError(f"--rdzv-conf: expected key=value pairs, got {item!r}")
         if key in RDZV_CONF_DEFAULTS:
-            try:
-                seconds = float(raw)
-            except ValueError:
-                raise UsageError(
-                    f"--rdzv-conf: {key} must be a number of seconds, got {raw!r}"
-                ) from None
-            if seconds <= 0:
-                raise UsageError(f"--rdzv-conf: {key} must be positive, got {raw!r}")
-            conf[key] = seconds
+            conf[key] = seconds_value(f"--rdzv-conf {key}", raw)
         elif key in RDZV_CONF_FLAGS:
             conf[key] = _parse_bool(f"--rdzv-conf {key}", raw)
         elif key in RDZV_CONF_STRINGS:
@@ -190,15 +239,12 @@ def parse_ranks_filter(value: str) -> frozenset[int] | None:
     text = str(value).strip()
     if not text:
         return None
-    try:
-        ranks = frozenset(int(item) for item in text.split(","))
-    except ValueError:
+    numbers = [ascii_int(item) for item in text.split(",")]
+    if any(n is None or n > MAX_NPROC for n in numbers):
         raise UsageError(
             f"--local-ranks-filter: expected comma-separated local ranks, got {value!r}"
-        ) from None
-    if any(rank < 0 for rank in ranks):
-        raise UsageError(f"--local-ranks-filter: ranks must not be negative, got {value!r}")
-    return ranks
+        )
+    return frozenset(n for n in numbers if n is not None)
 
 
 def parse_preload(value: str) -> tuple[str, ...]:
@@ -213,12 +259,11 @@ def parse_preload(value: str) -> tuple[str, ...]:
 
 
 def non_negative_int(flag: str, value: Any) -> int:
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise UsageError(f"{flag}: expected a non-negative integer, got {value!r}") from None
-    if number < 0:
-        raise UsageError(f"{flag}: expected a non-negative integer, got {value!r}")
+    number = ascii_int(value)
+    if number is None or not 0 <= number < MAX_COUNT:
+        raise UsageError(
+            f"{flag}: expected a non-negative integer below {MAX_COUNT}, got {value!r}"
+        )
     return number
 
 
@@ -230,13 +275,7 @@ def positive_int(flag: str, value: Any) -> int:
 
 
 def positive_float(flag: str, value: Any) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise UsageError(f"{flag}: expected a positive number of seconds, got {value!r}") from None
-    if not number > 0:
-        raise UsageError(f"{flag}: expected a positive number of seconds, got {value!r}")
-    return number
+    return seconds_value(flag, value)
 
 
 def non_negative_float(flag: str, value: Any) -> float:
@@ -244,16 +283,15 @@ def non_negative_float(flag: str, value: Any) -> float:
         number = float(value)
     except (TypeError, ValueError):
         raise UsageError(f"{flag}: expected a number >= 0, got {value!r}") from None
-    if not 0 <= number < float("inf"):
-        raise UsageError(f"{flag}: expected a number >= 0, got {value!r}")
+    if not (math.isfinite(number) and 0 <= number <= MAX_SECONDS):
+        raise UsageError(f"{flag}: expected a number >= 0 and <= {MAX_SECONDS:g}, got {value!r}")
     return number
 
 
 def port_number(flag: str, value: Any) -> int:
-    try:
-        port = int(value)
-    except (TypeError, ValueError):
-        raise UsageError(f"{flag}: expected a port number, got {value!r}") from None
+    port = ascii_int(value)
+    if port is None:
+        raise UsageError(f"{flag}: expected a port number, got {value!r}")
     if not 0 <= port < 65536:
         raise UsageError(f"{flag}: port must be 0-65535, got {value!r}")
     return port
@@ -266,10 +304,9 @@ def parse_size(flag: str, value: Any) -> int:
     """A byte count: 1073741824, 512M, 8G (binary units; a trailing B or iB is allowed)."""
     text = str(value).strip().upper().removesuffix("IB").removesuffix("B")
     number, unit = (text[:-1], text[-1]) if text[-1:] in SIZE_UNITS and text[-1:] else (text, "")
-    try:
-        size = float(number) * SIZE_UNITS[unit]
-    except (ValueError, KeyError):
-        raise UsageError(f"{flag}: expected a size such as 512M or 8G, got {value!r}") from None
-    if not size > 0:
-        raise UsageError(f"{flag}: expected a positive size, got {value!r}")
+    if not _SIZE.fullmatch(number.strip()):
+        raise UsageError(f"{flag}: expected a size such as 512M or 8G, got {value!r}")
+    size = float(number) * SIZE_UNITS[unit]
+    if not 0 < size <= MAX_SIZE:
+        raise UsageError(f"{flag}: expected a size above 0 and at most 1 EiB, got {value!r}")
     return int(size)

@@ -11,8 +11,11 @@ Our own small parser (python-hostlist is GPL). What Slurm accepts, in the order
 
 from __future__ import annotations
 
+import math
+import re
 from itertools import product
 
+_DIGITS = re.compile(r"[0-9]{1,9}")  # ASCII only: str.isdigit() also takes "²" and "١"
 MAX_HOSTS = 65536  # a bigger expansion is a typo, not a cluster
 
 
@@ -71,6 +74,8 @@ def _expand_group(group: str, text: str) -> list[str]:
         rest = rest[close_at + 1 :]
     if any(ch.isspace() for p in parts for item in p for ch in item):
         raise HostlistError(f"white space in host name {group!r} in {text!r}")
+    if math.prod(len(p) for p in parts) > MAX_HOSTS:
+        raise HostlistError(f"{group!r} in {text!r} expands to more than {MAX_HOSTS} hosts")
     return ["".join(combo) for combo in product(*parts)]
 
 
@@ -81,7 +86,7 @@ def _expand_brackets(inside: str, text: str) -> list[str]:
     for item in inside.split(","):
         item = item.strip()
         lo, sep, hi = item.partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
+        if not _DIGITS.fullmatch(lo) or (sep and not _DIGITS.fullmatch(hi)):
             raise HostlistError(f"{item!r} in {text!r} is not a number or a range lo-hi")
         if not sep:
             values.append(lo)

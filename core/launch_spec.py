@@ -88,6 +88,11 @@ class FaultSpec:
     hang_timeout: float = 60.0
     # A node charged this many failures is excluded from the job; 0: never.
     max_node_failures: int = 0
+    # A node whose workers fail again within RESTART_RESET_S of starting waits this
+    # long before its next restart, doubling each time up to RESTART_BACKOFF_CAP_S.
+    restart_backoff: float = 1.0
+    # Stop whatever the workers started when they stop (agent/process_tree.py).
+    kill_process_tree: bool = False
 
 
 @dataclass(frozen=True)
@@ -312,6 +317,8 @@ def _faults(raw: Mapping[str, Any], conf_heartbeat_timeout: float) -> FaultSpec:
         heartbeat_timeout=timeout,
         hang_timeout=positive_float("--hang-timeout", raw.get("hang_timeout", 60.0)),
         max_node_failures=non_negative_int("--max-node-failures", raw.get("max_node_failures", 0)),
+        restart_backoff=non_negative_float("--restart-backoff", raw.get("restart_backoff", 1.0)),
+        kill_process_tree=bool(raw.get("kill_process_tree", False)),
     )
 
 

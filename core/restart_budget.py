@@ -40,3 +40,17 @@ class RestartBudget:
             self.used -= 1
             return True
         return False
+
+
+# A generation that ran this long before failing resets the backoff.
+RESTART_RESET_S = 60.0
+RESTART_BACKOFF_CAP_S = 30.0
+
+
+def restart_delay(quick_failures: int, base: float) -> float:
+    """Seconds to wait before restarting after the quick_failures-th failure in a row
+    that came within RESTART_RESET_S of a start: the first restart is immediate (a
+    one-off crash costs nothing), then base, 2 x base, ... up to the cap."""
+    if quick_failures <= 1 or base <= 0:
+        return 0.0
+    return min(base * 2 ** (quick_failures - 2), RESTART_BACKOFF_CAP_S)

@@ -10,12 +10,16 @@ the variables, never a guess.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from rtrain.core.errors import UsageError
+from rtrain.core.flag_values import MAX_COUNT, ascii_int
 from rtrain.core.hostlist import HostlistError, expand_hostlist
+
+_TASKS = re.compile(r"[0-9]{1,9}(\(x[0-9]{1,9}\))?")
 
 PORT_BASE = 20000  # rendezvous port = PORT_BASE + job id % PORT_SPAN
 PORT_SPAN = 10000
@@ -83,19 +87,30 @@ def read_slurm_job(environ: Mapping[str, str]) -> SlurmJob | None:
 
 
 def _number(environ: Mapping[str, str], name: str, what: str) -> int:
-    value = environ.get(name, "").strip()
-    if not value.isdigit():
+    value = ascii_int(environ.get(name, ""))
+    if value is None or value >= MAX_COUNT:
         raise UsageError(f"{name}={environ.get(name, '')!r} is not {what} (a number)")
-    return int(value)
+    return value
 
 
 def _one_task_per_node(environ: Mapping[str, str]) -> None:
     """rtrain is one agent per node: srun --ntasks-per-node=1 (its workers are its own)."""
+    if environ.get("SLURM_NTASKS_PER_NODE", "").strip():
+        per_node = _number(environ, "SLURM_NTASKS_PER_NODE", "a task count")
+        if per_node != 1:
+            raise UsageError(
+                f"SLURM_NTASKS_PER_NODE={per_node}: rtrain launch runs one task per node "
+                "(srun --ntasks-per-node=1); it starts the workers itself"
+            )
     layout = environ.get("SLURM_STEP_TASKS_PER_NODE", "").strip()
     if not layout:
         return
     for part in layout.split(","):
-        tasks = part.split("(", 1)[0]
+        if not _TASKS.fullmatch(part.strip()):
+            raise UsageError(
+                f"SLURM_STEP_TASKS_PER_NODE={layout!r} is not a Slurm task layout (such as 1(x4),2)"
+            )
+        tasks = part.strip().split("(", 1)[0]
         if tasks != "1":
             raise UsageError(
                 f"SLURM_STEP_TASKS_PER_NODE={layout}: rtrain launch runs one task per node "

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import itertools
 import json
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -284,3 +286,58 @@ def test_a_full_runtime_folder_at_a_restart_is_one_clear_error(tmp_path, small_t
     last = log.strip().splitlines()[-1]
     assert f"no space left in {small_tmpfs}/rtrain-run-" in last and "KiB needed" in last, log
     assert "Traceback" not in log
+
+
+LEAVES_A_DAEMON = """
+import os, subprocess, sys
+quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+child = subprocess.Popen(["sleep", "300"], start_new_session=True, **quiet)  # a daemon
+with open(os.path.join(os.environ["PROBE_OUT"], "child.pid"), "w") as handle:
+    handle.write(str(child.pid))
+"""
+
+
+@pytest.mark.parametrize("kill_tree", [True, False])
+def test_kill_process_tree_stops_what_workers_started(tmp_path, kill_tree):
+    import psutil
+
+    script = tmp_path / "leaves_a_daemon.py"
+    script.write_text(LEAVES_A_DAEMON)
+    out = tmp_path / "out"
+    out.mkdir()
+    flags = ["--kill-process-tree"] if kill_tree else []
+    cmd = [*RTRAIN, "--standalone", "--nproc-per-node=1", *flags, str(script)]
+    result = subprocess.run(cmd, env=probe_env(out), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    pid = int((out / "child.pid").read_text())
+    try:
+        alive = psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        # torchrun's behaviour without the flag: the daemon outlives the job
+        assert alive is not kill_tree, result.stderr
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+FAILS_AT_ONCE = """
+import os, sys, time
+with open(os.path.join(os.environ["PROBE_OUT"], "starts"), "a") as handle:
+    handle.write(f"{time.time()}\\n")
+sys.exit(3)
+"""
+
+
+def test_a_node_that_keeps_failing_at_once_backs_off(tmp_path):
+    script = tmp_path / "fails_at_once.py"
+    script.write_text(FAILS_AT_ONCE)
+    out = tmp_path / "out"
+    out.mkdir()
+    cmd = [*RTRAIN, "--standalone", "--nproc-per-node=1", "--max-restarts=3"]
+    cmd += ["--restart-backoff=0.5", str(script)]
+    result = subprocess.run(cmd, env=probe_env(out), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    starts = [float(t) for t in (out / "starts").read_text().split()]
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert len(gaps) == 3, result.stderr
+    # the first restart is immediate; then 0.5 s, then 1 s more
+    assert gaps[1] >= 0.5 and gaps[2] >= 1.0 and gaps[2] > gaps[0] + 0.5, gaps

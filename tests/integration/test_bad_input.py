@@ -51,6 +51,49 @@ def test_usage_errors(tmp_path, argv, fragment):
     _assert_one_clear_error(run([*RTRAIN, *argv], probe_env(tmp_path), timeout=30), USAGE, fragment)
 
 
+# The audit's classes of malformed input that used to slip past the one-line rule.
+AUDIT_CASES = [
+    (["--nproc-per-node", "\u0662", PROBE], {}, "--nproc-per-node"),  # Arabic-Indic 2
+    (["--nproc-per-node", "\u00b2", PROBE], {}, "--nproc-per-node"),  # superscript 2
+    (["--nproc-per-node", "99999999999999999999", PROBE], {}, "--nproc-per-node"),
+    (["--snapshot-memory", "inf", PROBE], {}, "--snapshot-memory"),
+    (["--snapshot-memory", "1e400", PROBE], {}, "--snapshot-memory"),
+    (["--monitor-interval", "inf", PROBE], {}, "--monitor-interval"),
+    (["--max-restarts", "\uff13", PROBE], {}, "--max-restarts"),  # full-width 3
+    (["--rdzv-backend=c10d", "--rdzv-endpoint=[::1", PROBE], {}, "--rdzv-endpoint"),
+    (["--rdzv-backend=c10d", "--rdzv-endpoint=[::1]x9", PROBE], {}, "--rdzv-endpoint"),
+    (["--rdzv-backend=c10d", "--rdzv-endpoint=host:1:2", PROBE], {}, "too many ':'"),
+    (["--rdzv-backend=c10d", "--rdzv-endpoint=ho st:29400", PROBE], {}, "--rdzv-endpoint"),
+    (["--rdzv-conf=join_timeout=nan", PROBE], {}, "join_timeout"),
+    (["--rdzv-conf=read_timeout=inf", PROBE], {}, "read_timeout"),
+    (["--rdzv-conf=heartbeat_timeout=1e308", PROBE], {}, "heartbeat_timeout"),
+    (["--log-dir=/proc/rtrain-logs", PROBE], {}, "--log-dir /proc/rtrain-logs"),
+    ([PROBE], {"PET_NPROC_PER_NODE": "\u0663"}, "--nproc-per-node"),
+    (
+        [PROBE],
+        {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "localhost", "SLURM_NTASKS_PER_NODE": "x"},
+        "SLURM_NTASKS_PER_NODE",
+    ),
+    (
+        [PROBE],
+        {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[0-99999][0-99999]"},
+        "more than 65536 hosts",
+    ),
+]
+
+
+@pytest.mark.parametrize(("argv", "env", "fragment"), AUDIT_CASES)
+def test_malformed_values_are_one_line_and_64(tmp_path, argv, env, fragment):
+    result = run([*RTRAIN, "--dry-run", *argv], probe_env(tmp_path, **env), timeout=30)
+    _assert_one_clear_error(result, USAGE, fragment)
+
+
+def test_a_plan_too_large_to_make_is_refused_with_the_limit(tmp_path):
+    cmd = [sys.executable, "-m", "rtrain.cli.main", "plan", "--dp=64", "--pp=16"]
+    result = run([*cmd, "--microbatches=64", "--fail=1:2"], probe_env(tmp_path), timeout=30)
+    _assert_one_clear_error(result, USAGE, "more than rtrain plan handles (16384")
+
+
 def test_non_executable_with_no_python(tmp_path):
     script = tmp_path / "not_executable.sh"
     script.write_text("#!/bin/sh\necho hi\n")
