@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import struct
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +46,9 @@ STATE_OFFSET = 12  # where the 4-byte state field sits, for the final commit wri
 REPLICATED_OFFSET = 40  # the step the agent last replicated (written by the agent)
 ALIGN = 64
 CHUNK = 8 << 20
+
+
+DTYPE_NAMES: dict[Any, str] = {}  # torch.dtype -> its name in a shard, filled on first use
 
 
 class SnapshotError(ValueError):
@@ -84,23 +87,30 @@ def plan_shard(state: Any) -> ShardLayout:
     import numpy
     import torch
 
+    if not DTYPE_NAMES:
+        for name in TORCH_DTYPES:
+            if hasattr(torch, name):
+                DTYPE_NAMES[getattr(torch, name)] = name
+
     tensors: list[Any] = []
     refs: list[TensorRef] = []
     offset = 0
 
-    def tensor_ref(value: Any, where: str) -> TensorRef | None:
+    def tensor_ref(value: Any, place: Callable[[], str]) -> TensorRef | None:
         nonlocal offset
-        is_array = isinstance(value, numpy.ndarray)
+        kind = type(value)
+        is_array = kind is numpy.ndarray
         if is_array:
             if value.dtype.name not in NUMPY_DTYPES:
                 raise SnapshotError(
-                    f"{where}: a numpy array of {value.dtype} cannot be snapshotted "
+                    f"{place()}: a numpy array of {value.dtype} cannot be snapshotted "
                     "(only numeric and bool arrays)"
                 )
             value = torch.from_numpy(numpy.ascontiguousarray(value))
-        elif not isinstance(value, torch.Tensor):
-            return None
-        if type(value) not in (torch.Tensor, torch.nn.Parameter):
+        elif kind is not torch.Tensor and kind is not torch.nn.Parameter:
+            if not isinstance(value, torch.Tensor):
+                return None
+            where = place()
             # A DTensor (FSDP2, tensor parallel) or another wrapper subclass: its bytes
             # are not its local data, and copying it into a plain tensor fails mid-write.
             raise SnapshotError(
@@ -110,17 +120,16 @@ def plan_shard(state: Any) -> ShardLayout:
             )
         if value.layout != torch.strided or value.device.type == "meta":
             raise SnapshotError(
-                f"{where}: a {value.layout} tensor on {value.device.type} cannot be "
+                f"{place()}: a {value.layout} tensor on {value.device.type} cannot be "
                 "snapshotted (only strided tensors with data)"
             )
-        dtype = str(value.dtype).removeprefix("torch.")
-        if dtype not in TORCH_DTYPES:
-            raise SnapshotError(f"{where}: a {dtype} tensor cannot be snapshotted")
-        tensor = value.detach()
-        nbytes = tensor.numel() * tensor.element_size()
-        ref = TensorRef(dtype, tuple(tensor.shape), offset, nbytes, numpy=is_array)
+        dtype = DTYPE_NAMES.get(value.dtype)
+        if dtype is None:
+            raise SnapshotError(f"{place()}: a {value.dtype} tensor cannot be snapshotted")
+        nbytes = value.numel() * value.element_size()
+        ref = TensorRef(dtype, tuple(value.shape), offset, nbytes, numpy=is_array)
         offset += -(-nbytes // ALIGN) * ALIGN
-        tensors.append(tensor)
+        tensors.append(value)
         refs.append(ref)
         return ref
 
@@ -144,7 +153,7 @@ def write_shard(buffer: Any, layout: ShardLayout, step: int) -> None:
         target = torch.frombuffer(
             buffer, dtype=torch.uint8, count=ref.nbytes, offset=meta_end + ref.offset
         )
-        source = tensor.contiguous().view(-1).view(torch.uint8)
+        source = tensor.detach().contiguous().view(-1).view(torch.uint8)
         target.copy_(source.cpu() if source.device.type != "cpu" else source)
     struct.pack_into("<I", buffer, STATE_OFFSET, COMMITTED)
 

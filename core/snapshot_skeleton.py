@@ -64,53 +64,70 @@ class TensorRef:
     numpy: bool = False
 
 
-def encode(value: Any, tensor_ref: Callable[[Any, str], TensorRef | None]) -> bytes:
-    """The skeleton of `value`; tensor_ref(value, path) turns a tensor (or array) into
-    its TensorRef and returns None for anything else."""
-    return json.dumps(_encode(value, "", tensor_ref, 0), separators=(",", ":")).encode()
+def encode(value: Any, tensor_ref: Callable[[Any, Callable[[], str]], TensorRef | None]) -> bytes:
+    """The skeleton of `value`; tensor_ref(value, where) turns a tensor (or array) into
+    its TensorRef and returns None for anything else (where() names it, for errors)."""
+    return json.dumps(_encode(value, (), tensor_ref, 0), separators=(",", ":")).encode()
 
 
-def _encode(value: Any, path: str, tensor_ref: Callable[[Any, str], Any], depth: int) -> Any:
-    where = path or "state"
+def where_of(path: tuple[Any, ...]) -> str:
+    """model.layers[0].weight: the key path of a value, for messages."""
+    text = ""
+    for part in path:
+        text += (
+            f"[{part}]" if isinstance(part, int) and text else (f".{part}" if text else str(part))
+        )
+    return text or "state"
+
+
+def _encode(value: Any, path: tuple[Any, ...], tensor_ref: Callable[..., Any], depth: int) -> Any:
+    kind = type(value)
+    if kind is str or kind is int or kind is float or kind is bool or value is None:
+        return value  # the common cases first: a state dict is mostly these, dicts and tensors
     if depth > MAX_DEPTH:
-        raise SkeletonError(f"{where}: nested deeper than {MAX_DEPTH} levels")
-    if value is None or isinstance(value, (bool, str)):
-        return value
+        raise SkeletonError(f"{where_of(path)}: nested deeper than {MAX_DEPTH} levels")
+    if kind is dict:
+        return {
+            "d": [
+                [
+                    _encode(k, (*path, k), _no_tensors, depth + 1),
+                    _encode(v, (*path, k), tensor_ref, depth + 1),
+                ]
+                for k, v in value.items()
+            ]
+        }
+    if kind is list or kind is tuple:
+        items = [_encode(v, (*path, i), tensor_ref, depth + 1) for i, v in enumerate(value)]
+        return items if kind is list else {"u": items}
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value if kind is bool or value is None else str(value)
     if isinstance(value, int):
         return int(value)  # an IntEnum or numpy-like int subclass keeps its value only
     if isinstance(value, float):
         return float(value)
     if isinstance(value, bytes):
         return {"b": base64.b64encode(value).decode()}
-    if type(value).__module__ == "numpy" and type(value).__name__ != "ndarray":
+    if kind.__module__ == "numpy" and kind.__name__ != "ndarray":
         return _encode(value.item(), path, tensor_ref, depth)  # a numpy scalar: its value
-    ref = tensor_ref(value, where)
+    ref = tensor_ref(value, lambda: where_of(path))
     if ref is not None:
         tag = "n" if ref.numpy else "t"
         return {tag: [ref.dtype, list(ref.shape), ref.offset, ref.nbytes]}
     if isinstance(value, dict):
-        items = []
-        for key, item in value.items():
-            child = f"{path}.{key}" if path else str(key)
-            items.append(
-                [
-                    _encode(key, child, _no_tensors, depth + 1),
-                    _encode(item, child, tensor_ref, depth + 1),
-                ]
-            )
-        return {"d": items}
+        return _encode(dict(value), path, tensor_ref, depth)  # an OrderedDict and the like
     if isinstance(value, (list, tuple)):
-        items = [_encode(v, f"{path}[{i}]", tensor_ref, depth + 1) for i, v in enumerate(value)]
-        return items if isinstance(value, list) else {"u": items}
+        return _encode(
+            list(value) if isinstance(value, list) else tuple(value), path, tensor_ref, depth
+        )
     raise SkeletonError(
-        f"{where}: a {type(value).__name__} cannot be snapshotted (only tensors, numpy "
+        f"{where_of(path)}: a {kind.__name__} cannot be snapshotted (only tensors, numpy "
         "arrays, dicts, lists, tuples, str, bytes, int, float, bool and None)"
     )
 
 
-def _no_tensors(value: Any, where: str) -> None:
+def _no_tensors(value: Any, where: Callable[[], str]) -> None:
     if type(value).__name__ in ("Tensor", "Parameter", "ndarray"):
-        raise SkeletonError(f"{where}: a tensor cannot be a dict key")
+        raise SkeletonError(f"{where()}: a tensor cannot be a dict key")
     return None
 
 
