@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import time
 import uuid
 from collections.abc import Mapping
 from types import FrameType
@@ -42,6 +41,7 @@ from rtrain.agent.log_tail import LogTail
 from rtrain.agent.process_tree import ZombieReaper, become_subreaper, kill_leftovers
 from rtrain.agent.recycle_plans import plan_generation
 from rtrain.agent.rendezvous import GenerationEnded, JobAborted, StoreRendezvous
+from rtrain.agent.restart_backoff import RestartBackoff
 from rtrain.agent.runtime_dir import (
     make_folder,
     make_run_log_dir,
@@ -55,7 +55,6 @@ from rtrain.agent.workers import WorkerGroup
 from rtrain.core.errors import ExitCode, RendezvousError, RtrainError, exit_code_for_signal
 from rtrain.core.failures import FailureRecord, root_cause_first
 from rtrain.core.launch_spec import LaunchSpec
-from rtrain.core.restart_budget import RESTART_RESET_S, restart_delay
 from rtrain.core.store_protocol import MemberInfo, Membership, StoreKeys
 from rtrain.core.topology import LayoutError
 from rtrain.core.worker_env import pool_environment
@@ -98,8 +97,7 @@ class Agent:
         self._last: tuple[Membership, int, PeerLeases] | None = None
         self._lease: LeaseKeeper | None = None
         self._worker_store: Any = None
-        self._quick_failures = 0  # failures in a row soon after a start (restart backoff)
-        self._generation_started = time.monotonic()
+        self._backoff = RestartBackoff(spec.faults.restart_backoff)
         self._reaper = ZombieReaper() if spec.faults.kill_process_tree else None
         # Heartbeat files and snapshot shards: memory-backed where possible.
         self._runtime = make_runtime_dir()
@@ -222,7 +220,7 @@ class Agent:
                 logger.info("%s (a member was lost while it started); rejoining", exc)
                 continue
             self._set_state(AgentState.HEALTHY)
-            self._generation_started = time.monotonic()
+            self._backoff.started()
             outcome = self._monitor(rdzv, gen)
             if outcome is Outcome.SUCCEEDED:
                 # One node reports what the job recovered from, not every node; read it
@@ -255,9 +253,9 @@ class Agent:
                     return self._result(
                         AgentState.FAILED, give_up.exit_code, give_up.reason, give_up.failures
                     )
-                self._back_off()
+                self._backoff.failed(self._check_signal)
             else:
-                self._quick_failures = 0
+                self._backoff.healthy()
             rdzv.open_next_round(gen.number)
 
     def _start_generation(
@@ -365,25 +363,6 @@ class Agent:
             if room_to_grow and rdzv.waiting_nodes(generation) > 0:
                 logger.info("a new node is waiting to join; restarting to admit it")
                 return Outcome.MEMBERSHIP_CHANGE
-
-    def _back_off(self) -> None:
-        """Wait before restarting a node whose workers keep failing soon after a start
-        (50 restarts in 7 s help nobody); a generation that ran long resets it."""
-        lived = time.monotonic() - self._generation_started
-        self._quick_failures = self._quick_failures + 1 if lived < RESTART_RESET_S else 1
-        delay = restart_delay(self._quick_failures, self.spec.faults.restart_backoff)
-        if delay > 0:
-            logger.warning(
-                "the workers failed %d times in a row within %gs of starting; waiting %gs "
-                "before restarting (--restart-backoff)",
-                self._quick_failures,
-                RESTART_RESET_S,
-                delay,
-            )
-            end = time.monotonic() + delay
-            while time.monotonic() < end:
-                self._check_signal()
-                time.sleep(min(0.1, max(end - time.monotonic(), 0.0)))
 
     def _save_for_requeue(self, end: JobEnd, why: str) -> RunResult:
         """Slurm is about to stop the job (time limit, preemption): stop the workers,

@@ -1,0 +1,54 @@
+"""RestartBackoff: a node whose workers keep failing soon after a start waits before
+the next restart (50 restarts in 7 s help nobody); a generation that ran for
+RESTART_RESET_S before failing resets it. The delays are core.restart_budget's."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from rtrain.core.restart_budget import RESTART_RESET_S, restart_delay
+
+logger = logging.getLogger(__name__)
+
+
+class RestartBackoff:
+    def __init__(
+        self,
+        base: float,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._base = base
+        self._clock = clock
+        self._sleep = sleep
+        self._quick_failures = 0
+        self._started = clock()
+
+    def started(self) -> None:
+        """A generation's workers are running."""
+        self._started = self._clock()
+
+    def healthy(self) -> None:
+        """The generation ended without a failure of this node's workers."""
+        self._quick_failures = 0
+
+    def failed(self, check_stop: Callable[[], None]) -> None:
+        """This node's workers failed: wait as long as the backoff says (signals end it)."""
+        lived = self._clock() - self._started
+        self._quick_failures = self._quick_failures + 1 if lived < RESTART_RESET_S else 1
+        delay = restart_delay(self._quick_failures, self._base)
+        if delay <= 0:
+            return
+        logger.warning(
+            "the workers failed %d times in a row within %gs of starting; waiting %gs "
+            "before restarting (--restart-backoff)",
+            self._quick_failures,
+            RESTART_RESET_S,
+            delay,
+        )
+        end = self._clock() + delay
+        while self._clock() < end:
+            check_stop()
+            self._sleep(min(0.1, max(end - self._clock(), 0.0)))
