@@ -92,6 +92,13 @@ class Replicator:
                 buffer.close()
             self._maps = {}
 
+    def pause(self) -> None:
+        """Stop replicating until the next follow(): a restore is about to relabel the
+        old generation's shards (an adopted slot's replicated mark is reset), and
+        sending them again to peers that moved on is refused noise."""
+        with self._lock:
+            self._generation = None
+
     def close(self) -> None:
         self._closed.set()
         self._thread.join(timeout=1)  # a put to a stopped peer may hang: it is a daemon

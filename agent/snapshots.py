@@ -122,6 +122,7 @@ class SnapshotService:
         assert self._server is not None and self._replicator is not None
         assert self._secret is not None
         generation = membership.generation
+        self._replicator.pause()
         self._generation, self._world_size = generation, topology.world_size
         self._admit(membership, node_rank)
         address = (self._host, self._server.port)

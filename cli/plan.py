@@ -135,8 +135,10 @@ def run_plan(
         )
     )
     for flag, number in numbers.items():
-        if not (math.isfinite(number) and number >= 0):
-            raise UsageError(f"{flag}: expected a finite number >= 0, got {number}")
+        if not math.isfinite(number):  # negative ones are refused with the job's check
+            raise UsageError(f"{flag}: expected a finite number, got {number}")
+    if restart_cost < 0 or failure_rate < 0:
+        raise UsageError("--restart-cost and --failure-rate must be >= 0")
     cells = dp * pp * microbatches
     if min(dp, pp, microbatches) >= 1 and cells > MAX_PLAN_CELLS:
         raise UsageError(

@@ -29,6 +29,7 @@ never trusted and never a crash.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -256,10 +257,16 @@ def order_members(joined: Sequence[MemberInfo], static: bool) -> tuple[MemberInf
     # A node keeps its previous rank where it can and newcomers fill the gaps (a
     # replacement takes the lost node's rank): ranks, and so grid coordinates and the
     # state each worker continues, stay put. Past the end (the job shrank), the rest
-    # close up, previous ranks first.
+    # close up, previous ranks first. Newcomers go by address, then join order, so a
+    # job's first ranks do not depend on which agent started fastest.
     order = sorted(
         range(len(joined)),
-        key=lambda i: (joined[i].prev_rank is None, joined[i].prev_rank or 0, i),
+        key=lambda i: (
+            joined[i].prev_rank is None,
+            joined[i].prev_rank or 0,
+            _address_key(joined[i].addr),
+            i,
+        ),
     )
     slots: list[MemberInfo | None] = [None] * len(joined)
     rest = []
@@ -271,6 +278,13 @@ def order_members(joined: Sequence[MemberInfo], static: bool) -> tuple[MemberInf
             rest.append(joined[i])
     fill = iter(rest)
     return tuple(m if m is not None else next(fill) for m in slots)
+
+
+def _address_key(addr: str) -> tuple[int, int, str]:
+    try:
+        return (0, int(ipaddress.ip_address(addr)), "")
+    except ValueError:
+        return (1, 0, addr)
 
 
 def members_to_close(

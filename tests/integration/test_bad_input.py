@@ -76,7 +76,7 @@ AUDIT_CASES = [
     ),
     (
         [PROBE],
-        {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[0-99999][0-99999]"},
+        {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[0-9999][0-9999]"},
         "more than 65536 hosts",
     ),
 ]

@@ -46,7 +46,9 @@ def slurm() -> Iterator[dict[str, str]]:
 def job_env(slurm: dict[str, str], out: Path, **extra: str) -> dict[str, str]:
     env = probe_env(out, **extra)
     env = {k: v for k, v in env.items() if not k.startswith("SLURM") or k == "SLURM_CONF"}
-    return {**env, "SLURM_CONF": slurm["SLURM_CONF"], "PYTHONUNBUFFERED": "1"}
+    # As a batch script would: a job secret exported to every task (README, Security).
+    secret = {"RTRAIN_SECRET": "slurm-test-job-secret"}
+    return {**env, **secret, "SLURM_CONF": slurm["SLURM_CONF"], "PYTHONUNBUFFERED": "1"}
 
 
 def srun(slurm: dict[str, str], *args: str) -> list[str]:

@@ -208,3 +208,14 @@ def test_a_peer_broken_collective_is_never_the_root_cause():
         kind="exit", generation=0, node_rank=2, host="c", time=1.2, rank=4, exitcode=3
     )
     assert root_cause_first([victim, culprit]) == [culprit, victim]
+
+
+def test_c10d_newcomers_are_ordered_by_address_not_by_who_started_first():
+    from dataclasses import replace
+
+    joined = [
+        replace(member(f"n{i}"), addr=addr)
+        for i, addr in enumerate(["127.0.0.3", "127.0.0.10", "127.0.0.2", "b", "a"])
+    ]
+    ordered = [m.addr for m in order_members(joined, static=False)]
+    assert ordered == ["127.0.0.2", "127.0.0.3", "127.0.0.10", "a", "b"]
