@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import pickle
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from rtrain.core.snapshot_skeleton import decode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_launch import write_doc
+from bench_snapshot import _best
 
 ROOT = Path(__file__).resolve().parents[1]
 MARK_BEGIN, MARK_END = "<!-- bench_skeleton:begin -->", "<!-- bench_skeleton:end -->"
@@ -58,15 +58,6 @@ def pickled_skeleton(state: Any) -> bytes:
     return pickle.dumps(walk(state), protocol=5)
 
 
-def best(function: Any, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", default="30,300")
@@ -89,9 +80,9 @@ def main() -> None:
     for layers in (int(n) for n in args.layers.split(",")):
         state = state_of(layers)
         layout = plan_shard(state)
-        json_s = best(lambda s=state: plan_shard(s), args.reps)
-        pickle_s = best(lambda s=state: pickled_skeleton(s), args.reps)
-        read_s = best(lambda m=layout.meta, n=layout.data_len: decode(m, n), args.reps)
+        json_s = _best(lambda s=state: plan_shard(s), args.reps)
+        pickle_s = _best(lambda s=state: pickled_skeleton(s), args.reps)
+        read_s = _best(lambda m=layout.meta, n=layout.data_len: decode(m, n), args.reps)
         row = (
             str(len(layout.tensors)),
             f"{json_s * 1e3:.1f} ms",
