@@ -99,8 +99,8 @@ def _encode(value: Any, path: tuple[Any, ...], tensor_ref: Callable[..., Any], d
     if kind is list or kind is tuple:
         items = [_encode(v, (*path, i), tensor_ref, depth + 1) for i, v in enumerate(value)]
         return items if kind is list else {"u": items}
-    if isinstance(value, bool) or value is None or isinstance(value, str):
-        return value if kind is bool or value is None else str(value)
+    if isinstance(value, str):
+        return str(value)  # a str subclass keeps its text only
     if isinstance(value, int):
         return int(value)  # an IntEnum or numpy-like int subclass keeps its value only
     if isinstance(value, float):

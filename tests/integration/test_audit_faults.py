@@ -16,6 +16,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -168,6 +169,16 @@ def wait_progress(tmp_path: Path, steps: int, job: subprocess.Popen[str], timeou
         time.sleep(0.05)
 
 
+@contextlib.contextmanager
+def killed_at_exit(job: subprocess.Popen[str]) -> Iterator[subprocess.Popen[str]]:
+    """The job, killed if it is still running when the block ends (a failed wait)."""
+    try:
+        yield job
+    finally:
+        if job.poll() is None:
+            job.kill()
+
+
 def agent_folder(job: subprocess.Popen[str], base: str = "/dev/shm") -> str:
     (found,) = glob.glob(f"{base}/rtrain-run-{job.pid}-*")
     return found
@@ -188,7 +199,7 @@ def test_a_job_in_another_pid_namespace_leaves_a_live_jobs_snapshots_alone(tmp_p
         PROBE_STEPS="160",
         PROBE_FAULT="rank=1,step=120,gen=0,action=exit",
     )
-    try:
+    with killed_at_exit(job):
         wait_progress(tmp_path, 10, job)
         folder = agent_folder(job)
         neighbour = tmp_path / "neighbour"
@@ -214,9 +225,6 @@ def test_a_job_in_another_pid_namespace_leaves_a_live_jobs_snapshots_alone(tmp_p
         wait_progress(tmp_path, 1, job)  # still training: its folder is its own to free
         assert os.path.isdir(folder), other.stderr
         assert job.wait(timeout=120) == 0, (tmp_path / "job.log").read_text()
-    finally:
-        if job.poll() is None:
-            job.kill()
     restored = [
         json.loads(p.read_text())["step"] for p in (tmp_path / "out").glob("restored_*.json")
     ]
@@ -228,13 +236,10 @@ def test_destroyed_snapshots_are_an_error_not_a_fresh_start(tmp_path):
     # snapshots wait for a replication that never comes, they are killed as hung, and
     # the restart finds nothing although every rank had snapshots.
     job = single_node(tmp_path, "--max-restarts=1", "--hang-timeout=3", PROBE_STEPS="400")
-    try:
+    with killed_at_exit(job):
         wait_progress(tmp_path, 5, job)
         shutil.rmtree(agent_folder(job))
         code = job.wait(timeout=120)
-    finally:
-        if job.poll() is None:
-            job.kill()
     log = (tmp_path / "job.log").read_text()
     assert code == 1, log
     assert "refusing to start from scratch" in log.strip().splitlines()[-1], log
@@ -274,13 +279,10 @@ def test_a_full_runtime_folder_at_a_restart_is_one_clear_error(tmp_path, small_t
         PROBE_FAULT="rank=0,step=12,gen=0,action=exit",
         RTRAIN_RUNTIME_DIR=str(small_tmpfs),
     )
-    try:
+    with killed_at_exit(job):
         wait_progress(tmp_path, 8, job)
         fill(small_tmpfs)
         code = job.wait(timeout=120)
-    finally:
-        if job.poll() is None:
-            job.kill()
     log = (tmp_path / "job.log").read_text()
     assert code == 1, log
     last = log.strip().splitlines()[-1]
