@@ -21,10 +21,15 @@ from collections.abc import Mapping
 from types import FrameType
 from typing import Any
 
-from rtrain.agent import log
-from rtrain.agent.agent_state import AgentState, Interrupted, Outcome, RunResult
-from rtrain.agent.faults import FaultPolicy, kill_hung
-from rtrain.agent.generation import (
+from ..core.config.launch_spec import LaunchSpec
+from ..core.config.worker_env import pool_environment
+from ..core.errors import ExitCode, RendezvousError, RtrainError, exit_code_for_signal
+from ..core.layout.topology import LayoutError
+from ..core.rendezvous.failures import FailureRecord, root_cause_first
+from ..core.rendezvous.protocol import MemberInfo, Membership, StoreKeys
+from . import log
+from .faults import FaultPolicy, kill_hung
+from .generation import (
     Generation,
     default_node_addr,
     generation_topology,
@@ -32,32 +37,27 @@ from rtrain.agent.generation import (
     previous_grid,
     write_topology,
 )
-from rtrain.agent.gpu_monitor import GpuFault
-from rtrain.agent.hang_watch import HangWatch
-from rtrain.agent.health_guard import HealthGuard
-from rtrain.agent.job_end import JobEnd
-from rtrain.agent.lease import LeaseKeeper, PeerLeases
-from rtrain.agent.log_tail import LogTail
-from rtrain.agent.process_tree import ZombieReaper, become_subreaper, kill_leftovers
-from rtrain.agent.recycle_plans import plan_generation
-from rtrain.agent.rendezvous import GenerationEnded, JobAborted, StoreRendezvous
-from rtrain.agent.restart_backoff import RestartBackoff
-from rtrain.agent.runtime_dir import (
+from .health.gpu_monitor import GpuFault
+from .health.guard import HealthGuard
+from .recycle_plans import plan_generation
+from .rendezvous.job_end import JobEnd
+from .rendezvous.lease import LeaseKeeper, PeerLeases
+from .rendezvous.rounds import GenerationEnded, JobAborted, StoreRendezvous
+from .restart_backoff import RestartBackoff
+from .runtime_dir import (
     make_folder,
     make_run_log_dir,
     make_runtime_dir,
     write_failure_report,
 )
-from rtrain.agent.snapshots import SnapshotService
-from rtrain.agent.store import connect_store, host_store, open_rendezvous_store
-from rtrain.agent.worker_pool import WorkerPool
-from rtrain.agent.workers import WorkerGroup
-from rtrain.core.errors import ExitCode, RendezvousError, RtrainError, exit_code_for_signal
-from rtrain.core.failures import FailureRecord, root_cause_first
-from rtrain.core.launch_spec import LaunchSpec
-from rtrain.core.store_protocol import MemberInfo, Membership, StoreKeys
-from rtrain.core.topology import LayoutError
-from rtrain.core.worker_env import pool_environment
+from .snapshots.service import SnapshotService
+from .state import AgentState, Interrupted, Outcome, RunResult
+from .store.opening import connect_store, host_store, open_rendezvous_store
+from .workers.group import WorkerGroup
+from .workers.hang_watch import HangWatch
+from .workers.log_tail import LogTail
+from .workers.pool import WorkerPool
+from .workers.process_tree import ZombieReaper, become_subreaper, kill_leftovers
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,8 @@ class Agent:
         health: HealthGuard | None = None,
         secret: bytes | None = None,
     ) -> None:
-        """secret: the job secret (agent/job_secret.py); None hands one out through the store."""
+        """secret: the job secret (agent/snapshots/job_secret.py); None hands one out through
+        the store."""
         self.spec = spec
         self.nproc = nproc
         self.node_id = uuid.uuid4().hex

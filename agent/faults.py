@@ -19,16 +19,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import psutil
-from rtrain.agent.generation import Generation
-from rtrain.agent.hang_watch import HangWatch, capture_stack
-from rtrain.agent.lease import PeerLeases
-from rtrain.agent.rendezvous import StoreRendezvous
-from rtrain.agent.workers import WorkerGroup
-from rtrain.core.errors import ExitCode
-from rtrain.core.failures import FailureRecord, root_cause_first
-from rtrain.core.launch_spec import LaunchSpec
-from rtrain.core.restart_budget import RestartBudget
-from rtrain.core.store_protocol import Membership
+
+from ..core.config.launch_spec import LaunchSpec
+from ..core.errors import ExitCode
+from ..core.rendezvous.failures import FailureRecord, root_cause_first
+from ..core.rendezvous.protocol import Membership
+from ..core.rendezvous.restart_budget import RestartBudget
+from .generation import Generation
+from .rendezvous.lease import PeerLeases
+from .rendezvous.rounds import StoreRendezvous
+from .workers.group import WorkerGroup
+from .workers.hang_watch import HangWatch, capture_stack
 
 logger = logging.getLogger(__name__)
 

@@ -9,15 +9,15 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from rtrain.agent.hang_watch import HangWatch
-from rtrain.agent.lease import PeerLeases
-from rtrain.agent.rendezvous import StoreRendezvous
-from rtrain.agent.workers import WorkerGroup
-from rtrain.core.errors import RendezvousError
-from rtrain.core.launch_spec import LaunchSpec
-from rtrain.core.store_protocol import Membership
-from rtrain.core.topology import Layout, NodeSlot, Topology, build_grid, recompute_topology
-from rtrain.core.worker_api import TOPOLOGY_FILE
+from ..core.config.launch_spec import LaunchSpec
+from ..core.config.worker_env import TOPOLOGY_FILE
+from ..core.errors import RendezvousError
+from ..core.layout.topology import Layout, NodeSlot, Topology, build_grid, recompute_topology
+from ..core.rendezvous.protocol import Membership
+from .rendezvous.lease import PeerLeases
+from .rendezvous.rounds import StoreRendezvous
+from .workers.group import WorkerGroup
+from .workers.hang_watch import HangWatch
 
 logger = logging.getLogger(__name__)
 

@@ -15,18 +15,18 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from rtrain.agent.generation import Generation
-from rtrain.agent.rendezvous import StoreRendezvous
-from rtrain.core.launch_spec import LaunchSpec
-from rtrain.core.recycle_topology import (
-    RECYCLE_PLAN_FILE,
+from ..core.config.launch_spec import LaunchSpec
+from ..core.config.worker_env import RECYCLE_PLAN_FILE
+from ..core.layout.recycle import (
     PositionsError,
     decode_positions,
     encode_positions,
     recycle_plan,
 )
-from rtrain.core.store_protocol import StoreKeys
-from rtrain.core.topology import Topology
+from ..core.layout.topology import Topology
+from ..core.rendezvous.protocol import StoreKeys
+from .generation import Generation
+from .rendezvous.rounds import StoreRendezvous
 
 logger = logging.getLogger(__name__)
 

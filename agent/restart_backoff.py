@@ -1,6 +1,6 @@
 """RestartBackoff: a node whose workers keep failing soon after a start waits before
 the next restart (50 restarts in 7 s help nobody); a generation that ran for
-RESTART_RESET_S before failing resets it. The delays are core.restart_budget's."""
+RESTART_RESET_S before failing resets it. The delays are core.rendezvous.restart_budget's."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from rtrain.core.restart_budget import RESTART_RESET_S, restart_delay
+from ..core.rendezvous.restart_budget import RESTART_RESET_S, restart_delay
 
 logger = logging.getLogger(__name__)
 

@@ -32,9 +32,10 @@ import tempfile
 from dataclasses import dataclass
 
 import psutil
-from rtrain.core.errors import RtrainError, UsageError
-from rtrain.core.failures import FailureRecord
-from rtrain.core.launch_spec import LaunchSpec
+
+from ..core.config.launch_spec import LaunchSpec
+from ..core.errors import RtrainError, UsageError
+from ..core.rendezvous.failures import FailureRecord
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rtrain.core.errors import RtrainError
+
+from ..core.errors import RtrainError
 
 JSON_HELP = "Print the report as JSON (the same fields as the table) instead of a table."
 
@@ -81,10 +82,10 @@ def run_health(
     drain: bool,
     fake_nvml: str | None,
 ) -> int:
-    from rtrain.agent.drain import DrainError, drain_node, slurm_node_name
-    from rtrain.agent.nvml_reader import NvmlReader, NvmlUnavailable, collect_xids, open_nvml
-    from rtrain.core.gpu_health import Thresholds, Verdict, evaluate_node
-    from rtrain.core.gpu_inventory import expected_gpus, watched_gpus
+    from ..agent.health.drain import DrainError, drain_node, slurm_node_name
+    from ..agent.health.nvml_reader import NvmlReader, NvmlUnavailable, collect_xids, open_nvml
+    from ..core.health.gpu_health import Thresholds, Verdict, evaluate_node
+    from ..core.health.gpu_inventory import expected_gpus, watched_gpus
 
     try:
         limits = Thresholds(*thresholds)
@@ -108,7 +109,7 @@ def run_health(
     if as_json:
         print(json.dumps(report.to_json(), indent=2))
     else:
-        from rtrain.cli.render_health import print_report
+        from .render_health import print_report
 
         print_report(report)
     if node is not None and report.verdict is Verdict.CRITICAL:

@@ -11,7 +11,7 @@ import argparse
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
-from rtrain.core.errors import UsageError
+from ..core.errors import UsageError
 
 NOT_ACTED_ON = "[accepted for compatibility, not acted on]"
 # Flags rtrain accepts but does not act on, with the value that changes nothing.

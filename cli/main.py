@@ -13,9 +13,10 @@ import sys
 from collections.abc import Mapping, Sequence
 
 import typer
-from rtrain.cli.health import health
-from rtrain.cli.plan import plan_command
-from rtrain.core.errors import ExitCode, RtrainError, UsageError
+
+from ..core.errors import ExitCode, RtrainError, UsageError
+from .health import health
+from .plan import plan_command
 
 app = typer.Typer(
     name="rtrain",
@@ -65,11 +66,12 @@ def _error(message: str) -> None:
 
 def run_launch(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     from rich.console import Console
-    from rtrain.cli import render
-    from rtrain.cli.launch_args import parse_launch_args
-    from rtrain.core.launch_spec import build_launch_spec
-    from rtrain.core.slurm_env import apply_slurm, read_slurm_job
-    from rtrain.core.worker_env import omp_threads_default
+
+    from ..core.config.launch_spec import build_launch_spec
+    from ..core.config.slurm_env import apply_slurm, read_slurm_job
+    from ..core.config.worker_env import omp_threads_default
+    from . import render
+    from .launch_args import parse_launch_args
 
     base_env = dict(environ)
     took: list[str] = []
@@ -77,7 +79,7 @@ def run_launch(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         raw = parse_launch_args(argv, environ)
         job = read_slurm_job(environ)
         if job is not None:
-            from rtrain.agent.slurm import resolve_node_address
+            from ..agent.slurm import resolve_node_address
 
             names = {job.head, job.nodes[job.node_id]}
             addresses = {name: resolve_node_address(name) for name in names}
@@ -86,10 +88,10 @@ def run_launch(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         if raw.get("recycle_profile"):
             raw["recycle_profile_data"] = _read_json(raw["recycle_profile"], "--recycle-profile")
         spec = build_launch_spec(raw)
-        from rtrain.agent.preflight import preflight
+        from ..agent.preflight import preflight
 
         nproc = preflight(spec)
-        from rtrain.agent.job_secret import read_job_secret
+        from ..agent.snapshots.job_secret import read_job_secret
 
         secret = read_job_secret(spec.snapshots.secret_file, environ)
     except RtrainError as exc:
@@ -98,11 +100,11 @@ def run_launch(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     if raw.get("dry_run"):
         render.dry_run(Console(), spec, nproc, took)
         return ExitCode.SUCCESS
-    from rtrain.agent import log
+    from ..agent import log
 
     log.configure()
     if secret.value is None:
-        from rtrain.agent.job_secret import STORE_FALLBACK_WARNING
+        from ..agent.snapshots.job_secret import STORE_FALLBACK_WARNING
 
         logging.getLogger("rtrain.cli").warning("%s", STORE_FALLBACK_WARNING)
     job = spec.slurm
@@ -123,9 +125,9 @@ def run_launch(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         )
     # The agent's own TCPStore calls must not spray C++ stack traces; workers keep the user's.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
-    from rtrain.agent.agent import Agent
-    from rtrain.agent.agent_state import AgentState
-    from rtrain.agent.health_guard import HealthGuard
+    from ..agent.agent import Agent
+    from ..agent.health.guard import HealthGuard
+    from ..agent.state import AgentState
 
     try:
         health = HealthGuard.open(spec.health, environ)

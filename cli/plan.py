@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rtrain.core.errors import RtrainError, UsageError
-from rtrain.core.flag_values import ascii_int
+
+from ..core.config.flag_values import ascii_int
+from ..core.errors import RtrainError, UsageError
 
 FAIL_HELP = "A failed worker REPLICA:STAGE (both from 0); repeat for several."
 
@@ -118,9 +119,9 @@ def run_plan(
     exact: bool,
     as_json: bool,
 ) -> int:
-    from rtrain.core.pipeline_job import PipelineJob
-    from rtrain.core.pipeline_report import action_list, compare, timeline_svg
-    from rtrain.core.pipeline_sim import simulate
+    from ..core.planner.job import PipelineJob
+    from ..core.planner.report import action_list, compare, timeline_svg
+    from ..core.planner.sim import simulate
 
     numbers = {
         "--restart-cost": restart_cost,
@@ -158,7 +159,7 @@ def run_plan(
         job = PipelineJob.uniform(dp, pp, microbatches, f, b, w, o, transfer, memory)
     options, recycle, sim = compare(job, failed, restart_cost, failure_rate)
     if exact and failed:
-        from rtrain.core.pipeline_milp import plan_exact
+        from ..core.planner.milp import plan_exact
 
         with _solver_output_to_stderr():
             recycle = plan_exact(job, failed)
@@ -168,7 +169,7 @@ def run_plan(
             raise UsageError(options[1].note)
         print(json.dumps(action_list(recycle, sim), indent=1))
         return 0
-    from rtrain.cli.render_plan import print_comparison
+    from .render_plan import print_comparison
 
     print_comparison(job, failed, options)
     if recycle is not None and sim is not None:

@@ -7,9 +7,10 @@ import datetime
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from rtrain.core.failures import FailureRecord
-from rtrain.core.launch_spec import LaunchSpec
-from rtrain.core.topology import LayoutError, NodeSlot, build_grid
+
+from ..core.config.launch_spec import LaunchSpec
+from ..core.layout.topology import LayoutError, NodeSlot, build_grid
+from ..core.rendezvous.failures import FailureRecord
 
 
 def _when(stamp: float) -> str:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from rtrain.core.gpu_health import HealthReport, Verdict
+
+from ..core.health.gpu_health import HealthReport, Verdict
 
 STYLES = {
     Verdict.OK: "green",

@@ -5,8 +5,9 @@ from __future__ import annotations
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from rtrain.core.pipeline_job import PipelineJob, Worker
-from rtrain.core.pipeline_report import Option
+
+from ..core.planner.job import PipelineJob, Worker
+from ..core.planner.report import Option
 
 
 def print_comparison(job: PipelineJob, failed: list[Worker], options: list[Option]) -> None:

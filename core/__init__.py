@@ -1,14 +1,24 @@
-"""rtrain.core: pure logic (launch spec, store protocol, topology, failure records) and
-the worker-side API that training scripts call: `heartbeat(step)`, `topology()`,
-`snapshot(state, step)`, `restore()`, `recycle_actions()` and `recycle_worker_plan()`.
+"""rtrain.core: the pure library (config, rendezvous rules, layout, snapshots, health,
+planner) and, in core/worker, the worker-side API that training scripts call:
+`heartbeat(step)`, `topology()`, `snapshot(state, step)`, `restore()`,
+`recycle_actions()` and `recycle_worker_plan()`, re-exported here.
 
-Importing this package must stay cheap: `rtrain --help` goes through it, so nothing
-here imports torch at module level.
+Everything outside core/worker does no I/O, starts nothing and never sleeps
+(tests/unit/test_layers.py checks it). Importing this package must stay cheap:
+`rtrain --help` goes through it, so nothing here imports torch at module level.
 """
 
-from rtrain.core.recycle_topology import WorkerPlan, recycle_actions, recycle_worker_plan
-from rtrain.core.snapshot_api import SnapshotError, restore, snapshot
-from rtrain.core.worker_api import WorkerTopology, heartbeat, topology
+from .worker import (
+    SnapshotError,
+    WorkerPlan,
+    WorkerTopology,
+    heartbeat,
+    recycle_actions,
+    recycle_worker_plan,
+    restore,
+    snapshot,
+    topology,
+)
 
 __all__ = [
     "SnapshotError",

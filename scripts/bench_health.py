@@ -33,9 +33,9 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_launch import write_doc
-from rtrain.agent.fake_nvml import FakeNvml, load_scenario
-from rtrain.agent.gpu_monitor import GpuMonitor
-from rtrain.core.gpu_health import Thresholds
+from rtrain.agent.health.fake_nvml import FakeNvml, load_scenario
+from rtrain.agent.health.gpu_monitor import GpuMonitor
+from rtrain.core.health.gpu_health import Thresholds
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = ROOT / "tests" / "scenarios" / "healthy_8gpu.json"

@@ -29,11 +29,11 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_launch import write_doc
-from rtrain.core.pipeline_job import PipelineJob
-from rtrain.core.pipeline_plan import NoSurvivor
-from rtrain.core.pipeline_report import timeline_svg
-from rtrain.core.pipeline_scheduler import plan
-from rtrain.core.pipeline_sim import simulate
+from rtrain.core.planner.job import PipelineJob
+from rtrain.core.planner.plan import NoSurvivor
+from rtrain.core.planner.report import timeline_svg
+from rtrain.core.planner.scheduler import plan
+from rtrain.core.planner.sim import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 MARK_BEGIN = "<!-- bench_planner:begin -->"

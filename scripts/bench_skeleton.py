@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from rich.console import Console
 from rich.table import Table
-from rtrain.core.snapshot_format import plan_shard
-from rtrain.core.snapshot_skeleton import decode
+from rtrain.core.snapshots.format import plan_shard
+from rtrain.core.snapshots.skeleton import decode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_launch import write_doc

@@ -41,10 +41,9 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_e2e import end_to_end
 from bench_launch import write_doc
-from rtrain.agent.shard_server import ShardClient, ShardServer
-from rtrain.agent.shard_store import ShardStore
-from rtrain.core.restore_plan import ShardId
-from rtrain.core.snapshot_format import (
+from rtrain.agent.snapshots.shard_server import ShardClient, ShardServer
+from rtrain.agent.snapshots.shard_store import ShardStore
+from rtrain.core.snapshots.format import (
     checksums,
     plan_shard,
     read_shard,
@@ -52,6 +51,7 @@ from rtrain.core.snapshot_format import (
     verify,
     write_shard,
 )
+from rtrain.core.snapshots.restore_plan import ShardId
 
 ROOT = Path(__file__).resolve().parents[1]
 MARK_BEGIN, MARK_END = "<!-- bench_snapshot:begin -->", "<!-- bench_snapshot:end -->"
@@ -113,7 +113,7 @@ def loopback_seconds(nbytes: int, reps: int) -> float:
 
 def snapshot_seconds(state: dict, reps: int) -> float:
     """rtrain.core.snapshot() in steady state (slots allocated), replication acked at once."""
-    import rtrain.core.snapshot_api as api
+    import rtrain.core.worker.snapshots as api
 
     with tempfile.TemporaryDirectory(dir=SHM) as folder:
         os.environ[api.SNAPSHOT_DIR], os.environ["RANK"] = folder, "0"

@@ -34,9 +34,9 @@ echo "exit code: $?"
 echo "== sampling cost against the real NVML"
 $PY - <<'PY'
 import statistics, time
-from rtrain.agent.gpu_monitor import GpuMonitor
-from rtrain.agent.nvml_reader import open_nvml
-from rtrain.core.gpu_health import Thresholds
+from rtrain.agent.health.gpu_monitor import GpuMonitor
+from rtrain.agent.health.nvml_reader import open_nvml
+from rtrain.core.health.gpu_health import Thresholds
 nvml = open_nvml()
 print("driver", nvml.nvmlSystemGetDriverVersion(), "GPUs", nvml.nvmlDeviceGetCount())
 monitor = GpuMonitor(nvml, Thresholds(), None, 10.0)

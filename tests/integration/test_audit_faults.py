@@ -139,8 +139,8 @@ def test_a_stopped_store_host_ends_the_job_with_75_naming_the_store(tmp_path):
 def test_a_worker_that_beats_once_and_hangs_is_found_hung(tmp_path):
     """The worker's single heartbeat() lands before the agent's first look at its file
     (a real worker process writing the real file); the count never moves again."""
-    from rtrain.agent.hang_watch import HangWatch
-    from rtrain.core.worker_api import HEARTBEAT_FILE
+    from rtrain.agent.workers.hang_watch import HangWatch
+    from rtrain.core.worker.api import HEARTBEAT_FILE
 
     now = [0.0]
     watch = HangWatch(2.0, str(tmp_path), clock=lambda: now[0])

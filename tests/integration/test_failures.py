@@ -9,7 +9,7 @@ import time
 
 import psutil
 import pytest
-from rtrain.core.failures import FailureRecord
+from rtrain.core.rendezvous.failures import FailureRecord
 
 from tests.integration.helpers import PROBE, RTRAIN, probe_env, records, run
 

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from rtrain.agent.fake_nvml import FakeNvml, load_scenario
-from rtrain.agent.nvml_reader import NvmlReader
-from rtrain.core.gpu_health import Thresholds, Verdict, evaluate_node
+from rtrain.agent.health.fake_nvml import FakeNvml, load_scenario
+from rtrain.agent.health.nvml_reader import NvmlReader
+from rtrain.core.health.gpu_health import Thresholds, Verdict, evaluate_node
 
 from tests.integration.helpers import ROOT, error_lines, run
 

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from rtrain.agent.shard_server import ShardClient, ShardError, ShardServer
-from rtrain.agent.shard_store import ShardStore
-from rtrain.agent.store import host_store
-from rtrain.core.restore_plan import ShardId
-from rtrain.core.shard_admission import Admission
-from rtrain.core.snapshot_format import (
+from rtrain.agent.snapshots.shard_server import ShardClient, ShardError, ShardServer
+from rtrain.agent.snapshots.shard_store import ShardStore
+from rtrain.agent.store.opening import host_store
+from rtrain.core.rendezvous.protocol import StoreKeys, decode_master
+from rtrain.core.snapshots.admission import Admission
+from rtrain.core.snapshots.format import (
     COMMITTED,
     HEADER,
     HEADER_SIZE,
@@ -29,7 +29,7 @@ from rtrain.core.snapshot_format import (
     plan_shard,
     write_shard,
 )
-from rtrain.core.store_protocol import StoreKeys, decode_master
+from rtrain.core.snapshots.restore_plan import ShardId
 
 from tests.integration.cluster import SNAPSHOTTING, LocalCluster
 from tests.integration.helpers import PROBE, RTRAIN, probe_env, run
@@ -226,7 +226,7 @@ def test_a_slow_flood_of_unauthenticated_connections_is_bounded(guarded, caplog)
     import threading
     import time
 
-    from rtrain.agent import shard_server
+    from rtrain.agent.snapshots import shard_server
 
     store, server = guarded
     before = threading.active_count()

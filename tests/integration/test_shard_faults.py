@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from rtrain.agent.restorer import Peers, restore_once
-from rtrain.agent.shard_server import ShardClient, ShardError, ShardServer
-from rtrain.agent.shard_store import ShardStore
-from rtrain.core.restore_plan import ShardId
-from rtrain.core.snapshot_api import restore, slot_paths
-from rtrain.core.snapshot_format import checksums, plan_shard, read_shard, write_shard
-from rtrain.core.topology import Layout, NodeSlot, build_grid, recompute_topology
+from rtrain.agent.snapshots.restorer import Peers, restore_once
+from rtrain.agent.snapshots.shard_server import ShardClient, ShardError, ShardServer
+from rtrain.agent.snapshots.shard_store import ShardStore
+from rtrain.core.layout.topology import Layout, NodeSlot, build_grid, recompute_topology
+from rtrain.core.snapshots.format import checksums, plan_shard, read_shard, write_shard
+from rtrain.core.snapshots.restore_plan import ShardId
+from rtrain.core.worker.snapshots import restore, slot_paths
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 ROOT = Path(__file__).resolve().parents[2]
@@ -135,8 +135,8 @@ def _only_node(topo, node_rank):
 
 WRITER = """
 import os, sys, threading, time, torch
-from rtrain.core.snapshot_api import snapshot, slot_paths
-from rtrain.core.snapshot_format import read_header, replicated_step, set_replicated
+from rtrain.core.worker.snapshots import snapshot, slot_paths
+from rtrain.core.snapshots.format import read_header, replicated_step, set_replicated
 import mmap
 
 def agent():  # what the agent's replicator does: mark each committed slot replicated
@@ -184,7 +184,7 @@ def test_a_worker_killed_mid_snapshot_leaves_the_previous_one_whole(tmp_path):
 
 SHM_FULL = """
 import resource, signal, sys, torch
-from rtrain.core.snapshot_api import snapshot, SnapshotError
+from rtrain.core.worker.snapshots import snapshot, SnapshotError
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))  # the file system is "full" at 1 MiB
 try:
@@ -205,7 +205,7 @@ def test_no_room_for_a_snapshot_is_a_clear_error(tmp_path):
 
 
 def test_a_snapshot_over_the_budget_is_refused(tmp_path, monkeypatch):
-    import rtrain.core.snapshot_api as api
+    import rtrain.core.worker.snapshots as api
 
     monkeypatch.setenv("RTRAIN_SNAPSHOT_DIR", str(tmp_path))
     monkeypatch.setenv("RTRAIN_SNAPSHOT_BUDGET", str(1 << 20))
@@ -235,7 +235,7 @@ def test_old_slots_are_recycled_wiped_and_never_restored(tmp_path, monkeypatch):
 
     monkeypatch.setenv("RTRAIN_SNAPSHOT_DIR", new)
     monkeypatch.setenv("RANK", "0")
-    monkeypatch.setattr("rtrain.core.snapshot_api._slots", None)
+    monkeypatch.setattr("rtrain.core.worker.snapshots._slots", None)
     restored = restore()
     assert restored is not None and restored[1] == 8
     assert torch.equal(restored[0]["w"], torch.full((1000,), 8.0))
@@ -243,7 +243,7 @@ def test_old_slots_are_recycled_wiped_and_never_restored(tmp_path, monkeypatch):
 
 REWRITER = """
 import mmap, struct, sys, time
-from rtrain.core.snapshot_format import COMMITTED, HEADER, MAGIC, VERSION, WRITING, read_header
+from rtrain.core.snapshots.format import COMMITTED, HEADER, MAGIC, VERSION, WRITING, read_header
 with open(sys.argv[1], "r+b") as handle:
     slot = mmap.mmap(handle.fileno(), 0)
 old = read_header(slot)
@@ -264,8 +264,8 @@ def test_a_slot_a_worker_starts_rewriting_is_not_sent_as_its_old_step(node):
     """The replicator reads a slot's header while a worker (a real process on the real
     slot file) keeps starting to rewrite it: read apart, the old step looked committed
     and unreplicated, and a torn copy went out (the audit's false checksum mismatches)."""
-    from rtrain.agent.replicator import Replicator
-    from rtrain.core.snapshot_format import set_replicated
+    from rtrain.agent.snapshots.replicator import Replicator
+    from rtrain.core.snapshots.format import set_replicated
 
     store_a, _ = node("a")
     store_b, server_b = node("b")
@@ -285,7 +285,7 @@ def test_a_slot_a_worker_starts_rewriting_is_not_sent_as_its_old_step(node):
 
 STEADY_WRITER = """
 import sys, torch
-from rtrain.core.snapshot_api import snapshot
+from rtrain.core.worker.snapshots import snapshot
 big = torch.empty(int(sys.argv[1]) * 2**18)
 for step in range(int(sys.argv[2])):
     big.fill_(float(step))
@@ -297,7 +297,7 @@ def test_a_slot_rewritten_while_it_is_replicated_is_never_a_checksum_mismatch(no
     """A real worker snapshots as fast as it can while the real Replicator sends every
     step to a real ShardServer: a mismatch may only ever mean corruption, so there is
     none, and every replica kept holds one whole step."""
-    from rtrain.agent.replicator import Replicator
+    from rtrain.agent.snapshots.replicator import Replicator
 
     store_a, _ = node("a")
     store_b, server_b = node("b")

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from rtrain.agent.worker_pool import WorkerExit, WorkerPool
+from rtrain.agent.workers.pool import WorkerExit, WorkerPool
 
 pytestmark = pytest.mark.integration
 

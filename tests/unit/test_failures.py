@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rtrain.core.failures import FailureRecord, root_cause_first
+from rtrain.core.rendezvous.failures import FailureRecord, root_cause_first
 
 
 def _record(

@@ -8,10 +8,10 @@ import math
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rtrain.cli.launch_args import parse_launch_args
-from rtrain.core import flag_values
+from rtrain.core.config import flag_values
+from rtrain.core.config.launch_spec import LaunchSpec, build_launch_spec
+from rtrain.core.config.slurm_env import read_slurm_job
 from rtrain.core.errors import UsageError
-from rtrain.core.launch_spec import LaunchSpec, build_launch_spec
-from rtrain.core.slurm_env import read_slurm_job
 
 from tests.integration.helpers import PROBE
 

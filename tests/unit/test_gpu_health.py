@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 from rtrain.core.errors import UsageError
-from rtrain.core.gpu_health import (
+from rtrain.core.health.gpu_health import (
     CHECK_ORDER,
     NOT_SUPPORTED,
     GpuSample,
@@ -17,8 +17,8 @@ from rtrain.core.gpu_health import (
     evaluate_gpu,
     evaluate_node,
 )
-from rtrain.core.gpu_inventory import expected_gpus, watched_gpus
-from rtrain.core.xid import (
+from rtrain.core.health.gpu_inventory import expected_gpus, watched_gpus
+from rtrain.core.health.xid import (
     APPLICATION_XIDS,
     BUS_XIDS,
     ECC_XIDS,

@@ -6,9 +6,9 @@ import signal
 
 import pytest
 from rtrain.cli.launch_args import parse_launch_args
+from rtrain.core.config.launch_spec import build_launch_spec, resolve_nproc
+from rtrain.core.config.worker_env import STDERR, STDOUT, stream_plan
 from rtrain.core.errors import ExitCode, UsageError
-from rtrain.core.launch_spec import build_launch_spec, resolve_nproc
-from rtrain.core.worker_env import STDERR, STDOUT, stream_plan
 
 
 def spec_of(*argv: str, env: dict[str, str] | None = None):

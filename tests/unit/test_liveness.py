@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from rtrain.core.errors import UsageError
-from rtrain.core.liveness import StalenessTracker
-from rtrain.core.restart_budget import RestartBudget
+from rtrain.core.rendezvous.liveness import StalenessTracker
+from rtrain.core.rendezvous.restart_budget import RestartBudget
 
 from tests.unit.test_launch_spec import spec_of
 
@@ -85,7 +85,7 @@ def test_a_heartbeat_made_before_the_first_look_arms_the_watch():
 
 
 def test_restart_delay_is_immediate_once_then_doubles_to_the_cap():
-    from rtrain.core.restart_budget import RESTART_BACKOFF_CAP_S, restart_delay
+    from rtrain.core.rendezvous.restart_budget import RESTART_BACKOFF_CAP_S, restart_delay
 
     assert [restart_delay(n, 1.0) for n in (1, 2, 3, 4)] == [0.0, 1.0, 2.0, 4.0]
     assert restart_delay(50, 1.0) == RESTART_BACKOFF_CAP_S and restart_delay(5, 0.0) == 0.0

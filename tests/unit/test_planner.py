@@ -10,10 +10,10 @@ from collections import Counter
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from rtrain.core.pipeline_job import PipelineJob, PlannerError
-from rtrain.core.pipeline_plan import NoSurvivor, Op, normalize, reroute
-from rtrain.core.pipeline_scheduler import plan
-from rtrain.core.pipeline_sim import PlanRejected, simulate
+from rtrain.core.planner.job import PipelineJob, PlannerError
+from rtrain.core.planner.plan import NoSurvivor, Op, normalize, reroute
+from rtrain.core.planner.scheduler import plan
+from rtrain.core.planner.sim import PlanRejected, simulate
 
 
 @st.composite
@@ -157,7 +157,7 @@ def test_a_plan_that_breaks_a_dependency_or_memory_is_rejected() -> None:
 )
 def test_the_heuristic_is_within_10_percent_of_the_exact_milp(job, failed) -> None:
     pytest.importorskip("scipy")
-    from rtrain.core.pipeline_milp import plan_exact
+    from rtrain.core.planner.milp import plan_exact
 
     exact = simulate(plan_exact(job, failed, time_limit=20)).iteration_time
     heuristic = simulate(plan(job, failed, "recycle", iterations=1)).iteration_time

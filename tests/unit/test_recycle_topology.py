@@ -4,10 +4,7 @@ the failed set, and the plan over them."""
 from __future__ import annotations
 
 import pytest
-from rtrain.core.pipeline_job import PipelineJob, PlannerError
-from rtrain.core.pipeline_scheduler import plan as make_plan
-from rtrain.core.pipeline_sim import simulate
-from rtrain.core.recycle_topology import (
+from rtrain.core.layout.recycle import (
     PositionsError,
     carried_positions,
     check_profile,
@@ -16,7 +13,10 @@ from rtrain.core.recycle_topology import (
     grid_positions,
     recycle_plan,
 )
-from rtrain.core.topology import Layout, NodeSlot, build_grid, recompute_topology
+from rtrain.core.layout.topology import Layout, NodeSlot, build_grid, recompute_topology
+from rtrain.core.planner.job import PipelineJob, PlannerError
+from rtrain.core.planner.scheduler import plan as make_plan
+from rtrain.core.planner.sim import simulate
 
 LAYOUT = Layout(pp=2)
 PROFILE = {

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from rtrain.core.config.hostlist import HostlistError, expand_hostlist
+from rtrain.core.config.slurm_env import SlurmJob, apply_slurm, read_slurm_job
 from rtrain.core.errors import UsageError
-from rtrain.core.hostlist import HostlistError, expand_hostlist
-from rtrain.core.slurm_env import SlurmJob, apply_slurm, read_slurm_job
 
 
 @pytest.mark.parametrize(

@@ -8,9 +8,9 @@ import os
 
 import pytest
 import torch
-from rtrain.core import snapshot_api
-from rtrain.core.snapshot_api import restore, slot_paths, snapshot
-from rtrain.core.snapshot_format import read_header, set_replicated
+from rtrain.core.snapshots.format import read_header, set_replicated
+from rtrain.core.worker import snapshots as snapshot_api
+from rtrain.core.worker.snapshots import restore, slot_paths, snapshot
 
 
 @pytest.fixture

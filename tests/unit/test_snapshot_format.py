@@ -6,8 +6,8 @@ import contextlib
 
 import pytest
 import torch
-from rtrain.core.restore_plan import ShardId, plan_restore, ring_successors
-from rtrain.core.snapshot_format import (
+from rtrain.core.layout.topology import Layout, NodeSlot, build_grid, recompute_topology
+from rtrain.core.snapshots.format import (
     COMMITTED,
     SnapshotError,
     checksums,
@@ -17,7 +17,7 @@ from rtrain.core.snapshot_format import (
     verify,
     write_shard,
 )
-from rtrain.core.topology import Layout, NodeSlot, build_grid, recompute_topology
+from rtrain.core.snapshots.restore_plan import ShardId, plan_restore, ring_successors
 
 
 def round_trip(state, step=7):
@@ -160,7 +160,7 @@ def test_plain_python_and_numpy_state_round_trips_with_its_types():
 
 def planted_shard(meta: bytes, data_len: int = 0) -> bytearray:
     """A committed shard whose skeleton bytes are `meta`, as a forger would write it."""
-    from rtrain.core.snapshot_format import HEADER, HEADER_SIZE, MAGIC, VERSION
+    from rtrain.core.snapshots.format import HEADER, HEADER_SIZE, MAGIC, VERSION
 
     buffer = bytearray(HEADER_SIZE + len(meta) + data_len)
     HEADER.pack_into(buffer, 0, MAGIC, VERSION, COMMITTED, 10**9, len(meta), data_len, -1)

@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from rtrain.core.failures import (
+from rtrain.core.rendezvous.failures import (
     FailureRecord,
     RecordError,
     error_file_payload,
     parse_error_file,
     root_cause_first,
 )
-from rtrain.core.store_protocol import (
+from rtrain.core.rendezvous.protocol import (
     AbortRecord,
     MemberInfo,
     Membership,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from rtrain.core.topology import (
+from rtrain.core.layout.topology import (
     Layout,
     LayoutError,
     NodeSlot,
@@ -11,7 +11,7 @@ from rtrain.core.topology import (
     build_grid,
     recompute_topology,
 )
-from rtrain.core.worker_api import worker_view
+from rtrain.core.worker.api import worker_view
 
 
 def nodes(*sizes: int, prefix: str = "n") -> list[NodeSlot]:

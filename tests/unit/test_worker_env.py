@@ -1,13 +1,13 @@
 """The pool's environment and the import-time variables that decide whether a worker
-may be forked from it (pure functions in core/worker_env.py)."""
+may be forked from it (pure functions in core/config/worker_env.py)."""
 
 from __future__ import annotations
 
 import sys
 from types import SimpleNamespace
 
-from rtrain.agent.workers import WorkerGroup
-from rtrain.core.worker_env import import_time_differences, is_import_time, pool_environment
+from rtrain.agent.workers.group import WorkerGroup
+from rtrain.core.config.worker_env import import_time_differences, is_import_time, pool_environment
 
 
 def test_the_pool_gets_omp_num_threads_1_for_several_workers_as_torchrun_sets() -> None:

@@ -1,0 +1,103 @@
+"""HealthGuard: what the agent does about its GPUs.
+
+- Before joining a generation: every check. A node whose GPUs call for a reset, a
+  reboot or service stays out (and says why).
+- While training: the GpuMonitor's faults. An application-level XID (13, 31, 43, ...)
+  restarts the workers, and the node stays. A fault that calls for a reset, a reboot
+  or service takes the node out of the job: it declares itself lost in the store, so
+  the survivors go on at once instead of waiting for its lease to expire, records the
+  finding in the failure report, and, with --drain-on-fault under Slurm, drains itself.
+- Without an NVIDIA driver there is nothing to watch: the guard is off, and says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+
+from ...core.config.launch_spec import HealthSpec
+from ...core.health.gpu_health import Thresholds
+from ...core.health.gpu_inventory import expected_gpus
+from ...core.rendezvous.failures import FailureRecord
+from ..rendezvous.rounds import StoreRendezvous
+from .drain import DrainError, drain_node, slurm_node_name
+from .gpu_monitor import GpuFault, GpuMonitor, faults_of
+from .nvml_reader import NvmlUnavailable, open_nvml
+
+logger = logging.getLogger(__name__)
+
+
+class HealthGuard:
+    def __init__(self, monitor: GpuMonitor, drain_as: str | None) -> None:
+        self._monitor = monitor
+        self._drain_as = drain_as  # the Slurm node name to drain, or None
+
+    @classmethod
+    def open(cls, spec: HealthSpec, environ: Mapping[str, str]) -> HealthGuard | None:
+        """The guard for this node, or None when checks are off or there is no driver.
+        A malformed fake-NVML scenario or --drain-on-fault outside Slurm is a UsageError."""
+        if spec.interval <= 0:
+            return None
+        drain_as = slurm_node_name(environ) if spec.drain_on_fault else None
+        try:
+            nvml = open_nvml(environ)
+        except NvmlUnavailable as exc:
+            logger.info("GPU health checks off: %s", exc)
+            return None
+        monitor = GpuMonitor(nvml, Thresholds(), expected_gpus(environ), spec.interval, environ)
+        monitor.start()
+        return cls(monitor, drain_as)
+
+    def before_join(self) -> GpuFault | None:
+        """A fault that keeps this node out of the next generation, if any."""
+        faults = faults_of(self._monitor.check())
+        excluding = [f for f in faults if f.action.excludes_node]
+        for fault in faults:
+            logger.warning("GPU check before joining: %s", fault.describe())
+        return excluding[0] if excluding else None
+
+    def poll(self) -> GpuFault | None:
+        return self._monitor.poll()
+
+    def record(self, fault: GpuFault, generation: int, node_rank: int, host: str) -> FailureRecord:
+        return FailureRecord(
+            kind="unhealthy_gpu",
+            generation=generation,
+            node_rank=node_rank,
+            host=host,
+            time=time.time(),
+            message=fault.describe(),
+        )
+
+    def leave_job(
+        self,
+        rdzv: StoreRendezvous,
+        fault: GpuFault,
+        generation: int,
+        node_rank: int | None,
+        host: str,
+    ) -> FailureRecord:
+        """Take this node out: tell the others (when it was a member) and drain it."""
+        record = self.record(fault, generation, node_rank if node_rank is not None else -1, host)
+        logger.error("leaving the job: %s", fault.describe())
+        if node_rank is not None:
+            try:
+                rdzv.mark_lost(generation, node_rank, node_rank)
+                rdzv.record_failure(record)
+                rdzv.open_next_round(generation)
+            except Exception as exc:  # the store may be gone too; leaving must not fail
+                logger.warning("could not tell the other nodes: %s", exc)
+        self.drain(fault)
+        return record
+
+    def drain(self, fault: GpuFault) -> None:
+        if self._drain_as is None:
+            return
+        try:
+            drain_node(self._drain_as, f"rtrain: {fault.describe()}")
+        except DrainError as exc:
+            logger.error("%s", exc)
+
+    def close(self) -> None:
+        self._monitor.close()

@@ -1,0 +1,115 @@
+"""Agent leases: this node renews its own, and watches its peers' for expiry.
+
+LeaseKeeper renews from its own thread and its own store connection, so a slow
+worker shutdown or a long rendezvous on the main thread never lets the lease lapse;
+only a dead, stopped or cut-off agent stops renewing. PeerLeases runs on the main
+thread and judges the peers with core's StalenessTracker (the observer's clock only).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ...core.rendezvous.liveness import StalenessTracker
+from ...core.rendezvous.protocol import ProtocolError, StoreKeys, decode_int
+
+logger = logging.getLogger(__name__)
+
+
+class LeaseKeeper:
+    def __init__(self, connect: Callable[[], Any], keys: StoreKeys, interval: float) -> None:
+        self._connect = connect
+        self._keys = keys
+        self._interval = interval
+        self._key: str | None = None
+        self._seq = 0
+        self._wake = threading.Event()
+        self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def hold(self, generation: int, node_rank: int) -> None:
+        """Renew the lease of (generation, node_rank) from now on; renews once right away."""
+        self._key = self._keys.lease(generation, node_rank)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="rtrain-lease", daemon=True)
+            self._thread.start()
+        self._wake.set()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._wake.set()
+
+    def _run(self) -> None:
+        try:
+            store = self._connect()
+        except Exception as exc:  # the main thread's own store calls end the run
+            logger.error("cannot renew this node's lease: %s", _first_line(exc))
+            return
+        while not self._closed.is_set():
+            key = self._key
+            if key is not None:
+                self._seq += 1
+                try:
+                    store.set(key, str(self._seq))
+                except Exception as exc:  # the main thread reports the lost store
+                    logger.warning("lease renewal stopped: %s", _first_line(exc))
+                    return
+            self._wake.wait(self._interval)
+            self._wake.clear()
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+class PeerLeases:
+    """The peers' leases of one generation; stale() names the node ranks that expired."""
+
+    def __init__(
+        self,
+        store_call: Callable[..., Any],
+        keys: StoreKeys,
+        generation: int,
+        peers: list[int],
+        timeout: float,
+        interval: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.generation = generation
+        self.timeout = timeout
+        self._call = store_call
+        self._keys = keys
+        self._peers = peers
+        self._tracker: StalenessTracker[int] = StalenessTracker(timeout)
+        self._interval = interval / 2
+        self._clock = clock
+        self._next = 0.0
+
+    def stale(self) -> list[int]:
+        now = self._clock()
+        if now < self._next:
+            return []
+        self._next = now + self._interval
+        for node in self._peers:
+            self._tracker.observe(node, self._read(node), now)
+        return self._tracker.stale(self._clock())
+
+    def _read(self, node: int) -> int | None:
+        key = self._keys.lease(self.generation, node)
+        if not self._call("check", [key]):
+            return None
+        try:
+            return decode_int(self._call("get", key), f"lease of node {node}")
+        except ProtocolError as exc:
+            # Not trusted: counts as not renewed, so garbage cannot keep a dead node alive.
+            logger.error("refusing %s", exc)
+            return None
+
+    def forget(self, node: int) -> None:
+        if node in self._peers:
+            self._peers.remove(node)
+        self._tracker.forget(node)

@@ -1,0 +1,233 @@
+"""SnapshotService: the agent's side of in-memory snapshots, for one run.
+
+It owns the shard store on /dev/shm, the ShardServer peers fetch from and replicate
+to, and the Replicator; at each generation start it restores the new workers' state
+(agent/snapshots/restorer.py) and points the replicator at the ring successors.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+from collections.abc import Callable, Iterable
+
+from ...core.config.launch_spec import LaunchSpec
+from ...core.config.worker_env import SNAPSHOT_BUDGET, SNAPSHOT_DIR
+from ...core.layout.topology import Topology
+from ...core.rendezvous.protocol import Membership, StoreKeys
+from ...core.snapshots.admission import Admission
+from ...core.snapshots.format import COMMITTED, checksums, read_header
+from ...core.snapshots.restore_plan import Reached, ring_successors
+from ..rendezvous.rounds import StoreRendezvous
+from .disk_checkpoints import DiskCheckpointer, write_checkpoint
+from .replicator import Replicator
+from .restorer import Peers, gather, publish, restore_agreed
+from .shard_server import ShardServer
+from .shard_store import ShardStore
+
+logger = logging.getLogger(__name__)
+
+
+class SnapshotService:
+    def __init__(
+        self,
+        root: str,
+        host: str,
+        budget: int,
+        copies: int,
+        run_id: str,
+        checkpoint_dir: str | None = None,
+        checkpoint_every: int = 0,
+        secret: bytes | None = None,
+    ) -> None:
+        """secret: the job secret, or None to hand a random one out through the store."""
+        self.store = ShardStore(root, budget)
+        self._checkpoint_dir = checkpoint_dir
+        self._checkpointer = (
+            DiskCheckpointer(checkpoint_dir, checkpoint_every)
+            if checkpoint_dir and checkpoint_every
+            else None
+        )
+        self._host = host
+        self._budget = budget
+        self._copies = copies
+        self._keys = StoreKeys(run_id)
+        self._secret = secret
+        self._admission = Admission()
+        self._local_ranks: list[int] = []
+        self._local_steps: dict[int, int] = {}  # this generation's ranks: newest committed
+        self._server: ShardServer | None = None
+        self._replicator: Replicator | None = None
+        self._generation: int | None = None  # the generation the workers now run
+        self._world_size = 0
+
+    @classmethod
+    def for_launch(
+        cls, spec: LaunchSpec, runtime_dir: str, addr: str, secret: bytes | None
+    ) -> SnapshotService:
+        """The service a launch asks for, its shards in <runtime_dir>/shards."""
+        root = os.path.join(runtime_dir, "shards")
+        os.makedirs(root)
+        return cls(
+            root,
+            addr if addr != "localhost" else "127.0.0.1",
+            spec.snapshots.memory or default_budget(root),
+            spec.snapshots.copies,
+            spec.rdzv.run_id,
+            spec.snapshots.checkpoint_dir,
+            spec.snapshots.checkpoint_every,
+            secret,
+        )
+
+    def _start(self, rdzv: StoreRendezvous) -> None:
+        """The job secret as given (agent/snapshots/job_secret.py), else one random value the first
+        agent sets in the store."""
+        if self._secret is None:
+            value = rdzv.call("compare_set", self._keys.secret, "", secrets.token_hex(32))
+            self._secret = value if isinstance(value, bytes) else str(value).encode()
+        self._server = ShardServer(self._host, self._secret, self.store, self._admission)
+        self._replicator = Replicator(
+            self.store,
+            self._secret,
+            self._checkpointer,
+            source=self._host,
+            on_local_step=self._on_local_step,
+        )
+
+    def _on_local_step(self, rank: int, step: int) -> None:
+        """A worker of this node committed `step` (from the replicator's thread)."""
+        self._admission.ceiling.observe(step)
+        self._local_steps[rank] = max(step, self._local_steps.get(rank, step))
+
+    def _reached(self) -> Reached:
+        """How far this node's own workers got, for the next restore plan."""
+        every = bool(self._local_ranks) and all(r in self._local_steps for r in self._local_ranks)
+        return Reached(self._admission.ceiling.newest, every)
+
+    def prepare(
+        self,
+        rdzv: StoreRendezvous,
+        membership: Membership,
+        topology: Topology,
+        node_rank: int,
+        local_world_size: int,
+        timeout: float,
+        watch: Callable[[], object] | None = None,
+    ) -> dict[str, str]:
+        """Restore this node's new workers; the environment that points them at their slots."""
+        if self._server is None:
+            self._start(rdzv)
+        assert self._server is not None and self._replicator is not None
+        assert self._secret is not None
+        generation = membership.generation
+        self._replicator.pause()
+        self._generation, self._world_size = generation, topology.world_size
+        self._admit(membership, node_rank)
+        address = (self._host, self._server.port)
+        publish(rdzv, self._keys, self.store, generation, node_rank, address, self._reached())
+        pooled = gather(rdzv, self._keys, membership, timeout, watch)
+        local_ranks = [c.rank for c in topology.coords if c.node_rank == node_rank]
+        self._local_steps = {}
+        result = restore_agreed(
+            rdzv,
+            self._keys,
+            membership,
+            self.store,
+            Peers(self._secret, self._host, pooled.servers),
+            topology,
+            node_rank,
+            pooled,
+            self._checkpoint_dir,
+            timeout,
+            watch,
+        )
+        logger.info("%s", result.describe())
+        self._local_ranks = local_ranks
+        if result.step is not None:
+            self._admission.ceiling.observe(result.step)
+            self._local_steps = dict.fromkeys(local_ranks, result.step)
+        servers = pooled.servers
+        successors = ring_successors(node_rank, len(membership.members), self._copies)
+        self._replicator.follow(
+            generation, [servers[n] for n in successors], topology.world_size, local_world_size
+        )
+        self.store.recycle(generation, local_ranks, result.step)
+        self.store.prune(keep_from=generation - 1)
+        per_slot = self._budget // max(local_world_size * 2 * self._copies, 1)
+        logger.info(
+            "snapshot memory: %.1f MiB in use, budget %.1f MiB (%.1f MiB per snapshot slot)",
+            self.store.used_bytes() / 2**20,
+            self._budget / 2**20,
+            per_slot / 2**20,
+        )
+        return {SNAPSHOT_DIR: self.store.snap_dir(generation), SNAPSHOT_BUDGET: str(per_slot)}
+
+    def _admit(self, membership: Membership, node_rank: int) -> None:
+        """From now on serve this generation: replicas from the nodes placement sends
+        them from, shards to its members only."""
+        count = len(membership.members)
+        senders = [
+            m.addr
+            for n, m in enumerate(membership.members)
+            if node_rank in ring_successors(n, count, self._copies)
+        ]
+        self._admission.readers = frozenset(addresses_of(m.addr for m in membership.members))
+        self._admission.senders = frozenset(addresses_of(senders))
+        self._admission.generation = membership.generation
+
+    def save_to_disk(self) -> int | None:
+        """Write this node's workers' snapshots to --checkpoint-dir now (a Slurm job about
+        to be stopped); the newest step written, or None. Both slots of every rank go,
+        so the ranks of all nodes share a complete step. Call with the workers stopped:
+        a slot being rewritten must not be copied."""
+        if not self._checkpoint_dir or self._generation is None:
+            return None
+        steps = []
+        for shard, path in self.store.local_slots():
+            if shard.generation != self._generation:
+                continue
+            with open(path, "rb") as handle:
+                data = handle.read()
+            header = read_header(data)
+            if header is None or header.state != COMMITTED or header.step != shard.step:
+                continue
+            data = data[: header.size]
+            write_checkpoint(
+                self._checkpoint_dir,
+                shard.rank,
+                shard.step,
+                self._world_size,
+                data,
+                checksums(data, len(data)),
+            )
+            steps.append(shard.step)
+        return max(steps, default=None)
+
+    def close(self) -> None:
+        if self._replicator is not None:
+            self._replicator.close()
+        if self._server is not None:
+            self._server.close()
+        if self._checkpointer is not None:
+            self._checkpointer.close()
+
+
+def addresses_of(names: Iterable[str]) -> set[str]:
+    """The IP addresses peers connect from, for each node address (a name or an IP)."""
+    found: set[str] = set()
+    for name in names:
+        name = "127.0.0.1" if name == "localhost" else name
+        found.add(name)
+        try:
+            found.update(str(info[4][0]) for info in socket.getaddrinfo(name, None))
+        except OSError:
+            logger.warning("cannot resolve node address %s", name)
+    return found
+
+
+def default_budget(root: str) -> int:
+    """Half of the shared-memory file system the shards live on."""
+    stats = os.statvfs(root)
+    return stats.f_frsize * stats.f_blocks // 2

@@ -1,0 +1,269 @@
+"""ShardStore: the shards this node keeps in shared memory, owned by the agent.
+
+  <root>/snap/gen<G>/rank<R>.slot<0|1>   the workers' own slots (they write, we read)
+  <root>/snap/gen<G>/rank<R>.spare       a recycled file a worker may swap in for a slot
+  <root>/replica/g<G>_r<R>.rep<0|1>       peers' shards kept here, newest two steps each
+
+<root> is on /dev/shm, so everything here is memory, and it outlives the workers:
+a restarted worker finds its state here. Space is reserved with posix_fallocate, so a
+full /dev/shm or a full --snapshot-memory budget is a clear error, never a SIGBUS.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import logging
+import mmap
+import os
+import re
+import shutil
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from ...core.snapshots.format import COMMITTED, HEADER_SIZE, checksums, read_header
+from ...core.snapshots.restore_plan import ShardId
+from ..runtime_dir import make_folder, no_space
+
+logger = logging.getLogger(__name__)
+
+SLOT = re.compile(r"gen(\d+)/rank(\d+)\.slot[01]$")
+REPLICA = re.compile(r"g(\d+)_r(\d+)\.rep[01]$")
+KEEP_STEPS = 2
+
+
+class ShardStore:
+    def __init__(self, root: str, budget: int) -> None:
+        self.root = root
+        self.budget = budget
+        self._crcs: dict[ShardId, list[int]] = {}
+        self._replicas: dict[ShardId, tuple[str, int]] = {}  # complete ones: path, size
+        self._maps: dict[str, mmap.mmap] = {}
+        self._lock = threading.Lock()
+        os.makedirs(os.path.join(root, "snap"), exist_ok=True)
+        os.makedirs(os.path.join(root, "replica"), exist_ok=True)
+
+    def snap_dir(self, generation: int) -> str:
+        path = os.path.join(self.root, "snap", f"gen{generation}")
+        make_folder(path, "this generation's snapshot slots")
+        return path
+
+    # -- what is here --
+
+    def local_slots(self) -> list[tuple[ShardId, str]]:
+        found = []
+        for path in glob.glob(os.path.join(self.root, "snap", "gen*", "rank*.slot*")):
+            match = SLOT.search(path)
+            header = _header_of(path)
+            if match and header is not None and header.state == COMMITTED:
+                found.append((ShardId(int(match[1]), int(match[2]), header.step), path))
+        return found
+
+    def replicas(self) -> list[tuple[ShardId, str]]:
+        """Complete replicas only: one being received (or cut off) is not listed."""
+        with self._lock:
+            return [(shard, path) for shard, (path, _) in self._replicas.items()]
+
+    def replica_steps(self, generation: int, rank: int) -> list[int]:
+        with self._lock:
+            return [s.step for s in self._replicas if (s.generation, s.rank) == (generation, rank)]
+
+    def inventory(self) -> list[ShardId]:
+        return sorted({shard for shard, _ in self.local_slots() + self.replicas()}, key=str)
+
+    def used_bytes(self) -> int:
+        paths = glob.glob(os.path.join(self.root, "snap", "gen*", "*"))
+        paths += glob.glob(os.path.join(self.root, "replica", "*"))
+        return sum(_size(p) for p in paths)
+
+    # -- checksums --
+
+    def remember_crcs(self, shard: ShardId, crcs: list[int]) -> None:
+        with self._lock:
+            self._crcs[shard] = crcs
+
+    def open_shard(self, shard: ShardId) -> tuple[Any, int, list[int]] | None:
+        """A read-only mapping of a shard held here, its size and its checksums."""
+        for known, path in self.replicas() + self.local_slots():
+            if known != shard:
+                continue
+            buffer = _map(path, writable=False)
+            header = read_header(buffer)
+            if header is None or header.state != COMMITTED or header.step != shard.step:
+                continue  # a slot the worker is overwriting right now
+            with self._lock:
+                crcs = self._crcs.get(shard)
+            if crcs is None:
+                crcs = checksums(buffer, header.size)
+                self.remember_crcs(shard, crcs)
+            return buffer, header.size, crcs
+        return None
+
+    # -- receiving --
+
+    @contextlib.contextmanager
+    def receive(self, shard: ShardId, size: int) -> Iterator[Any]:
+        """A writable buffer for an incoming replica, within the memory budget.
+
+        Each (generation, rank) has two replica files used in turn, kept mapped, so in
+        steady state a replica lands in memory that is already allocated and faulted in.
+        """
+        path = self._replica_target(shard)
+        buffer = self._maps.get(path)
+        if buffer is None or len(buffer) < size:
+            grow = size - (len(buffer) if buffer is not None else 0)
+            if self.budget and self.used_bytes() + grow > self.budget:
+                raise OSError(f"replica of {size} bytes would exceed --snapshot-memory")
+            if buffer is not None:
+                buffer.close()
+            buffer = _allocate(path, size)
+            self._maps[path] = buffer
+        yield buffer
+
+    def keep_replica(self, shard: ShardId, size: int, crcs: list[int]) -> None:
+        path = self._replica_target(shard)
+        with self._lock:
+            self._replicas[shard] = (path, size)
+        self.remember_crcs(shard, crcs)
+
+    def _replica_target(self, shard: ShardId) -> str:
+        """The older of the two replica files of (generation, rank), now no longer listed."""
+        with self._lock:
+            same = sorted(
+                (
+                    s
+                    for s in self._replicas
+                    if (s.generation, s.rank) == (shard.generation, shard.rank)
+                ),
+                key=lambda s: s.step,
+            )
+            paths = [self._replicas[s][0] for s in same]
+            base = os.path.join(self.root, "replica", f"g{shard.generation}_r{shard.rank}")
+            if shard in self._replicas:
+                return self._replicas[shard][0]
+            if len(same) < KEEP_STEPS:
+                free = next(p for p in (f"{base}.rep0", f"{base}.rep1") if p not in paths)
+                return free
+            oldest = same[0]
+            path = self._replicas.pop(oldest)[0]
+            return path
+
+    def restore_target(self, generation: int, rank: int, size: int) -> Any:
+        """The new worker's slot 0, sized for a restored shard."""
+        path = os.path.join(self.snap_dir(generation), f"rank{rank}.slot0")
+        return _allocate(path, size)
+
+    def adopt(self, shard: ShardId, generation: int, rank: int) -> Any:
+        """Give a shard held here to a new worker without copying it: its slot 0 becomes
+        a hard link to the same memory. Only for a shard no other new worker restores."""
+        source = next((p for s, p in self.replicas() + self.local_slots() if s == shard), None)
+        if source is None:
+            raise OSError(f"{shard} is no longer held here")
+        path = os.path.join(self.snap_dir(generation), f"rank{rank}.slot0")
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+        os.link(source, path)
+        return _map(path, writable=True)
+
+    def recycle(self, generation: int, ranks: list[int], keep_step: int | None) -> int:
+        """Hand the slot files of earlier generations that nothing needs any more to the
+        new workers, as their second slot and then as a spare; returns how many.
+
+        Why: memory that was written once is fast to write again, while fresh memory
+        costs a page fault per page (about 0.25-1 GB/s on a VM whose host backs guest
+        memory lazily): without this, the first snapshot after a restart pays seconds.
+        A file still linked into a new slot (an adopted shard), or holding the step just
+        restored, is kept. A recycled file's header is wiped first, so it can never be
+        mistaken for a snapshot. Call it once the old generation's workers are gone.
+        """
+        candidates = []
+        for path in glob.glob(os.path.join(self.root, "snap", "gen*", "rank*.slot*")):
+            match = SLOT.search(path)
+            if match is None or int(match[1]) >= generation:
+                continue
+            try:
+                links = os.stat(path).st_nlink
+            except OSError:
+                continue
+            header = _header_of(path)
+            held = header is not None and header.state == COMMITTED and header.step == keep_step
+            if links == 1 and not held:
+                candidates.append((_size(path), path))
+        candidates.sort(reverse=True)
+        directory = self.snap_dir(generation)
+        targets = [os.path.join(directory, f"rank{r}.slot1") for r in ranks]
+        targets += [os.path.join(directory, f"rank{r}.spare") for r in ranks]
+        done = 0
+        for target, (_, source) in zip(targets, candidates, strict=False):
+            if os.path.exists(target):
+                continue
+            try:
+                fd = os.open(source, os.O_WRONLY)
+                try:
+                    os.pwrite(fd, bytes(HEADER_SIZE), 0)
+                finally:
+                    os.close(fd)
+                os.rename(source, target)
+                done += 1
+            except OSError as exc:
+                logger.warning("cannot recycle %s: %s", source, exc)
+        return done
+
+    def prune(self, keep_from: int) -> None:
+        """Forget the shards of generations before keep_from."""
+        for directory in glob.glob(os.path.join(self.root, "snap", "gen*")):
+            if int(directory.rsplit("gen", 1)[1]) < keep_from:
+                shutil.rmtree(directory, ignore_errors=True)
+        for path in glob.glob(os.path.join(self.root, "replica", "g*")):
+            match = REPLICA.search(path)
+            if match and int(match[1]) < keep_from:
+                buffer = self._maps.pop(path, None)
+                if buffer is not None:
+                    buffer.close()
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+        with self._lock:
+            for shard in [s for s in self._replicas if s.generation < keep_from]:
+                del self._replicas[shard]
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _header_of(path: str) -> Any:
+    try:
+        with open(path, "rb") as handle:
+            return read_header(handle.read(64))
+    except OSError:
+        return None
+
+
+def _map(path: str, writable: bool) -> mmap.mmap:
+    with open(path, "r+b" if writable else "rb") as handle:
+        access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+        return mmap.mmap(handle.fileno(), 0, access=access)
+
+
+def _allocate(path: str, size: int) -> mmap.mmap:
+    # A new file, never the old one truncated: the old name may be a hard link to a
+    # shard another slot still holds (adopt), as after a restore attempt that is redone.
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        try:
+            os.posix_fallocate(fd, 0, max(size, 1))
+        except OSError as exc:
+            os.remove(path)
+            error = no_space(os.path.dirname(path), size, "a snapshot shard", exc)
+            if error is None:
+                raise
+            raise error from None
+        return mmap.mmap(fd, max(size, 1))
+    finally:
+        os.close(fd)

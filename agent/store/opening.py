@@ -1,0 +1,197 @@
+"""Opening torch's TCPStore for the rendezvous and for each generation's workers.
+
+TCPStore's client can block past its own timeout when something other than a
+TCPStore listens on the port, so every connect here runs under a hard deadline.
+
+TCPStore's server listens on every interface whatever host it is given; a store
+hosted here listens on the job address only: rtrain binds the socket itself and hands
+it over (TCPStore's public master_listen_fd), unless the address is a name that
+resolves to loopback (a Debian /etc/hosts quirk: peers reach the node elsewhere).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import errno
+import ipaddress
+import logging
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from ...core.errors import RendezvousError
+
+logger = logging.getLogger(__name__)
+
+# A store already listening on this machine answers at once; longer means it is not one.
+LOCAL_CONNECT_S = 10.0
+LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
+
+
+@dataclass
+class OpenedStore:
+    store: Any  # torch.distributed.TCPStore
+    host: str
+    port: int
+    is_host: bool
+
+
+def local_addresses(local_addr: str | None) -> set[str]:
+    names = set(LOCAL_NAMES)
+    for name in (socket.gethostname(), socket.getfqdn(), local_addr):
+        if not name:
+            continue
+        names.add(name)
+        with contextlib.suppress(OSError):
+            names.update(socket.gethostbyname_ex(name)[2])
+    return names
+
+
+def endpoint_is_local(host: str, local_addr: str | None) -> bool:
+    if host in local_addresses(local_addr):
+        return True
+    try:
+        return socket.gethostbyname(host).startswith("127.")
+    except OSError:
+        return False
+
+
+def _tcp_store(**kwargs: Any) -> Any:
+    from torch.distributed import TCPStore
+
+    return TCPStore(**kwargs)
+
+
+def _is_addr_in_use(exc: BaseException) -> bool:
+    return "EADDRINUSE" in str(exc) or "address already in use" in str(exc).lower()
+
+
+def listening_socket(host: str, port: int) -> socket.socket | None:
+    """A socket listening on host:port only, or None where binding to every interface is
+    the right thing (a wildcard, or a name that resolves to loopback). Raises
+    OSError(EADDRINUSE) if the port is taken."""
+    if host in ("", "0.0.0.0", "::"):
+        return None
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return None  # TCPStore reports the bad name
+    family, _, _, _, address = infos[0]
+    literal = _is_ip_literal(host)
+    if not literal and address[0].startswith("127."):
+        return None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(1024)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise OSError(errno.EADDRINUSE, f"port {port} is in use") from None
+        return None  # not an address of this machine: let TCPStore listen everywhere
+    return sock
+
+
+def _is_ip_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def host_store(host: str, port: int, timeout_s: float) -> OpenedStore:
+    """Start a TCPStore server on this node, listening on `host` (see the module's note).
+    Raises OSError(EADDRINUSE) if the port is taken."""
+    sock = listening_socket(host, port)
+    bound: dict[str, Any] = {"port": port}
+    if sock is not None:
+        bound = {"port": sock.getsockname()[1], "master_listen_fd": sock.detach()}
+    try:
+        store = _tcp_store(
+            host_name=host,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            **bound,
+        )
+    except Exception as exc:
+        if "master_listen_fd" in bound:
+            os.close(bound["master_listen_fd"])  # torch raises DistNetworkError (a RuntimeError)
+        if _is_addr_in_use(exc):
+            raise OSError(98, f"port {port} is in use") from None
+        raise RendezvousError(
+            f"cannot start the store on {host}:{port}: {_first_line(exc)}"
+        ) from None
+    return OpenedStore(store=store, host=host, port=store.port, is_host=True)
+
+
+def connect_store(host: str, port: int, deadline_s: float, timeout_s: float) -> OpenedStore:
+    """Connect as a client, giving up after deadline_s whatever TCPStore itself does."""
+    result: dict[str, Any] = {}
+
+    def attempt() -> None:
+        try:
+            result["store"] = _tcp_store(
+                host_name=host,
+                port=port,
+                is_master=False,
+                timeout=datetime.timedelta(seconds=deadline_s),
+            )
+        except Exception as exc:
+            result["error"] = exc
+
+    thread = threading.Thread(target=attempt, name="rtrain-store-connect", daemon=True)
+    thread.start()
+    thread.join(deadline_s + 2.0)
+    if "store" in result:
+        store = result["store"]
+        store.set_timeout(datetime.timedelta(seconds=timeout_s))
+        return OpenedStore(store=store, host=host, port=port, is_host=False)
+    if "error" in result:
+        reason = _first_line(result["error"])
+        raise RendezvousError(
+            f"cannot reach the rendezvous store at {host}:{port} within {deadline_s:g}s ({reason})"
+        )
+    raise RendezvousError(
+        f"no rendezvous store answered at {host}:{port} within {deadline_s:g}s "
+        "(is another program listening on that port?)"
+    )
+
+
+def open_rendezvous_store(
+    host: str,
+    port: int,
+    is_host: bool | None,
+    local_addr: str | None,
+    join_timeout: float,
+    read_timeout: float,
+) -> OpenedStore:
+    """Host the store if this node owns the endpoint, else (or if already hosted) connect."""
+    wants_host = endpoint_is_local(host, local_addr) if is_host is None else is_host
+    if wants_host:
+        try:
+            opened = host_store(host, port, read_timeout)
+            logger.info("hosting the rendezvous store on %s:%d", host, opened.port)
+            return opened
+        except OSError:
+            if is_host:
+                raise RendezvousError(
+                    f"cannot host the rendezvous store: port {port} on {host} is in use"
+                ) from None
+            # Another agent on this machine hosts it (tests, several agents per host). Its
+            # server is already listening, so a short deadline tells it from a foreign program.
+            logger.info("port %d is taken; joining as a client", port)
+            return connect_store(
+                host, port, deadline_s=min(join_timeout, LOCAL_CONNECT_S), timeout_s=read_timeout
+            )
+    return connect_store(host, port, deadline_s=join_timeout, timeout_s=read_timeout)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__

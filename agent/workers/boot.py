@@ -1,0 +1,235 @@
+"""What a freshly forked worker does before and after the training script.
+
+Runs in the child of the zygote (see zygote.py). The child has torch already
+imported; it becomes its own session, dies with its parent, takes the worker's
+environment and std streams, runs the script the way `python -u script.py` would,
+and writes torch's error-file format on an uncaught exception, so that a failure
+report has the traceback even when the script does not use `@record`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import builtins
+import contextlib
+import ctypes
+import faulthandler
+import importlib.machinery
+import io
+import os
+import runpy
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Sequence
+from types import ModuleType, TracebackType
+from typing import Any, NoReturn
+
+from ...core.rendezvous.failures import error_file_payload
+from .hang_watch import STACK_FILE, STACK_SIGNAL
+
+PR_SET_PDEATHSIG = 1
+EXEC_FAILED = 127
+
+# What the script left behind (its namespace, or the exception that ended it), kept until
+# the worker leaves with os._exit, as `python script.py` keeps __main__ until shutdown.
+# Freed earlier, a DDP model that holds the last reference to a gloo process group joins
+# gloo's threads while holding the GIL, and a thread that needs the GIL hangs the worker
+# forever after the script has finished (pytorch#56297; 9 of 25 DDP + DCP runs).
+_kept_alive: list[Any] = []
+
+
+def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
+    """Linux: the kernel sends `sig` to this process when its parent exits."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+
+
+def boot(request: dict[str, Any], parent_pid: int, inherited_fds: Sequence[int]) -> NoReturn:
+    try:
+        _become_worker(request, parent_pid, inherited_fds)
+    except BaseException as exc:  # nothing may unwind back into the zygote's loop
+        _safe_write(2, f"rtrain: worker setup failed: {exc!r}\n")
+        os._exit(EXEC_FAILED)
+    if request["kind"] == "exec":
+        _exec(request)
+    _finish(_run_python(request))
+
+
+def _become_worker(request: dict[str, Any], parent_pid: int, inherited_fds: Sequence[int]) -> None:
+    os.setsid()
+    set_parent_death_signal(signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the zygote died before prctl took effect
+        os._exit(EXEC_FAILED)
+    for fd in inherited_fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    _redirect(request.get("stdout_file"), 1)
+    _redirect(request.get("stderr_file"), 2)
+    _arm_stack_dump()
+
+
+# Kept open for the worker's life: faulthandler writes to it from a signal handler.
+_stack_file: Any = None
+
+
+def _arm_stack_dump() -> None:
+    """Let the agent ask for this worker's stack when it looks hung (see hang_watch)."""
+    global _stack_file
+    path = os.environ.get(STACK_FILE)
+    if not path:
+        return
+    _stack_file = open(path, "a")  # noqa: SIM115 - must outlive this function
+    faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
+
+
+def _redirect(path: str | None, fd: int) -> None:
+    if not path:
+        return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(target, fd)
+    os.close(target)
+
+
+def _exec(request: dict[str, Any]) -> NoReturn:
+    argv = [request["target"], *request["args"]]
+    try:
+        os.execvpe(argv[0], argv, request["env"])
+    except OSError as exc:
+        _safe_write(2, f"rtrain: cannot execute {argv[0]}: {exc.strerror}\n")
+        os._exit(EXEC_FAILED)
+
+
+def _unbuffered_streams() -> None:
+    """Match torchrun, which starts workers with `python -u`."""
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        old = getattr(sys, name)
+        encoding = getattr(old, "encoding", None) or "utf-8"
+        errors = "backslashreplace" if name == "stderr" else getattr(old, "errors", "strict")
+        raw = io.FileIO(fd, "w", closefd=False)
+        setattr(
+            sys, name, io.TextIOWrapper(raw, encoding=encoding, errors=errors, write_through=True)
+        )
+
+
+def _run_python(request: dict[str, Any]) -> int:
+    _unbuffered_streams()
+    target, args = request["target"], list(request["args"])
+    try:
+        if request["kind"] == "module":
+            sys.argv = [target, *args]
+            sys.path[0] = os.getcwd()
+            _kept_alive.append(runpy.run_module(target, run_name="__main__", alter_sys=True))
+        else:
+            sys.argv = [target, *args]
+            sys.path[0] = os.path.dirname(os.path.abspath(target))
+            _run_script(target)
+        return 0
+    except SystemExit as exc:
+        _kept_alive.append(exc)
+        return _system_exit_code(exc)
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        # Die by SIGINT like a plain interpreter does, so the agent sees the signal.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        return 130
+    except BaseException as exc:
+        _kept_alive.append(exc)  # its frames hold the script's locals and globals
+        trimmed = _user_frames(exc.__traceback__)
+        sys.excepthook(type(exc), exc, trimmed)
+        _write_error_file(exc, trimmed)
+        return 1
+
+
+def _run_script(path: str) -> None:
+    """Run a script file as `python path` does: in a fresh module that is
+    sys.modules["__main__"] from its first line to the worker's exit (so atexit handlers
+    and lingering threads see the script's __main__, as under torchrun)."""
+    if not os.path.isfile(path):  # a directory or zip file with a __main__.py
+        _kept_alive.append(runpy.run_path(path, run_name="__main__"))
+        return
+    with io.open_code(path) as handle:
+        code = compile(handle.read(), path, "exec", dont_inherit=True)
+    module = ModuleType("__main__")
+    module.__file__ = path
+    module.__cached__ = None  # type: ignore[attr-defined]
+    module.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+    module.__builtins__ = builtins  # type: ignore[attr-defined]
+    sys.modules["__main__"] = module
+    _kept_alive.append(module)
+    try:
+        exec(code, module.__dict__)
+    finally:  # CPython removes these once the script is done (pymain_run_file)
+        module.__dict__.pop("__file__", None)
+        module.__dict__.pop("__cached__", None)
+
+
+def _user_frames(tb: TracebackType | None) -> TracebackType | None:
+    """Drop rtrain's and runpy's frames so the traceback starts in the user's script."""
+    while tb is not None and (
+        tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__)
+        or "runpy" in tb.tb_frame.f_code.co_filename
+    ):
+        tb = tb.tb_next
+    return tb
+
+
+def _system_exit_code(exc: SystemExit) -> int:
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _write_error_file(exc: BaseException, tb: TracebackType | None) -> None:
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or os.path.exists(path):  # torch's @record already wrote it
+        return
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        payload = error_file_payload(
+            message=f"{type(exc).__name__}: {exc}",
+            traceback="".join(traceback.format_exception(type(exc), exc, tb)),
+            timestamp=time.time(),
+        )
+        with open(path, "w") as handle:
+            handle.write(payload)
+    except OSError:
+        pass
+
+
+def _finish(code: int) -> NoReturn:
+    """Exit as the interpreter would: join threads, run atexit, flush; never return."""
+    shutdown = getattr(threading, "_shutdown", None)
+    try:
+        if shutdown is not None:
+            shutdown()
+        atexit._run_exitfuncs()
+    except BaseException:
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+def _safe_write(fd: int, text: str) -> None:
+    with contextlib.suppress(OSError):
+        os.write(fd, text.encode(errors="replace"))

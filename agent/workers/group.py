@@ -1,0 +1,270 @@
+"""WorkerGroup: this node's workers of one generation, started from the pool and supervised."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from ...core.config.launch_spec import LaunchSpec
+from ...core.config.worker_env import (
+    STDERR,
+    STDOUT,
+    NodeAssignment,
+    attempt_dir,
+    import_time_differences,
+    stream_plan,
+    tee_prefix,
+    worker_environment,
+)
+from ...core.rendezvous.failures import FailureKind, FailureRecord, RecordError, parse_error_file
+from .log_tail import LogTail
+from .pool import PoolDied, WorkerPool
+
+logger = logging.getLogger(__name__)
+
+KILL_WAIT_S = 5.0
+
+
+@dataclass
+class Worker:
+    local_rank: int
+    rank: int
+    log_dir: str
+    error_file: str
+    pid: int = 0
+    exitcode: int | None = None
+    exit_time: float = 0.0
+    # Exits after the agent asked the group to stop are the agent's doing, not failures.
+    stopped_by_agent: bool = False
+    # Set when the agent found the worker hung and killed it: why, and its stack.
+    hang_message: str = ""
+    hang_stack: str = ""
+
+    @property
+    def worker_id(self) -> str:
+        return str(self.local_rank)
+
+
+class WorkerGroup:
+    def __init__(
+        self,
+        pool: WorkerPool,
+        spec: LaunchSpec,
+        assignment: NodeAssignment,
+        run_log_dir: str,
+        base_env: Mapping[str, str],
+        tail: LogTail,
+        extra_env: Callable[[int, str], Mapping[str, str]] | None = None,
+    ) -> None:
+        self._pool = pool
+        self._extra_env = extra_env
+        self._spec = spec
+        self.assignment = assignment
+        self._run_log_dir = run_log_dir
+        self._base_env = base_env
+        self._tail = tail
+        self._stopping = False
+        self._warned_fresh = False
+        self._stop_time = float("inf")  # wall clock when stop() began
+        self.workers: list[Worker] = []
+
+    def start(self) -> None:
+        spec, a = self._spec, self.assignment
+        for local_rank in range(a.local_world_size):
+            log_dir = attempt_dir(self._run_log_dir, a.generation, local_rank)
+            os.makedirs(log_dir, exist_ok=True)
+            worker = Worker(
+                local_rank, a.global_rank(local_rank), log_dir, os.path.join(log_dir, "error.json")
+            )
+            plan = stream_plan(spec, local_rank)
+            stdout_file = os.path.join(log_dir, "stdout.log") if plan.redirect & STDOUT else None
+            stderr_file = os.path.join(log_dir, "stderr.log") if plan.redirect & STDERR else None
+            prefix = tee_prefix(spec.role, worker.rank)
+            if stdout_file and plan.tee & STDOUT:
+                self._tail.add(stdout_file, prefix, sys.stdout)
+            if stderr_file and plan.tee & STDERR:
+                self._tail.add(stderr_file, prefix, sys.stderr)
+            env = worker_environment(spec, a, local_rank, worker.error_file, self._base_env)
+            if self._extra_env is not None:
+                env.update(self._extra_env(local_rank, log_dir))
+            worker.pid = self._pool.spawn(
+                {
+                    "id": worker.worker_id,
+                    **self._entry(env),
+                    "env": env,
+                    "cwd": os.getcwd(),
+                    "stdout_file": stdout_file,
+                    "stderr_file": stderr_file,
+                }
+            )
+            self.workers.append(worker)
+        logger.info(
+            "started %d workers (ranks %d-%d of %d)",
+            len(self.workers),
+            a.rank_offset,
+            a.rank_offset + a.local_world_size - 1,
+            a.world_size,
+        )
+
+    def _entry(self, env: Mapping[str, str]) -> dict[str, object]:
+        """How the worker runs the entrypoint: forked from the pool, or as a fresh
+        interpreter when the pool's torch was imported under other import-time settings."""
+        entry = self._spec.entrypoint
+        request: dict[str, object] = {
+            "kind": entry.kind,
+            "target": entry.target,
+            "args": list(entry.args),
+        }
+        differences = import_time_differences(self._pool.env, env)
+        if not differences or entry.kind == "exec":
+            return request
+        flags = ["-u", "-m"] if entry.kind == "module" else ["-u"]
+        if not self._warned_fresh:  # the same for every worker of the group: say it once
+            self._warned_fresh = True
+            logger.warning(
+                "starting workers as fresh interpreters, without the preloaded pool: "
+                "%s differ%s from the pool's, and torch reads %s at import",
+                ", ".join(differences),
+                "s" if len(differences) == 1 else "",
+                "it" if len(differences) == 1 else "them",
+            )
+        return {
+            "kind": "exec",
+            "target": sys.executable,
+            "args": [*flags, entry.target, *entry.args],
+        }
+
+    def poll(self, timeout: float) -> None:
+        try:
+            exits = self._pool.poll_exits(timeout)
+        except PoolDied:
+            exits = []
+            self._mark_all_lost()
+        by_id = {w.worker_id: w for w in self.workers}
+        for event in exits:
+            worker = by_id.get(event.worker_id)
+            if worker is not None and worker.pid == event.pid and worker.exitcode is None:
+                worker.exitcode = event.exitcode
+                worker.exit_time = event.time
+                # Reaped before the stop began: it failed on its own, even if its report
+                # arrived late (a loaded machine); it may be the root cause.
+                worker.stopped_by_agent = self._stopping and event.time >= self._stop_time
+
+    def _mark_all_lost(self) -> None:
+        for worker in self.workers:
+            if worker.exitcode is None:
+                worker.exitcode = -int(signal.SIGKILL)
+                worker.exit_time = time.time()
+                worker.stopped_by_agent = self._stopping
+
+    @property
+    def running(self) -> list[Worker]:
+        return [w for w in self.workers if w.exitcode is None]
+
+    @property
+    def failed(self) -> list[Worker]:
+        return [
+            w
+            for w in self.workers
+            if w.exitcode not in (None, 0) and not (w.stopped_by_agent and self._stopped_clean(w))
+        ]
+
+    def _stopped_clean(self, worker: Worker) -> bool:
+        """An exit after the stop is the agent's doing unless the worker had already
+        written its error file: it was failing on its own (a peer's crash broke its
+        collective, say) and only took longer to exit than the agent took to stop it."""
+        try:
+            written = os.stat(worker.error_file).st_mtime
+        except OSError:
+            return True
+        return written >= self._stop_time
+
+    @property
+    def succeeded(self) -> bool:
+        return bool(self.workers) and all(w.exitcode == 0 for w in self.workers)
+
+    def kill_hung(self, worker: Worker, message: str, stack: str) -> None:
+        """SIGKILL one hung worker (SIGTERM would stay pending on a stopped process)."""
+        worker.hang_message, worker.hang_stack = message, stack
+        self._pool.signal(worker.worker_id, signal.SIGKILL)
+        end = time.monotonic() + KILL_WAIT_S
+        while worker.exitcode is None and time.monotonic() < end:
+            self.poll(0.05)
+        if worker.exitcode is None:
+            worker.exitcode, worker.exit_time = -int(signal.SIGKILL), time.time()
+
+    def stop(self, sig: int, timeout: float) -> None:
+        """Send `sig` to every worker, wait up to `timeout`, then SIGKILL what is left."""
+        if not self._stopping:
+            self._stopping, self._stop_time = True, time.time()
+        if self.running:
+            self._pool.signal_all(sig)
+            self._wait_all(timeout)
+        if self.running:
+            logger.warning(
+                "%d workers ignored %s; killing them", len(self.running), signal.Signals(sig).name
+            )
+            self._pool.signal_all(signal.SIGKILL)
+            self._wait_all(KILL_WAIT_S)
+        if self.running:
+            self._mark_all_lost()
+        self._tail.flush_and_reset()
+
+    def _wait_all(self, timeout: float) -> None:
+        end = time.monotonic() + timeout
+        while self.running and time.monotonic() < end:
+            self.poll(min(0.05, max(end - time.monotonic(), 0.0)))
+
+    def failure_records(self, host: str) -> list[FailureRecord]:
+        """The workers that failed on their own (what the store records and charges)."""
+        return [self._record(worker, host) for worker in self.failed]
+
+    def stopped_records(self, host: str) -> list[FailureRecord]:
+        """The workers the agent stopped that ended non-zero (for the final report)."""
+        failed = {id(w) for w in self.failed}
+        return [
+            self._record(w, host, stopped=True)
+            for w in self.workers
+            if w.exitcode not in (None, 0) and id(w) not in failed
+        ]
+
+    def _record(self, worker: Worker, host: str, stopped: bool = False) -> FailureRecord:
+        message, trace = "", ""
+        if os.path.exists(worker.error_file):
+            try:
+                with open(worker.error_file) as handle:
+                    content = parse_error_file(handle.read())
+                message, trace = content.message, content.traceback
+            except (OSError, RecordError) as exc:
+                message = f"unreadable error file ({exc})"
+        assert worker.exitcode is not None
+        if worker.hang_message:
+            message, trace = worker.hang_message, worker.hang_stack
+        kind: FailureKind = (
+            "stopped"
+            if stopped
+            else "hang"
+            if worker.hang_message
+            else "signal"
+            if worker.exitcode < 0
+            else "exit"
+        )
+        return FailureRecord(
+            kind=kind,
+            generation=self.assignment.generation,
+            node_rank=self.assignment.node_rank,
+            host=host,
+            time=worker.exit_time,
+            local_rank=worker.local_rank,
+            rank=worker.rank,
+            pid=worker.pid,
+            exitcode=worker.exitcode,
+            message=message,
+            traceback=trace,
+            error_file=worker.error_file if os.path.exists(worker.error_file) else "",
+        )

@@ -1,0 +1,186 @@
+"""WorkerPool: the agent's side of the zygote protocol (see zygote.py)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import select
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ...core.errors import RtrainError
+
+logger = logging.getLogger(__name__)
+
+# What most training scripts import at their first optimizer step (1.2 s of torch._dynamo).
+WARM_LATER = ("torch._dynamo",)
+
+
+class PoolDied(RtrainError):
+    """The zygote exited; every worker it held is gone with it."""
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    worker_id: str
+    pid: int
+    exitcode: int
+    time: float
+
+
+class WorkerPool:
+    def __init__(
+        self,
+        preload: tuple[str, ...],
+        env: Mapping[str, str],
+        warm_later: tuple[str, ...] | None = None,
+    ) -> None:
+        """warm_later: modules the zygote imports once it is idle after its start (default:
+        torch._dynamo when torch is preloaded)."""
+        self._preload = preload
+        if warm_later is None:
+            warm_later = WARM_LATER if "torch" in preload else ()
+        self._warm_later = warm_later
+        self._env = dict(env)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._sock: socket.socket | None = None
+        self._buffer = b""
+        self._ready = False
+        self._pending: list[dict[str, Any]] = []
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment the zygote was started with (and imported the preload in)."""
+        return dict(self._env)
+
+    def start(self) -> None:
+        """Start the zygote; it imports the preload modules while the agent does rendezvous."""
+        ours, theirs = socket.socketpair()
+        self._proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "rtrain.agent.workers.zygote",
+                "--fd",
+                str(theirs.fileno()),
+                "--preload",
+                ",".join(self._preload),
+                "--warm-later",
+                ",".join(self._warm_later),
+            ],
+            pass_fds=(theirs.fileno(),),
+            env=self._env,
+        )
+        theirs.close()
+        self._sock = ours
+        self._ready = False
+        self._buffer = b""
+        self._pending = []
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def ensure_running(self) -> None:
+        if not self.running:
+            if self._proc is not None:
+                logger.warning(
+                    "the worker pool exited (code %s); starting a new one", self._proc.returncode
+                )
+            self.close()
+            self.start()
+
+    def _read(self, timeout: float) -> list[dict[str, Any]]:
+        assert self._sock is not None
+        readable, _, _ = select.select([self._sock], [], [], max(timeout, 0.0))
+        if not readable:
+            return []
+        try:
+            data = self._sock.recv(1 << 16)
+        except OSError as exc:
+            raise PoolDied(f"the worker pool's connection broke ({exc})") from None
+        if not data:
+            raise PoolDied("the worker pool closed its connection")
+        self._buffer += data
+        messages = []
+        while b"\n" in self._buffer:
+            line, self._buffer = self._buffer.split(b"\n", 1)
+            messages.append(json.loads(line))
+        return messages
+
+    def _await(self, event: str, timeout: float, worker_id: str | None = None) -> dict[str, Any]:
+        end = time.monotonic() + timeout
+        while True:
+            for index, message in enumerate(self._pending):
+                if message.get("ev") == event and (
+                    worker_id is None or message.get("id") == worker_id
+                ):
+                    return self._pending.pop(index)
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                raise PoolDied(f"the worker pool did not answer ({event}) within {timeout:g}s")
+            self._pending.extend(self._read(remaining))
+
+    def wait_ready(self, timeout: float = 120.0) -> dict[str, str]:
+        if self._ready:
+            return {}
+        message = self._await("ready", timeout)
+        self._ready = True
+        errors = dict(message.get("preload_errors") or {})
+        for module, error in errors.items():
+            logger.warning(
+                "could not preload %s (%s); workers will import it themselves", module, error
+            )
+        return errors
+
+    def spawn(self, request: dict[str, Any]) -> int:
+        self.wait_ready()
+        self._send({"op": "spawn", **request})
+        return int(self._await("started", 30.0, worker_id=request["id"])["pid"])
+
+    def signal_all(self, sig: int) -> None:
+        if self.running:
+            self._send({"op": "signal", "sig": int(sig)})
+
+    def signal(self, worker_id: str, sig: int) -> None:
+        if self.running:
+            self._send({"op": "signal", "sig": int(sig), "id": worker_id})
+
+    def poll_exits(self, timeout: float) -> list[WorkerExit]:
+        """Worker exits reported since the last call, waiting up to `timeout` for the first."""
+        if not any(m.get("ev") == "exited" for m in self._pending):
+            self._pending.extend(self._read(timeout))
+        exits = [m for m in self._pending if m.get("ev") == "exited"]
+        self._pending = [m for m in self._pending if m.get("ev") != "exited"]
+        return [
+            WorkerExit(m["id"], int(m["pid"]), int(m["exitcode"]), float(m["time"])) for m in exits
+        ]
+
+    def _send(self, message: dict[str, Any]) -> None:
+        assert self._sock is not None
+        try:
+            self._sock.sendall((json.dumps(message) + "\n").encode())
+        except OSError:
+            raise PoolDied("the worker pool is gone") from None
+
+    @property
+    def pids(self) -> list[int]:
+        """The pool's own process (the zygote), while it runs."""
+        return [self._proc.pid] if self._proc is not None and self._proc.poll() is None else []
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()  # the zygote kills its workers when this closes
+            self._sock = None
+        if self._proc is not None:
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None

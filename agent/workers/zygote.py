@@ -1,0 +1,223 @@
+"""The worker pool: one process per node that imports torch once and forks workers.
+
+A restart then costs a fork, not a Python start-up plus `import torch` per worker.
+The agent talks to the zygote over a socketpair, one JSON object per line:
+
+  agent -> zygote   {"op": "spawn", "id": ..., "kind", "target", "args", "env", "cwd",
+                     "stdout_file", "stderr_file"}
+                    {"op": "signal", "sig": N, "id": ...}   (that worker's process group;
+                                                            without "id", every worker's)
+  zygote -> agent   {"ev": "ready", "preload_errors": {...}}
+                    {"ev": "started", "id": ..., "pid": N}
+                    {"ev": "exited", "id": ..., "pid": N, "exitcode": N, "time": T}
+                    (exitcode negative: killed by that signal; time: when it was reaped)
+
+The zygote reaps its children (it is their parent) in its SIGCHLD handler, so an exit is
+reported, with the time it happened, even while the zygote is busy importing modules for
+later restarts (seconds of torch._dynamo): a reap delayed past the agent's stop would
+make a worker that failed on its own look stopped, and charge its failure to a victim.
+It dies with the agent (parent-death signal), and its workers die with it; if the
+agent's socket closes, it kills every worker before exiting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+from .boot import boot, set_parent_death_signal
+
+
+class Zygote:
+    def __init__(self, sock: socket.socket, parent_pid: int) -> None:
+        self._sock = sock
+        self._parent_pid = parent_pid
+        self._children: dict[int, str] = {}
+        self.warm_later: list[str] = []
+        self._warmer: threading.Thread | None = None
+        self._buffer = b""
+        # Set while lines are written: a report from the SIGCHLD handler then waits in
+        # _queued instead of landing in the middle of a line.
+        self._sending = False
+        self._queued: list[bytes] = []
+        self._reaping = False
+        # Exits of children reaped before _spawn registered them (a child that died at once).
+        self._early_exits: dict[int, tuple[int, float]] = {}
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        os.set_blocking(self._wake_r, False)
+
+    def send(self, message: dict[str, Any]) -> None:
+        self._queued.append((json.dumps(message) + "\n").encode())
+        self.flush()
+
+    def flush(self) -> None:
+        """Write the queued lines, unless this is the SIGCHLD handler interrupting a write:
+        that write goes on with what the handler queued (or the main loop does)."""
+        if self._sending:
+            return
+        self._sending = True
+        try:
+            while self._queued:
+                self._sock.sendall(self._queued.pop(0))
+        finally:
+            self._sending = False
+
+    def serve(self) -> None:
+        # The wakeup fd makes select return for a report queued by the handler.
+        signal.set_wakeup_fd(self._wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: self._reap())
+        while True:
+            idle_s = 0.2 if self.warm_later else 1.0
+            readable, _, _ = select.select([self._sock, self._wake_r], [], [], idle_s)
+            if not readable and self.warm_later and self._warmer is None:
+                # Idle: import what workers will import anyway (see WorkerPool), so that
+                # restarted workers skip it, without making the first start wait for it.
+                self._warmer = threading.Thread(
+                    target=_warm_at_idle_priority, args=(self.warm_later,), daemon=True
+                )
+                self._warmer.start()
+                self.warm_later = []
+            if self._wake_r in readable:
+                try:
+                    while os.read(self._wake_r, 512):
+                        pass
+                except BlockingIOError:
+                    pass
+            self._reap()
+            self.flush()  # a report queued by the handler while a line was written
+            if self._sock in readable:
+                data = self._sock.recv(1 << 16)
+                if not data:  # the agent is gone
+                    self._signal_all(signal.SIGKILL)
+                    return
+                self._buffer += data
+                while b"\n" in self._buffer:
+                    line, self._buffer = self._buffer.split(b"\n", 1)
+                    self._handle(json.loads(line))
+
+    def _handle(self, message: dict[str, Any]) -> None:
+        op = message.get("op")
+        if op == "spawn":
+            self._spawn(message)
+        elif op == "signal":
+            self._signal_all(int(message["sig"]), message.get("id"))
+        elif op == "exit":
+            self._signal_all(signal.SIGKILL)
+            raise SystemExit(0)
+
+    def _spawn(self, request: dict[str, Any]) -> None:
+        if self._warmer is not None:
+            # A fork while another thread holds the import lock would leave the child
+            # deadlocked on its first import: let the warm-up finish first.
+            self._warmer.join()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        zygote_pid = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            boot(request, zygote_pid, [self._sock.fileno(), self._wake_r, self._wake_w])
+        self._children[pid] = request["id"]
+        self.send({"ev": "started", "id": request["id"], "pid": pid})
+        early = self._early_exits.pop(pid, None)
+        if early is not None:
+            self._report_exit(pid, *early)
+
+    def _signal_all(self, sig: int, worker_id: str | None = None) -> None:
+        # Only unreaped children are signalled, so a pid is never a recycled one.
+        for pid, wid in list(self._children.items()):
+            if worker_id is not None and wid != worker_id:
+                continue
+            try:
+                os.killpg(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+
+    def _reap(self) -> None:
+        """Reap every exited child; runs in the SIGCHLD handler and in the main loop."""
+        if self._reaping:  # the handler interrupted the main loop's reap: it goes on
+            return
+        self._reaping = True
+        try:
+            while True:
+                try:
+                    pid, status = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    return
+                if pid == 0:
+                    return
+                code, when = os.waitstatus_to_exitcode(status), time.time()
+                if pid in self._children:
+                    self._report_exit(pid, code, when)
+                else:  # forked, but _spawn has not registered it yet
+                    self._early_exits[pid] = (code, when)
+        finally:
+            self._reaping = False
+
+    def _report_exit(self, pid: int, code: int, when: float) -> None:
+        worker_id = self._children.pop(pid)
+        self.send({"ev": "exited", "id": worker_id, "pid": pid, "exitcode": code, "time": when})
+
+
+def _warm_at_idle_priority(modules: list[str]) -> None:
+    """Import `modules` in this thread at SCHED_IDLE (a per-thread policy on Linux): the
+    first generation's workers are running by then, and on a small node a full-priority
+    import of torch._dynamo (1-3 s of CPU) slowed their first steps. Workers are forked
+    from the main thread, whose policy stays as it was."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    preload(modules)
+
+
+def preload(modules: list[str]) -> dict[str, str]:
+    errors: dict[str, str] = {}
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # a failed preload only costs speed; report it
+            errors[name] = f"{type(exc).__name__}: {exc}"
+    return errors
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="rtrain-zygote")
+    parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--preload", default="")
+    parser.add_argument("--warm-later", default="")
+    args = parser.parse_args(argv)
+    parent = os.getppid()
+    set_parent_death_signal(signal.SIGKILL)
+    if os.getppid() != parent:
+        return
+    # Ctrl-C reaches the whole foreground group, and Slurm signals every process of a
+    # step (--signal=USR1@T, the time limit's SIGTERM): the agent decides what the
+    # workers get, and the pool lives exactly as long as the agent (parent-death signal).
+    # Workers set these back to their defaults.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
+    sock = socket.socket(fileno=args.fd)
+    zygote = Zygote(sock, parent)
+    modules = [m for m in args.preload.split(",") if m]
+    errors = preload(modules)
+    zygote.warm_later = [m for m in args.warm_later.split(",") if m]
+    try:
+        zygote.send({"ev": "ready", "preload_errors": errors})
+        zygote.serve()
+    except (BrokenPipeError, ConnectionResetError):
+        # The agent went away (it may fail before the preload is even done): so do we.
+        zygote._signal_all(signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,336 @@
+"""LaunchSpec: the parsed, validated form of torchrun's command line.
+
+The cli turns argv (and PET_* defaults) into a flat mapping of raw values;
+`build_launch_spec` validates every value and resolves torchrun's implicit
+rules (standalone, static single node), so that the agent never sees a value
+it has to second-guess. Pure: no processes, no I/O.
+"""
+
+from __future__ import annotations
+
+import signal
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ..errors import UsageError
+from ..layout.recycle import check_profile
+from ..layout.topology import Layout
+from .flag_values import (
+    NodeRange,
+    StreamMap,
+    non_negative_float,
+    non_negative_int,
+    parse_endpoint,
+    parse_nnodes,
+    parse_preload,
+    parse_ranks_filter,
+    parse_rdzv_conf,
+    parse_signals,
+    parse_size,
+    parse_stream_map,
+    port_number,
+    positive_float,
+    positive_int,
+    resolve_nproc,
+    validate_nproc,
+)
+from .slurm_env import SlurmJob
+
+__all__ = [
+    "EntryPoint",
+    "FaultSpec",
+    "LaunchSpec",
+    "Layout",
+    "NodeRange",
+    "RdzvSpec",
+    "SnapshotSpec",
+    "StreamMap",
+    "build_launch_spec",
+    "resolve_nproc",
+]
+
+RDZV_BACKENDS = ("static", "c10d")
+# torchrun accepts these; rtrain's etcd support is its own issue, so say so clearly.
+UNSUPPORTED_RDZV_BACKENDS = ("etcd", "etcd-v2")
+DEFAULT_C10D_PORT = 29400
+DEFAULT_MASTER_PORT = 29500
+DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
+
+EntryKind = Literal["script", "module", "exec"]
+
+
+@dataclass(frozen=True)
+class RdzvSpec:
+    backend: str
+    host: str
+    port: int
+    run_id: str
+    join_timeout: float
+    last_call_timeout: float
+    close_timeout: float
+    heartbeat_timeout: float
+    read_timeout: float
+    # None: decide by matching the endpoint against this node's addresses.
+    is_host: bool | None
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """How faults are detected and how often a node may fail (rtrain's own flags)."""
+
+    # Agents renew their lease every heartbeat_interval; a lease not renewed for
+    # heartbeat_timeout means the node is lost.
+    heartbeat_interval: float = 1.0
+    heartbeat_timeout: float = 5.0
+    # A worker that called rtrain.core.heartbeat() and then stopped for this long is hung.
+    hang_timeout: float = 60.0
+    # A node charged this many failures is excluded from the job; 0: never.
+    max_node_failures: int = 0
+    # A node whose workers fail again within RESTART_RESET_S of starting waits this
+    # long before its next restart, doubling each time up to RESTART_BACKOFF_CAP_S.
+    restart_backoff: float = 1.0
+    # Stop whatever the workers started when they stop (agent/workers/process_tree.py).
+    kill_process_tree: bool = False
+
+
+@dataclass(frozen=True)
+class HealthSpec:
+    """GPU health in the agent (NVML): how often to sample, and whether to drain."""
+
+    # Every check every interval seconds (XID events are taken as they come); 0: off.
+    interval: float = 10.0
+    # Under Slurm, drain a node whose GPU fault takes it out of the job.
+    drain_on_fault: bool = False
+
+
+@dataclass(frozen=True)
+class SnapshotSpec:
+    """In-memory snapshots: how much shared memory they may use, how many copies to keep."""
+
+    # Bytes of this node's shared memory for its workers' slots and peers' replicas;
+    # None: half of /dev/shm.
+    memory: int | None = None
+    # Copies of each shard on distinct nodes, the original included.
+    copies: int = 2
+    # The last resort when no copy of a shard survives; rtrain writes one every
+    # checkpoint_every steps (0: never, only read what is there).
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    # A file (mode 0600) holding the job secret that authenticates shard servers.
+    secret_file: str | None = None
+
+
+@dataclass(frozen=True)
+class EntryPoint:
+    kind: EntryKind
+    target: str
+    args: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    nodes: NodeRange
+    nproc_per_node: str
+    rdzv: RdzvSpec
+    node_rank: int | None
+    max_restarts: int
+    monitor_interval: float
+    role: str
+    entrypoint: EntryPoint
+    log_dir: str | None
+    redirects: StreamMap
+    tee: StreamMap
+    local_ranks_filter: frozenset[int] | None
+    local_addr: str | None
+    signals_to_handle: tuple[int, ...]
+    shutdown_timeout: float
+    standalone: bool
+    virtual_local_rank: bool
+    preload: tuple[str, ...]
+    # Flags given on the command line that rtrain accepts but does not act on.
+    ignored_flags: tuple[str, ...] = ()
+    signal_names: tuple[str, ...] = ()
+    layout: Layout = field(default_factory=Layout)
+    faults: FaultSpec = field(default_factory=FaultSpec)
+    snapshots: SnapshotSpec = field(default_factory=SnapshotSpec)
+    health: HealthSpec = field(default_factory=HealthSpec)
+    # The Slurm job rtrain runs in (its values already applied to the flags), or None.
+    slurm: SlurmJob | None = None
+    # --recycle-profile, read and checked: plan what each generation's losses cost.
+    recycle_profile: dict[str, Any] | None = None
+
+
+def build_launch_spec(raw: Mapping[str, Any]) -> LaunchSpec:
+    """Validate raw flag values (keys are torchrun's argparse dests) into a LaunchSpec."""
+    nodes = parse_nnodes(raw["nnodes"])
+    nproc = validate_nproc(raw["nproc_per_node"])
+    backend = str(raw["rdzv_backend"]).strip()
+    if backend in UNSUPPORTED_RDZV_BACKENDS:
+        raise UsageError(
+            f"--rdzv-backend={backend}: not supported yet; use c10d (rtrain's TCPStore) or static"
+        )
+    if backend not in RDZV_BACKENDS:
+        raise UsageError(
+            f"--rdzv-backend: unknown backend {backend!r} (choose from {', '.join(RDZV_BACKENDS)})"
+        )
+    conf = parse_rdzv_conf(raw.get("rdzv_conf", ""))
+    standalone = bool(raw.get("standalone"))
+    endpoint = str(raw.get("rdzv_endpoint") or "").strip()
+    run_id = str(raw.get("rdzv_id") or "none")
+    master_addr = str(raw.get("master_addr") or "127.0.0.1")
+    master_port = raw.get("master_port")
+    node_rank_raw = non_negative_int("--node-rank", raw.get("node_rank", 0))
+
+    # torchrun: static, one node, no endpoint and no master port behaves as --standalone.
+    implicit_standalone = (
+        backend == "static" and not endpoint and master_port is None and nodes.max_nodes == 1
+    )
+    node_rank: int | None = None
+    if standalone or implicit_standalone:
+        if standalone and nodes.max_nodes != 1:
+            raise UsageError("--standalone runs a single node; drop --nnodes or set it to 1")
+        backend, host, port = "c10d", "localhost", 0
+        nodes = NodeRange(1, 1)
+        if standalone or run_id == "none":
+            run_id = str(uuid.uuid4())
+    elif backend == "static":
+        if nodes.is_elastic:
+            raise UsageError(
+                f"--nnodes={raw['nnodes']}: the static backend needs a fixed node count"
+            )
+        if endpoint:
+            host, port = parse_endpoint(endpoint, DEFAULT_MASTER_PORT)
+        else:
+            port_value = DEFAULT_MASTER_PORT if master_port is None else master_port
+            host, port = master_addr, port_number("--master-port", port_value)
+        if node_rank_raw >= nodes.max_nodes:
+            raise UsageError(
+                f"--node-rank={node_rank_raw} is out of range for --nnodes={nodes.max_nodes}"
+            )
+        node_rank = node_rank_raw
+    else:
+        if not endpoint:
+            raise UsageError("--rdzv-backend=c10d needs --rdzv-endpoint HOST[:PORT]")
+        host, port = parse_endpoint(endpoint, DEFAULT_C10D_PORT)
+
+    entry = _entrypoint(raw)
+    shutdown = raw.get("shutdown_timeout")
+    slurm = raw.get("slurm")
+    signal_numbers, signal_names = parse_signals(
+        raw.get("signals_to_handle") or "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+    )
+    if slurm is not None and signal.SIGUSR1 not in signal_numbers:
+        # Slurm's warning before the time limit (--signal=USR1@T): save and requeue.
+        signal_numbers = (*signal_numbers, signal.SIGUSR1)
+        signal_names = (*signal_names, "SIGUSR1")
+    layout = _layout(raw, nodes, nproc)
+    return LaunchSpec(
+        nodes=nodes,
+        nproc_per_node=nproc,
+        rdzv=RdzvSpec(
+            backend=backend,
+            host=host,
+            port=port,
+            run_id=run_id,
+            join_timeout=conf["join_timeout"],
+            last_call_timeout=conf["last_call_timeout"],
+            close_timeout=conf["close_timeout"],
+            heartbeat_timeout=conf["heartbeat_timeout"],
+            read_timeout=conf["read_timeout"],
+            is_host=conf["is_host"],
+        ),
+        node_rank=node_rank,
+        max_restarts=non_negative_int("--max-restarts", raw.get("max_restarts", 0)),
+        monitor_interval=positive_float("--monitor-interval", raw.get("monitor_interval", 0.1)),
+        role=str(raw.get("role") or "default"),
+        entrypoint=entry,
+        log_dir=raw.get("log_dir") or None,
+        redirects=parse_stream_map("--redirects", raw.get("redirects", "0")),
+        tee=parse_stream_map("--tee", raw.get("tee", "0")),
+        local_ranks_filter=parse_ranks_filter(raw.get("local_ranks_filter", "")),
+        local_addr=raw.get("local_addr") or None,
+        signals_to_handle=signal_numbers,
+        signal_names=signal_names,
+        shutdown_timeout=(
+            DEFAULT_SHUTDOWN_TIMEOUT_S
+            if shutdown is None
+            else positive_float("--shutdown-timeout", shutdown)
+        ),
+        standalone=standalone or implicit_standalone,
+        virtual_local_rank=bool(raw.get("virtual_local_rank")),
+        preload=parse_preload(raw.get("preload", "torch")),
+        ignored_flags=tuple(raw.get("ignored_flags", ())),
+        layout=layout,
+        faults=_faults(raw, conf["heartbeat_timeout"]),
+        snapshots=SnapshotSpec(
+            memory=None
+            if raw.get("snapshot_memory") in (None, "")
+            else parse_size("--snapshot-memory", raw["snapshot_memory"]),
+            copies=positive_int("--snapshot-copies", raw.get("snapshot_copies", 2)),
+            checkpoint_dir=raw.get("checkpoint_dir") or None,
+            checkpoint_every=non_negative_int("--checkpoint-every", raw.get("checkpoint_every", 0)),
+            secret_file=raw.get("secret_file") or None,
+        ),
+        slurm=slurm,
+        recycle_profile=None
+        if raw.get("recycle_profile_data") is None
+        else check_profile(raw["recycle_profile_data"], layout.pp),
+        health=HealthSpec(
+            interval=non_negative_float("--health-interval", raw.get("health_interval", 10.0)),
+            drain_on_fault=bool(raw.get("drain_on_fault", False)),
+        ),
+    )
+
+
+def _layout(raw: Mapping[str, Any], nodes: NodeRange, nproc: str) -> Layout:
+    tp = positive_int("--tp", raw.get("tp", 1))
+    pp = positive_int("--pp", raw.get("pp", 1))
+    layout = Layout(tp=tp, pp=pp)
+    if nproc.isdigit():  # gpu/auto/cpu are resolved on the node; checked there
+        if int(nproc) % tp:
+            raise UsageError(
+                f"--tp={tp} must divide --nproc-per-node={nproc}: "
+                "a tensor-parallel group must stay on one node"
+            )
+        if nodes.min_nodes * int(nproc) < layout.replica_size:
+            raise UsageError(
+                f"--pp={pp} x --tp={tp} needs {layout.replica_size} workers, but "
+                f"{nodes.min_nodes} node(s) x {nproc} give {nodes.min_nodes * int(nproc)}"
+            )
+    return layout
+
+
+def _faults(raw: Mapping[str, Any], conf_heartbeat_timeout: float) -> FaultSpec:
+    interval = positive_float("--heartbeat-interval", raw.get("heartbeat_interval", 1.0))
+    given = raw.get("heartbeat_timeout")
+    timeout = (
+        conf_heartbeat_timeout if given is None else positive_float("--heartbeat-timeout", given)
+    )
+    if timeout <= interval:
+        raise UsageError(
+            f"--heartbeat-timeout={timeout:g} must be longer than --heartbeat-interval={interval:g}"
+        )
+    return FaultSpec(
+        heartbeat_interval=interval,
+        heartbeat_timeout=timeout,
+        hang_timeout=positive_float("--hang-timeout", raw.get("hang_timeout", 60.0)),
+        max_node_failures=non_negative_int("--max-node-failures", raw.get("max_node_failures", 0)),
+        restart_backoff=non_negative_float("--restart-backoff", raw.get("restart_backoff", 1.0)),
+        kill_process_tree=bool(raw.get("kill_process_tree", False)),
+    )
+
+
+def _entrypoint(raw: Mapping[str, Any]) -> EntryPoint:
+    target = str(raw.get("training_script") or "").strip()
+    if not target:
+        raise UsageError("missing the training script (or module, with -m)")
+    args = tuple(str(a) for a in raw.get("training_script_args") or ())
+    module, no_python = bool(raw.get("module")), bool(raw.get("no_python"))
+    if module and no_python:
+        raise UsageError("-m/--module and --no-python cannot be used together")
+    if raw.get("run_path") and (module or no_python):
+        raise UsageError("--run-path cannot be combined with -m or --no-python")
+    kind: EntryKind = "module" if module else "exec" if no_python else "script"
+    return EntryPoint(kind=kind, target=target, args=args)

@@ -1,0 +1,161 @@
+"""What each worker is told: torchrun's environment, rtrain's own variables, and where
+its output goes. Pure functions over a LaunchSpec and this generation's assignment."""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .launch_spec import LaunchSpec
+
+STDOUT, STDERR = 1, 2
+# Variables rtrain adds for its own worker API; documented in README.md.
+RTRAIN_GENERATION = "RTRAIN_GENERATION"
+# Files the agent hands each worker, read and written by rtrain.core.worker.
+HEARTBEAT_FILE = "RTRAIN_HEARTBEAT_FILE"
+TOPOLOGY_FILE = "RTRAIN_TOPOLOGY_FILE"
+SNAPSHOT_DIR = "RTRAIN_SNAPSHOT_DIR"
+SNAPSHOT_BUDGET = "RTRAIN_SNAPSHOT_BUDGET"  # bytes one slot may take
+RECYCLE_PLAN_FILE = "RTRAIN_RECYCLE_PLAN"
+# The heartbeat file: count (u64, bumped by every call), step (i64, -1 when not given).
+HEARTBEAT_FORMAT = "<Qq"
+HEARTBEAT_SIZE = struct.calcsize(HEARTBEAT_FORMAT)
+
+
+@dataclass(frozen=True)
+class NodeAssignment:
+    """This node's place in one generation, as agreed at rendezvous."""
+
+    generation: int
+    node_rank: int
+    num_nodes: int
+    local_world_size: int
+    rank_offset: int
+    world_size: int
+    master_addr: str
+    master_port: int
+
+    def global_rank(self, local_rank: int) -> int:
+        return self.rank_offset + local_rank
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """redirect: streams written to files; tee: of those, streams also echoed to the console."""
+
+    redirect: int
+    tee: int
+
+
+def stream_plan(spec: LaunchSpec, local_rank: int) -> StreamPlan:
+    tee = spec.tee.mask(local_rank)
+    redirect = spec.redirects.mask(local_rank) | tee
+    if spec.local_ranks_filter is not None and local_rank not in spec.local_ranks_filter:
+        # torchrun keeps filtered-out ranks off the console but still logs them to files.
+        return StreamPlan(redirect=STDOUT | STDERR, tee=0)
+    return StreamPlan(redirect=redirect, tee=tee)
+
+
+def attempt_dir(run_log_dir: str, generation: int, local_rank: int) -> str:
+    """torchrun's layout: <log_dir>/<run_id>_<rand>/attempt_<n>/<local_rank>/."""
+    return os.path.join(run_log_dir, f"attempt_{generation}", str(local_rank))
+
+
+def tee_prefix(role: str, global_rank: int) -> str:
+    return f"[{role}{global_rank}]:"
+
+
+def omp_threads_default(base_env: Mapping[str, str], local_world_size: int) -> str | None:
+    """torchrun sets OMP_NUM_THREADS=1 when unset and several workers share the node."""
+    if "OMP_NUM_THREADS" in base_env or local_world_size <= 1:
+        return None
+    return "1"
+
+
+# Variables read once, when the interpreter starts or torch (with its OpenMP/MKL
+# runtimes, glibc's malloc, the dynamic loader) is imported: a worker forked from the
+# pool, which imported torch already, runs with the pool's values, whatever its own
+# environment says. The pool is started with the workers' values (pool_environment);
+# a worker whose value still differs is started as a fresh interpreter instead.
+IMPORT_TIME_PREFIXES = (
+    "OMP_",
+    "MKL_",
+    "KMP_",
+    "GOMP_",
+    "OPENBLAS_",
+    "MALLOC_",
+    "LD_",
+    "PYTHON",
+    "TORCHDYNAMO_",
+    "TORCHINDUCTOR_",
+)
+IMPORT_TIME_NAMES = frozenset({"GLIBC_TUNABLES", "TORCH_LOGS", "TORCH_CPP_LOG_LEVEL"})
+
+
+def is_import_time(name: str) -> bool:
+    return name in IMPORT_TIME_NAMES or name.startswith(IMPORT_TIME_PREFIXES)
+
+
+def pool_environment(base_env: Mapping[str, str], local_world_size: int) -> dict[str, str]:
+    """The worker pool's environment: the node's, plus what rtrain sets for every worker
+    and torch reads at import (OMP_NUM_THREADS=1 for several workers, as torchrun)."""
+    env = dict(base_env)
+    omp = omp_threads_default(base_env, local_world_size)
+    if omp is not None:
+        env["OMP_NUM_THREADS"] = omp
+    return env
+
+
+def import_time_differences(
+    pool_env: Mapping[str, str], worker_env: Mapping[str, str]
+) -> list[str]:
+    """Import-time variables whose worker value the pool's torch does not have, sorted."""
+    names = {n for n in (*pool_env, *worker_env) if is_import_time(n)}
+    return sorted(n for n in names if pool_env.get(n) != worker_env.get(n))
+
+
+def worker_environment(
+    spec: LaunchSpec,
+    assignment: NodeAssignment,
+    local_rank: int,
+    error_file: str,
+    base_env: Mapping[str, str],
+) -> dict[str, str]:
+    env = dict(base_env)
+    rank = assignment.global_rank(local_rank)
+    env.update(
+        {
+            "RANK": str(rank),
+            "LOCAL_RANK": "0" if spec.virtual_local_rank else str(local_rank),
+            "GROUP_RANK": str(assignment.node_rank),
+            "ROLE_RANK": str(rank),
+            "ROLE_NAME": spec.role,
+            "LOCAL_WORLD_SIZE": str(assignment.local_world_size),
+            "WORLD_SIZE": str(assignment.world_size),
+            "GROUP_WORLD_SIZE": str(assignment.num_nodes),
+            "ROLE_WORLD_SIZE": str(assignment.world_size),
+            "MASTER_ADDR": assignment.master_addr,
+            "MASTER_PORT": str(assignment.master_port),
+            # Every generation is a restart of the whole group, on every node alike.
+            "TORCHELASTIC_RESTART_COUNT": str(assignment.generation),
+            "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
+            "TORCHELASTIC_RUN_ID": spec.rdzv.run_id,
+            # Workers are clients of a store the agent hosts (fresh every generation).
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
+            "TORCHELASTIC_ERROR_FILE": error_file,
+            "TORCHELASTIC_SIGNALS_TO_HANDLE": ",".join(spec.signal_names),
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": base_env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+            RTRAIN_GENERATION: str(assignment.generation),
+        }
+    )
+    omp = omp_threads_default(base_env, assignment.local_world_size)
+    if omp is not None:
+        env["OMP_NUM_THREADS"] = omp
+    if spec.virtual_local_rank:
+        visible = base_env.get("CUDA_VISIBLE_DEVICES")
+        devices = visible.split(",") if visible else [str(i) for i in range(local_rank + 1)]
+        if local_rank < len(devices):
+            env["CUDA_VISIBLE_DEVICES"] = devices[local_rank]
+    return env

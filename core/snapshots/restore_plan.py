@@ -1,0 +1,136 @@
+"""Which snapshot each rank of a new generation restores, and from where. Pure.
+
+Shards are named by (generation, rank, step). After a failure the agents pool what
+they hold (their workers' own slots and the replicas they keep for peers) and this
+module picks the newest step that *every* new rank can restore, so the ranks resume
+together:
+
+  - a rank whose node took part in the previous generation restores its own shard
+    (topology.previous_rank), from local memory or from a peer's replica; a rank on a
+    replacement node restores the shard of the lost rank whose place it takes
+    (topology.replaces);
+  - a rank that is new, or whose own shard has no surviving copy, restores a DP
+    peer's shard: previous-generation ranks of the same stage and TP rank hold the
+    same parameters and optimizer state (its per-rank state, RNG and data position,
+    is then the peer's: the script decides what to reset).
+
+Replicas are placed on a ring: node n's shards go to nodes n+1 .. n+copies-1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from ..layout.topology import Topology
+
+
+@dataclass(frozen=True)
+class ShardId:
+    generation: int
+    rank: int
+    step: int
+
+
+@dataclass(frozen=True)
+class RestoreSource:
+    shard: ShardId
+    holders: tuple[int, ...]  # node ranks (of the new generation) that hold a copy
+    from_dp_peer: bool
+
+
+def ring_successors(node_rank: int, num_nodes: int, copies: int) -> list[int]:
+    """The nodes that keep replicas of node_rank's shards (copies includes the original)."""
+    return [(node_rank + i) % num_nodes for i in range(1, min(copies, num_nodes))]
+
+
+def plan_restore(
+    topology: Topology,
+    inventory: Mapping[int, Iterable[ShardId]],
+    ceiling: int | None = None,
+    unusable: Iterable[tuple[ShardId, int]] = (),
+) -> tuple[int, dict[int, RestoreSource]] | None:
+    """(step, rank -> source) for the newest step every rank can restore, or None.
+
+    inventory: node rank (new generation) -> the shards it holds. Only shards of the
+    previous generation count: the agents relabel restored shards into each new one.
+    ceiling: the newest step any node's own workers reached; a copy of a later step
+    cannot be genuine and is ignored. unusable: (shard, holder) copies that failed
+    verification or could not be fetched in an earlier attempt.
+    """
+    previous = topology.generation - 1
+    refused = set(unusable)
+    holders: dict[tuple[int, int], set[int]] = {}
+    for node, shards in inventory.items():
+        for shard in shards:
+            if (shard, node) in refused or (ceiling is not None and shard.step > ceiling):
+                continue
+            if shard.generation == previous:
+                holders.setdefault((shard.rank, shard.step), set()).add(node)
+    if not holders:
+        return None
+    steps = sorted({step for _, step in holders}, reverse=True)
+    # A rank's own shard (RNG, data position and all) beats a DP peer's: the newest step
+    # at which every rank has its own is preferred to a newer one that needs a peer's.
+    for peer_fallback in (False, True):
+        for step in steps:
+            plan: dict[int, RestoreSource] = {}
+            for coord in topology.coords:
+                source = _source(
+                    topology, coord.rank, coord.pp, coord.tp, step, holders, previous, peer_fallback
+                )
+                if source is None:
+                    break
+                plan[coord.rank] = source
+            else:
+                return step, plan
+    return None
+
+
+@dataclass(frozen=True)
+class Reached:
+    """What one node says its own workers reached before this restore."""
+
+    newest: int | None = None  # the newest step any of them committed
+    every_rank: bool = False  # every one of them had committed a snapshot
+    was_member: bool = False  # the node ran in an earlier generation
+
+
+def job_ceiling(reached: Iterable[Reached]) -> int | None:
+    steps = [r.newest for r in reached if r.newest is not None]
+    return max(steps) if steps else None
+
+
+def snapshots_existed(reached: Iterable[Reached]) -> bool:
+    """Whether a step every rank could restore must have existed: every node that ran
+    before had all its workers snapshot (and the snapshot policy keeps the ranks within
+    a step of each other). Then no plan means copies were destroyed, and starting from
+    scratch would silently throw the training away."""
+    earlier = [r for r in reached if r.was_member]
+    return bool(earlier) and all(r.every_rank for r in earlier)
+
+
+def _source(
+    topology: Topology,
+    rank: int,
+    pp: int,
+    tp: int,
+    step: int,
+    holders: Mapping[tuple[int, int], set[int]],
+    previous: int,
+    peer_fallback: bool,
+) -> RestoreSource | None:
+    own = (topology.previous_rank or {}).get(rank)
+    if own is None:  # a replacement takes over the lost rank at its grid position
+        own = (topology.replaces or {}).get(rank)
+    if own is not None and (own, step) in holders:
+        return RestoreSource(
+            ShardId(previous, own, step), tuple(sorted(holders[(own, step)])), False
+        )
+    if own is not None and not peer_fallback:
+        return None
+    for peer in (topology.previous_holders or {}).get((pp, tp), ()):
+        if (peer, step) in holders:
+            shard = ShardId(previous, peer, step)
+            return RestoreSource(shard, tuple(sorted(holders[(peer, step)])), True)
+    return None

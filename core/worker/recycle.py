@@ -1,0 +1,64 @@
+"""recycle_worker_plan() and recycle_actions(): a worker's part of its generation's
+ReCycle plan, read from the file the agent wrote (core/layout/recycle.py makes it)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from ..config.worker_env import RECYCLE_PLAN_FILE
+from ..planner.job import Worker
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """One worker's view of its generation's ReCycle plan."""
+
+    rank: int
+    position: Worker | None  # (replica, stage) on the plan's grid; None: no part in it
+    actions: list[dict[str, Any]]  # this worker's, in order (core.planner.report format)
+    holders: dict[Worker, tuple[int, ...]]  # the ranks at each position (TP > 1: several)
+    dp: int
+    pp: int
+    microbatches: int
+    failed: list[Worker]
+
+
+def recycle_worker_plan() -> WorkerPlan | None:
+    """This worker's part of the generation's plan, or None (no --recycle-profile, or no
+    plan could absorb the loss)."""
+    path = os.environ.get(RECYCLE_PLAN_FILE)
+    if not path:
+        return None
+    with open(path) as handle:
+        data = json.load(handle)
+    rank = int(os.environ.get("RANK", "0"))
+    holders: dict[Worker, list[int]] = {}
+    for other, pos in data["positions"].items():
+        holders.setdefault((int(pos[0]), int(pos[1])), []).append(int(other))
+    mine = data["positions"].get(str(rank))
+    position = (int(mine[0]), int(mine[1])) if mine is not None else None
+    actions: list[dict[str, Any]] = []
+    for worker in data["workers"]:
+        if position is not None and tuple(worker["worker"]) == position:
+            actions = worker["actions"]
+    return WorkerPlan(
+        rank=rank,
+        position=position,
+        actions=actions,
+        holders={pos: tuple(sorted(ranks)) for pos, ranks in holders.items()},
+        dp=int(data["dp"]),
+        pp=int(data["pp"]),
+        microbatches=int(data["microbatches"]),
+        failed=[(int(r), int(s)) for r, s in data["failed"]],
+    )
+
+
+def recycle_actions() -> list[dict[str, Any]] | None:
+    """This worker's ReCycle actions for the generation, or None (no plan this time)."""
+    plan = recycle_worker_plan()
+    if plan is None or plan.position is None:
+        return None
+    return plan.actions

@@ -1,0 +1,195 @@
+"""snapshot() and restore(): the training script's side of in-memory checkpoints.
+
+Each worker owns two slot files in the agent's shared-memory folder
+($RTRAIN_SNAPSHOT_DIR, on /dev/shm). snapshot(state, step) copies the state into the
+older slot and marks it committed: that copy is the only work on the step's path. The
+agent then checksums the slot and replicates it to peers in the background, and marks
+it replicated.
+
+Policy when a snapshot comes while the previous one is still replicating: **wait**.
+The newer slot is only overwritten once the previous snapshot is safe on its peers, so
+every rank always has a replicated snapshot no more than one step behind its newest,
+and the ranks always share a step they can all restore. (Skipping instead would let
+ranks drift apart until they share none.) If replication is slower than a step, the
+step waits for it: take snapshots less often then.
+
+The slots outlive the worker: the agent owns the folder. After a restart the agent puts
+the restored shard into the new worker's slot before it starts, and restore() reads it.
+Without rtrain (torchrun, plain python) snapshot() does nothing and restore() is None.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import time
+from typing import Any
+
+from ..config.worker_env import SNAPSHOT_BUDGET, SNAPSHOT_DIR
+from ..snapshots.format import (
+    COMMITTED,
+    SnapshotError,
+    plan_shard,
+    read_header,
+    read_shard,
+    replicated_step,
+    write_shard,
+)
+
+WAIT_LIMIT_S = 300.0
+
+__all__ = ["SNAPSHOT_BUDGET", "SNAPSHOT_DIR", "SnapshotError", "restore", "slot_paths", "snapshot"]
+
+
+def slot_paths(directory: str, rank: int) -> list[str]:
+    return [os.path.join(directory, f"rank{rank}.slot{i}") for i in (0, 1)]
+
+
+class _Slot:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.map: mmap.mmap | None = None
+        self.size = 0
+        # Tensors returned by restore(copy=False) map this file: never write it again.
+        self.pinned = False
+
+    def open_existing(self) -> None:
+        if self.map is None and os.path.exists(self.path) and os.path.getsize(self.path) > 0:
+            with open(self.path, "r+b") as handle:
+                self.size = os.fstat(handle.fileno()).st_size
+                self.map = mmap.mmap(handle.fileno(), self.size)
+
+    def reserve(self, size: int) -> None:
+        """Make the slot at least `size` bytes, with its memory allocated now: a full
+        /dev/shm is an error here, not a SIGBUS in the middle of the copy."""
+        if self.pinned:
+            self._replace()
+        if self.map is not None and self.size >= size:
+            return
+        if self.map is not None:
+            self.map.close()
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError as exc:
+                raise SnapshotError(
+                    f"no room for a {size / 2**20:.1f} MiB snapshot in "
+                    f"{os.path.dirname(self.path)} ({exc.strerror}); free shared memory "
+                    "or lower --snapshot-memory"
+                ) from None
+            self.size = os.fstat(fd).st_size
+            self.map = mmap.mmap(fd, self.size)
+        finally:
+            os.close(fd)
+
+    def _replace(self) -> None:
+        """Take the file restored tensors still map (their pages live on with them) out
+        of the slot's name: the agent's spare file takes its place if there is one
+        (memory already backed), else a fresh one will. The agent notices the new inode."""
+        if self.map is not None:
+            self.map.close()
+        self.map, self.size, self.pinned = None, 0, False
+        spare = self.path.rsplit(".slot", 1)[0] + ".spare"
+        try:
+            os.replace(spare, self.path)
+        except FileNotFoundError:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self.path)
+
+    def header_step(self) -> int | None:
+        if self.map is None:
+            return None
+        header = read_header(self.map)
+        return header.step if header is not None and header.state == COMMITTED else None
+
+
+class _Slots:
+    def __init__(self, directory: str, rank: int) -> None:
+        self.key = (directory, rank)
+        self.slots = [_Slot(p) for p in slot_paths(directory, rank)]
+        for slot in self.slots:
+            slot.open_existing()
+
+    def newest(self) -> _Slot | None:
+        committed = [s for s in self.slots if s.header_step() is not None]
+        return max(committed, key=lambda s: s.header_step() or 0, default=None)
+
+
+_slots: _Slots | None = None
+
+
+def _my_slots() -> _Slots | None:
+    global _slots
+    directory = os.environ.get(SNAPSHOT_DIR)
+    if not directory:
+        return None
+    rank = int(os.environ.get("RANK", "0"))
+    if _slots is None or _slots.key != (directory, rank):
+        _slots = _Slots(directory, rank)
+    return _slots
+
+
+def snapshot(state: Any, step: int) -> bool:
+    """Keep `state` (a nested dict of tensors and plain values) as of `step`.
+
+    Returns False without rtrain. Raises SnapshotError for a state that cannot be kept
+    (an unpicklable object, a snapshot over the memory budget, no shared memory left).
+    """
+    slots = _my_slots()
+    if slots is None:
+        return False
+    layout = plan_shard(state)
+    budget = int(os.environ.get(SNAPSHOT_BUDGET, "0") or 0)
+    if budget and layout.size > budget:
+        raise SnapshotError(
+            f"a snapshot of {layout.size / 2**20:.1f} MiB does not fit this rank's share of "
+            f"--snapshot-memory ({budget / 2**20:.1f} MiB per snapshot slot)"
+        )
+    newest = slots.newest()
+    if newest is not None:
+        _wait_replicated(newest)
+    target = next(s for s in slots.slots if s is not newest)
+    target.reserve(layout.size)
+    assert target.map is not None
+    write_shard(target.map, layout, step)
+    return True
+
+
+def _wait_replicated(slot: _Slot) -> None:
+    assert slot.map is not None
+    step = slot.header_step()
+    end = time.monotonic() + WAIT_LIMIT_S
+    while replicated_step(slot.map) < (step or 0):
+        if time.monotonic() > end:
+            raise SnapshotError(
+                f"the snapshot of step {step} was not replicated within {WAIT_LIMIT_S:g}s"
+            )
+        time.sleep(0.001)
+
+
+def restore(copy: bool = True) -> tuple[Any, int] | None:
+    """(state, step) of the snapshot the agent restored for this rank, or None.
+
+    copy=False returns tensors that map the restored shard instead of copies of it: no
+    copy and no page faults for fresh memory, so restoring costs about a millisecond
+    per GB. The mapping is private, so writing a tensor copies only the pages written,
+    and rtrain never writes that file again. The price is memory: the whole shard stays
+    mapped as long as any returned tensor lives (an optimizer that keeps its state
+    tensors keeps all of it), on top of the two snapshot slots.
+    """
+    slots = _my_slots()
+    if slots is None:
+        return None
+    for slot in slots.slots:
+        slot.open_existing()
+    newest = slots.newest()
+    if newest is None or newest.map is None:
+        return None
+    if copy:
+        return read_shard(newest.map)
+    with open(newest.path, "rb") as handle:
+        private = mmap.mmap(handle.fileno(), newest.size, access=mmap.ACCESS_COPY)
+    newest.pinned = True
+    return read_shard(private, copy=False)
