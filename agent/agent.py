@@ -14,7 +14,6 @@ that moved past this generation fences the node, which stops its workers and rej
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import uuid
 from collections.abc import Mapping
@@ -25,36 +24,31 @@ from ..core.config.launch_spec import LaunchSpec
 from ..core.config.worker_env import pool_environment
 from ..core.errors import ExitCode, RendezvousError, RtrainError, exit_code_for_signal
 from ..core.layout.topology import LayoutError
+from ..core.rendezvous.decisions import Next, Outcome, after_generation
 from ..core.rendezvous.failures import FailureRecord, root_cause_first
-from ..core.rendezvous.protocol import MemberInfo, Membership, StoreKeys
-from . import log
-from .faults import FaultPolicy, kill_hung
+from ..core.rendezvous.protocol import MemberInfo, Membership
+from .faults import FaultPolicy, GiveUp, kill_hung
 from .generation import (
     Generation,
     default_node_addr,
-    generation_topology,
-    membership_rank,
-    previous_grid,
-    write_topology,
 )
 from .health.gpu_monitor import GpuFault
 from .health.guard import HealthGuard
-from .recycle_plans import plan_generation
-from .rendezvous.job_end import JobEnd
-from .rendezvous.lease import LeaseKeeper, PeerLeases
-from .rendezvous.rounds import GenerationEnded, JobAborted, StoreRendezvous
+from .rendezvous.job import JobRendezvous
+from .rendezvous.job_end import JobAborted, JobEnd
+from .rendezvous.lease import LeaseKeeper
+from .rendezvous.rounds import GenerationEnded
 from .restart_backoff import RestartBackoff
 from .runtime_dir import (
-    make_folder,
     make_run_log_dir,
     make_runtime_dir,
     write_failure_report,
 )
 from .snapshots.service import SnapshotService
-from .state import AgentState, Interrupted, Outcome, RunResult
-from .store.opening import connect_store, host_store, open_rendezvous_store
-from .workers.group import WorkerGroup
-from .workers.hang_watch import HangWatch
+from .starter import GenerationStarter
+from .state import AgentState, Ended, Interrupted, RunResult
+from .store.opening import connect_store, open_rendezvous_store
+from .store.torch_store import TorchKeyValueStore
 from .workers.log_tail import LogTail
 from .workers.pool import WorkerPool
 from .workers.process_tree import ZombieReaper, become_subreaper, kill_leftovers
@@ -92,18 +86,25 @@ class Agent:
         self._previous_handlers: dict[int, Any] = {}
         self._gen: Generation | None = None
         self._health = health
-        self._fault: GpuFault | None = None  # what ended the last generation, if a GPU
-        # The last generation this node joined (even one that ended before it started):
-        # its membership, this node's rank in it, and the peers' leases.
-        self._last: tuple[Membership, int, PeerLeases] | None = None
         self._lease: LeaseKeeper | None = None
-        self._worker_store: Any = None
         self._backoff = RestartBackoff(spec.faults.restart_backoff)
         self._reaper = ZombieReaper() if spec.faults.kill_process_tree else None
         # Heartbeat files and snapshot shards: memory-backed where possible.
         self._runtime = make_runtime_dir()
         self._runtime_dir = self._runtime.path
         self._snapshots = SnapshotService.for_launch(spec, self._runtime_dir, self.addr, secret)
+        self._starter = GenerationStarter(
+            spec,
+            self.node_id,
+            self.addr,
+            nproc,
+            self._pool,
+            self._tail,
+            self._base_env,
+            self.run_log_dir,
+            self._runtime_dir,
+            self._snapshots,
+        )
 
     # -- signals --
 
@@ -159,10 +160,16 @@ class Agent:
         except RendezvousError as exc:
             return self._result(AgentState.FAILED, exc.exit_code, str(exc))
         endpoint = f"{rdzv_spec.host}:{opened.port}"
-        rdzv = StoreRendezvous(opened.store, self.spec, endpoint)
+        store = TorchKeyValueStore(opened.store, endpoint, rdzv_spec.read_timeout)
+        rdzv = JobRendezvous.over(store, self.spec)
+
+        def lease_store() -> TorchKeyValueStore:  # its own connection: see lease.py
+            own = connect_store(rdzv_spec.host, opened.port, 10.0, rdzv_spec.read_timeout)
+            return TorchKeyValueStore(own.store, endpoint, rdzv_spec.read_timeout)
+
         self._lease = LeaseKeeper(
-            lambda: connect_store(rdzv_spec.host, opened.port, 10.0, rdzv_spec.read_timeout).store,
-            StoreKeys(rdzv_spec.run_id),
+            lease_store,
+            rdzv.keys,
             self.spec.faults.heartbeat_interval,
         )
         end = JobEnd(rdzv, opened.is_host, rdzv_spec.close_timeout, self._check_signal)
@@ -197,144 +204,91 @@ class Agent:
             message = end.explain(self._gen, exc, self.spec.nodes.min_nodes)
             return self._result(AgentState.FAILED, exc.exit_code, message)
 
-    def _generations(self, rdzv: StoreRendezvous, end: JobEnd) -> RunResult:
+    def _generations(self, rdzv: JobRendezvous, end: JobEnd) -> RunResult:
+        """One pass per generation: join, start, watch; then what core's decisions say."""
         while True:
             self._set_state(AgentState.RENDEZVOUS)
-            rdzv.raise_if_excluded(self.addr)
+            rdzv.ledger.raise_if_excluded(self.addr)
             fault = self._health.before_join() if self._health is not None else None
             if fault is not None:
                 return self._leave(rdzv, end, fault)
             previous = self._gen
-            member = MemberInfo(
-                node_id=self.node_id,
-                addr=self.addr,
-                local_world_size=self.nproc,
-                requested_rank=self.spec.node_rank,
-                prev_rank=self._last[1] if self._last is not None else None,
-            )
-            membership = rdzv.join(
-                member, check_stop=self._check_signal, expected=self._policy.survivors(self._last)
-            )
+            membership = self._join(rdzv)
             try:
-                gen = self._start_generation(rdzv, membership, previous)
+                gen = self._starter.start(rdzv, membership, previous, self._policy, self._lease)
             except GenerationEnded as exc:
                 logger.info("%s (a member was lost while it started); rejoining", exc)
                 continue
+            self._gen = gen
+            self._policy.settle(previous, gen)
+            gen.group.start()
             self._set_state(AgentState.HEALTHY)
             self._backoff.started()
-            outcome = self._monitor(rdzv, gen)
-            if outcome is Outcome.SUCCEEDED:
-                # One node reports what the job recovered from, not every node; read it
-                # before the barrier, after which the store's host may leave.
-                history = rdzv.history(gen.number) if gen.node_rank == 0 else []
-                if end.exit_barrier(membership):
-                    self._set_state(AgentState.SUCCEEDED)
-                    return self._result(
-                        AgentState.SUCCEEDED, ExitCode.SUCCESS, "all workers succeeded", history
-                    )
+            ended = self._monitor(rdzv, gen)
+            action = after_generation(ended.decision)
+            if action is Next.FINISH:
+                finished = self._finish(rdzv, end, gen)
+                if finished is not None:
+                    return finished
                 logger.info("another node restarted the job after this node finished; rejoining")
                 continue
             self._set_state(AgentState.UNHEALTHY)
-            fault, self._fault = self._fault, None
-            if fault is not None and fault.action.excludes_node:
-                return self._leave(rdzv, end, fault)
-            self._stop_group(signal.SIGTERM, RESTART_STOP_GRACE_S)
-            if self.spec.faults.kill_process_tree:
-                kill_leftovers(keep=self._pool.pids)
-            if outcome is Outcome.MEMBERSHIP_CHANGE:  # ours may have failed as it moved on
+            if action is Next.LEAVE:
+                assert ended.fault is not None
+                return self._leave(rdzv, end, ended.fault)
+            self._stop_workers()
+            if action is Next.REJOIN:  # ours may have failed as the job moved on
                 self._policy.record_failures(gen)
-            if outcome in (Outcome.LOCAL_FAILURE, Outcome.GPU_FAULT):
-                restart_for = None
-                if fault is not None and self._health is not None:
-                    logger.warning("restarting the workers: %s", fault.describe())
-                    restart_for = [self._health.record(fault, gen.number, gen.node_rank, self.addr)]
-                give_up = self._policy.after_local_failure(gen, restart_for)
+                self._backoff.healthy()
+            else:
+                give_up = self._recover(gen, ended.fault)
                 if give_up is not None:
                     end.end_job(gen, give_up.exit_code, give_up.reason)
                     return self._result(
                         AgentState.FAILED, give_up.exit_code, give_up.reason, give_up.failures
                     )
                 self._backoff.failed(self._check_signal)
-            else:
-                self._backoff.healthy()
-            rdzv.open_next_round(gen.number)
+            rdzv.rounds.open_next_round(gen.number)
 
-    def _start_generation(
-        self, rdzv: StoreRendezvous, membership: Membership, previous: Generation | None
-    ) -> Generation:
-        generation = membership.generation
-        log.set_generation(generation)
-        node_rank = membership_rank(membership, self.node_id)
-        log.set_node(f"node{node_rank}")
-        peers = PeerLeases(
-            rdzv.call,
-            StoreKeys(self.spec.rdzv.run_id),
-            generation,
-            [n for n in range(len(membership.members)) if n != node_rank],
-            self.spec.faults.heartbeat_timeout,
-            self.spec.faults.heartbeat_interval,
+    def _join(self, rdzv: JobRendezvous) -> Membership:
+        member = MemberInfo(
+            node_id=self.node_id,
+            addr=self.addr,
+            local_world_size=self.nproc,
+            requested_rank=self.spec.node_rank,
+            prev_rank=self._starter.joined.node_rank if self._starter.joined is not None else None,
         )
-        self._last = (membership, node_rank, peers)
+        expected = self._policy.survivors(self._starter.joined)
+        return rdzv.rounds.join(member, check_stop=self._check_signal, expected=expected)
 
-        def watch() -> bool:  # a member lost while the generation starts ends it
-            return self._policy.check_leases(membership, node_rank, peers)
-
-        assert self._lease is not None
-        self._lease.hold(generation, node_rank)
-        before = previous_grid(rdzv, self.spec.layout, membership, previous)
-        topology = generation_topology(self.spec.layout, membership, before)
-        logger.info("generation %d layout: %s", generation, topology.summary())
-        self._worker_store = None  # the previous generation's store closes here
-        if node_rank == 0:
-            opened = host_store(self.addr, 0, self.spec.rdzv.read_timeout)
-            self._worker_store = opened.store
-            rdzv.publish_master(generation, self.addr, opened.port)
-            master = (self.addr, opened.port)
-        else:
-            master = rdzv.wait_master(generation, self.spec.rdzv.join_timeout, watch)
-        assignment = membership.assignment(self.node_id, master[0], master[1])
-        logger.info(
-            "generation %d: %d nodes, world size %d, this node rank %d, worker store %s:%d",
-            generation,
-            assignment.num_nodes,
-            assignment.world_size,
-            node_rank,
-            master[0],
-            master[1],
+    def _finish(self, rdzv: JobRendezvous, end: JobEnd, gen: Generation) -> RunResult | None:
+        """Every local worker succeeded: the result once every node has, or None if the
+        job moved to another generation meanwhile."""
+        # One node reports what the job recovered from, not every node; read it before
+        # the barrier, after which the store's host may leave.
+        history = rdzv.history(gen.number) if gen.node_rank == 0 else []
+        if not end.exit_barrier(gen.membership):
+            return None
+        self._set_state(AgentState.SUCCEEDED)
+        return self._result(
+            AgentState.SUCCEEDED, ExitCode.SUCCESS, "all workers succeeded", history
         )
-        folder, topology_env = write_topology(self.run_log_dir, topology)
-        plan_env, plan = plan_generation(rdzv, self.spec, folder, topology, before, previous)
-        snapshot_env = self._snapshots.prepare(
-            rdzv, membership, topology, node_rank, self.nproc, self.spec.rdzv.join_timeout, watch
-        )
-        beat_dir = os.path.join(self._runtime_dir, f"gen{generation}")
-        make_folder(beat_dir, "this generation's heartbeat files")
-        hangs = HangWatch(self.spec.faults.hang_timeout, beat_dir)
 
-        def extra_env(local_rank: int, log_dir: str) -> dict[str, str]:
-            return {
-                **topology_env,
-                **plan_env,
-                **snapshot_env,
-                **hangs.worker_env(local_rank, log_dir),
-            }
+    def _stop_workers(self) -> None:
+        self._stop_group(signal.SIGTERM, RESTART_STOP_GRACE_S)
+        if self.spec.faults.kill_process_tree:
+            kill_leftovers(keep=self._pool.pids)
 
-        self._pool.ensure_running()
-        group = WorkerGroup(
-            self._pool,
-            self.spec,
-            assignment,
-            self.run_log_dir,
-            self._base_env,
-            self._tail,
-            extra_env,
-        )
-        self._gen = Generation(membership, node_rank, group, peers, hangs, topology, plan)
-        self._policy.settle(previous, self._gen)
-        group.start()
-        return self._gen
+    def _recover(self, gen: Generation, fault: GpuFault | None) -> GiveUp | None:
+        """Record this node's failure (its workers', or a GPU fault that restarts them);
+        a GiveUp if the job cannot go on."""
+        restart_for = None
+        if fault is not None and self._health is not None:
+            logger.warning("restarting the workers: %s", fault.describe())
+            restart_for = [self._health.record(fault, gen.number, gen.node_rank, self.addr)]
+        return self._policy.after_local_failure(gen, restart_for)
 
-    def _monitor(self, rdzv: StoreRendezvous, gen: Generation) -> Outcome:
+    def _monitor(self, rdzv: JobRendezvous, gen: Generation) -> Ended:
         group, generation = gen.group, gen.number
         room_to_grow = len(gen.membership.members) < self.spec.nodes.max_nodes
         while True:
@@ -343,27 +297,27 @@ class Agent:
             # A signal for the whole step (Slurm's) reaches the workers too: act on it
             # before their deaths look like a failure.
             self._check_signal()
-            if rdzv.round_moved_past(generation):
+            if rdzv.rounds.round_moved_past(generation):
                 self._policy.log_fenced(gen)
-                return Outcome.MEMBERSHIP_CHANGE
+                return Ended(Outcome.MEMBERSHIP_CHANGE)
             hung = gen.hangs.hung([w.local_rank for w in group.running])
             if hung:
                 kill_hung(group, gen.hangs, hung)
             if group.failed:
-                return Outcome.LOCAL_FAILURE
-            self._fault = self._health.poll() if self._health is not None else None
-            if self._fault is not None:
-                return Outcome.GPU_FAULT
+                return Ended(Outcome.LOCAL_FAILURE)
+            fault = self._health.poll() if self._health is not None else None
+            if fault is not None:
+                return Ended(Outcome.GPU_FAULT, fault)
             if group.succeeded:
-                return Outcome.SUCCEEDED
+                return Ended(Outcome.SUCCEEDED)
             if self._reaper is not None:
                 self._reaper.poll()
-            rdzv.raise_if_aborted()
+            rdzv.ends.raise_if_aborted()
             if self._policy.check_peers(gen):
-                return Outcome.MEMBERSHIP_CHANGE
-            if room_to_grow and rdzv.waiting_nodes(generation) > 0:
+                return Ended(Outcome.MEMBERSHIP_CHANGE)
+            if room_to_grow and rdzv.rounds.waiting_nodes(generation) > 0:
                 logger.info("a new node is waiting to join; restarting to admit it")
-                return Outcome.MEMBERSHIP_CHANGE
+                return Ended(Outcome.MEMBERSHIP_CHANGE)
 
     def _save_for_requeue(self, end: JobEnd, why: str) -> RunResult:
         """Slurm is about to stop the job (time limit, preemption): stop the workers,
@@ -383,13 +337,12 @@ class Agent:
         end.end_job(self._gen, ExitCode.TEMPFAIL, why)
         return self._result(AgentState.FAILED, ExitCode.TEMPFAIL, f"{why}; requeue to go on")
 
-    def _leave(self, rdzv: StoreRendezvous, end: JobEnd, fault: GpuFault) -> RunResult:
+    def _leave(self, rdzv: JobRendezvous, end: JobEnd, fault: GpuFault) -> RunResult:
         """Leave the job for a GPU fault: tell the others first (so that they put their
         workers' failures down to this node), then stop the workers."""
         assert self._health is not None
-        generation, node_rank = (
-            (self._last[0].generation, self._last[1]) if self._last else (0, None)
-        )
+        last = self._starter.joined
+        generation, node_rank = (last.membership.generation, last.node_rank) if last else (0, None)
         record = self._health.leave_job(rdzv, fault, generation, node_rank, self.addr)
         self._stop_group(signal.SIGTERM, RESTART_STOP_GRACE_S)
         end.host_until_done(self.spec.rdzv.join_timeout)

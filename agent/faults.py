@@ -22,12 +22,14 @@ import psutil
 
 from ..core.config.launch_spec import LaunchSpec
 from ..core.errors import ExitCode
-from ..core.rendezvous.failures import FailureRecord, root_cause_first
+from ..core.rendezvous.decisions import Charge, charge_for_failure
+from ..core.rendezvous.failures import FailureKind, FailureRecord, root_cause_first
 from ..core.rendezvous.protocol import Membership
 from ..core.rendezvous.restart_budget import RestartBudget
-from .generation import Generation
+from .generation import Generation, Joined
+from .rendezvous.job import JobRendezvous
 from .rendezvous.lease import PeerLeases
-from .rendezvous.rounds import StoreRendezvous
+from .waiting import SYSTEM_CLOCK, Clock, wait_until
 from .workers.group import WorkerGroup
 from .workers.hang_watch import HangWatch, capture_stack
 
@@ -46,12 +48,14 @@ class GiveUp:
 class FaultPolicy:
     def __init__(
         self,
-        rdzv: StoreRendezvous,
+        rdzv: JobRendezvous,
         spec: LaunchSpec,
         addr: str,
         check_signal: Callable[[], None],
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._rdzv = rdzv
+        self._clock = clock
         self._spec = spec
         self._addr = addr
         self._check_signal = check_signal
@@ -60,7 +64,7 @@ class FaultPolicy:
     # -- lost nodes --
 
     def lost(self, gen: Generation) -> list[int]:
-        return self._rdzv.lost_nodes(gen.number, gen.num_nodes)
+        return self._rdzv.ledger.lost_nodes(gen.number, gen.num_nodes)
 
     def check_peers(self, gen: Generation) -> bool:
         """Declare every peer whose lease expired; True if any did."""
@@ -72,7 +76,7 @@ class FaultPolicy:
             self._declare_lost(membership, node_rank, peers.timeout, node)
             peers.forget(node)
         if stale:
-            self._rdzv.open_next_round(membership.generation)
+            self._rdzv.rounds.open_next_round(membership.generation)
         return bool(stale)
 
     def _declare_lost(
@@ -80,7 +84,7 @@ class FaultPolicy:
     ) -> None:
         generation = membership.generation
         addr = membership.members[node].addr
-        if not self._rdzv.mark_lost(generation, node, my_rank):
+        if not self._rdzv.ledger.mark_lost(generation, node, my_rank):
             return  # another agent declared it first and recorded it
         logger.warning(
             "node %d (%s) lost: its lease was not renewed for %gs; starting generation %d "
@@ -90,9 +94,9 @@ class FaultPolicy:
             timeout,
             generation + 1,
         )
-        self._rdzv.record_failure(
+        self._rdzv.ledger.record_failure(
             FailureRecord(
-                kind="lost_node",
+                kind=FailureKind.LOST_NODE,
                 generation=generation,
                 node_rank=node,
                 host=addr,
@@ -103,19 +107,18 @@ class FaultPolicy:
                 ),
             )
         )
-        self._rdzv.count_node_failure(addr)
+        self._rdzv.ledger.count_node_failure(addr)
 
-    def survivors(
-        self, last: tuple[Membership, int, PeerLeases] | None
-    ) -> Callable[[], set[str]] | None:
+    def survivors(self, last: Joined | None) -> Callable[[], set[str]] | None:
         """For closing the next round: the node ids of the last generation still alive."""
         if last is None:
             return None
-        membership, node_rank, peers = last
+        membership, node_rank, peers = last.membership, last.node_rank, last.peers
 
         def alive() -> set[str]:
             self.check_leases(membership, node_rank, peers)
-            lost = set(self._rdzv.lost_nodes(membership.generation, len(membership.members)))
+            ledger = self._rdzv.ledger
+            lost = set(ledger.lost_nodes(membership.generation, len(membership.members)))
             return {m.node_id for n, m in enumerate(membership.members) if n not in lost}
 
         return alive
@@ -138,7 +141,7 @@ class FaultPolicy:
         generation (another node reported first): the root cause may be among them, and
         it is charged when the next round closes. No restart is claimed."""
         for record in gen.group.failure_records(self._addr):
-            self._rdzv.record_failure(record)
+            self._rdzv.ledger.record_failure(record)
 
     def after_local_failure(
         self, gen: Generation, failures: list[FailureRecord] | None = None
@@ -147,22 +150,25 @@ class FaultPolicy:
         a GPU fault that restarts them); None to restart the job."""
         failures = failures or gen.group.failure_records(self._addr)
         for record in failures:
-            self._rdzv.record_failure(record)
-        first = root_cause_first(failures)[0]
-        what = _what_failed(first)
-        if not self._rdzv.claim_restart(gen.number):
+            self._rdzv.ledger.record_failure(record)
+        what = _what_failed(root_cause_first(failures)[0])
+        first_reporter = self._rdzv.ledger.claim_restart(gen.number)
+        charge = charge_for_failure(first_reporter, self.budget.exhausted, None)
+        if charge is Charge.CHECK_PEERS:
+            charge = charge_for_failure(True, True, self._peer_loss_explains(gen))
+        if charge is Charge.NOT_FIRST:
             logger.info(
                 "%s after another node reported a failure; this node is not charged a restart",
                 what,
             )
             return None
-        if self.budget.exhausted and self._peer_loss_explains(gen):
+        if charge is Charge.PEER_LOST:
             logger.info("%s because a peer node was lost", what)
             return None
-        if self.budget.exhausted:
+        if charge is Charge.GIVE_UP:
             reason = f"{what}; max_restarts={self._spec.max_restarts} exhausted"
             stopped = gen.group.stopped_records(self._addr)
-            return GiveUp(reason, self._rdzv.failures(gen.number, gen.num_nodes) + stopped)
+            return GiveUp(reason, self._rdzv.ledger.failures(gen.number, gen.num_nodes) + stopped)
         self.budget.charge(gen.number)
         logger.warning(
             "%s; restarting the job (%d of %d restarts used)",
@@ -176,14 +182,19 @@ class FaultPolicy:
         """Before giving up: wait one lease timeout to see whether a peer node is gone."""
         if gen.num_nodes < 2:
             return False
-        deadline = time.monotonic() + gen.peers.timeout + self._spec.faults.heartbeat_interval
-        while time.monotonic() < deadline:
+
+        def peer_lost() -> bool:
             self._check_signal()
             self.check_peers(gen)
-            if self.lost(gen):
-                return True
-            time.sleep(self._spec.monitor_interval)
-        return False
+            return bool(self.lost(gen))
+
+        return wait_until(
+            peer_lost,
+            gen.peers.timeout + self._spec.faults.heartbeat_interval,
+            self._spec.monitor_interval,
+            self._clock.now,
+            self._clock.sleep,
+        )
 
     def settle(self, previous: Generation | None, gen: Generation) -> None:
         """At a new generation: a restart charged for one that lost a node is refunded."""

@@ -14,12 +14,21 @@ from ..core.config.worker_env import TOPOLOGY_FILE
 from ..core.errors import RendezvousError
 from ..core.layout.topology import Layout, NodeSlot, Topology, build_grid, recompute_topology
 from ..core.rendezvous.protocol import Membership
+from .rendezvous.job import JobRendezvous
 from .rendezvous.lease import PeerLeases
-from .rendezvous.rounds import StoreRendezvous
 from .workers.group import WorkerGroup
 from .workers.hang_watch import HangWatch
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Joined:
+    """The last generation this node joined, even one that ended before it started."""
+
+    membership: Membership
+    node_rank: int
+    peers: PeerLeases
 
 
 @dataclass
@@ -42,7 +51,7 @@ class Generation:
 
 
 def previous_grid(
-    rdzv: StoreRendezvous, layout: Layout, membership: Membership, previous: Generation | None
+    rdzv: JobRendezvous, layout: Layout, membership: Membership, previous: Generation | None
 ) -> Topology | None:
     """The grid of the generation before `membership`'s: this node's own, or (joined
     late) rebuilt from the store as every other agent has it."""
@@ -50,7 +59,7 @@ def previous_grid(
         return previous.topology
     if membership.generation == 0:
         return None
-    last = rdzv.read_membership(membership.generation - 1)
+    last = rdzv.rounds.read_membership(membership.generation - 1)
     return build_grid(
         layout, last.generation, [NodeSlot(m.node_id, m.local_world_size) for m in last.members]
     )

@@ -26,13 +26,13 @@ from ..core.layout.recycle import (
 from ..core.layout.topology import Topology
 from ..core.rendezvous.protocol import StoreKeys
 from .generation import Generation
-from .rendezvous.rounds import StoreRendezvous
+from .rendezvous.job import JobRendezvous
 
 logger = logging.getLogger(__name__)
 
 
 def plan_generation(
-    rdzv: StoreRendezvous,
+    rdzv: JobRendezvous,
     spec: LaunchSpec,
     folder: str,
     topology: Topology,
@@ -48,7 +48,7 @@ def plan_generation(
 
 
 def carried_plan(
-    rdzv: StoreRendezvous, keys: StoreKeys, generation: int, previous: Generation | None
+    rdzv: JobRendezvous, keys: StoreKeys, generation: int, previous: Generation | None
 ) -> Mapping[str, Any] | None:
     """The previous generation's plan positions: this agent's own if it ran that
     generation, else the ones that generation's agents published."""
@@ -57,17 +57,18 @@ def carried_plan(
     if previous is not None and previous.number == generation - 1:
         return previous.recycle_plan
     key = keys.recycle_positions(generation - 1)
-    if not rdzv.call("check", [key]):
+    payload = rdzv.store.get(key)
+    if payload is None:
         return None
     try:
-        return decode_positions(rdzv.call("get", key))
+        return decode_positions(payload)
     except PositionsError as exc:
         logger.error("refusing the plan positions of generation %d: %s", generation - 1, exc)
         return None
 
 
 def write_plan(
-    rdzv: StoreRendezvous,
+    rdzv: JobRendezvous,
     keys: StoreKeys,
     folder: str,
     topology: Topology,
@@ -82,7 +83,7 @@ def write_plan(
     if plan is None:
         logger.info("no ReCycle plan for generation %d: a stage lost every worker", generation)
         return {}, None
-    rdzv.call("compare_set", keys.recycle_positions(generation), "", encode_positions(plan))
+    rdzv.store.set_once(keys.recycle_positions(generation), encode_positions(plan))
     path = os.path.join(folder, "recycle_plan.json")
     with open(path, "w") as handle:
         json.dump(plan, handle)

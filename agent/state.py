@@ -6,7 +6,9 @@ import signal
 from dataclasses import dataclass, field
 from enum import Enum
 
+from ..core.rendezvous.decisions import GenerationEnd, Outcome
 from ..core.rendezvous.failures import FailureRecord
+from .health.gpu_monitor import GpuFault
 
 
 class AgentState(str, Enum):
@@ -18,17 +20,23 @@ class AgentState(str, Enum):
     FAILED = "FAILED"
 
 
-class Outcome(Enum):
-    SUCCEEDED = "succeeded"
-    LOCAL_FAILURE = "local failure"
-    MEMBERSHIP_CHANGE = "membership change"
-    GPU_FAULT = "GPU fault"
-
-
 class Interrupted(Exception):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+
+
+@dataclass(frozen=True)
+class Ended:
+    """How this node's generation ended, and the GPU fault that ended it, if one did."""
+
+    outcome: Outcome
+    fault: GpuFault | None = None
+
+    @property
+    def decision(self) -> GenerationEnd:
+        excludes = self.fault is not None and self.fault.action.excludes_node
+        return GenerationEnd(self.outcome, excludes)
 
 
 @dataclass

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from ..core.config.launch_spec import LaunchSpec
 from ..core.layout.topology import LayoutError, NodeSlot, build_grid
-from ..core.rendezvous.failures import FailureRecord
+from ..core.rendezvous.failures import FailureKind, FailureRecord
 
 
 def _when(stamp: float) -> str:
@@ -52,7 +52,7 @@ def recovery_report(console: Console, script: str, failures: list[FailureRecord]
 
 def _hung_stacks(console: Console, failures: list[FailureRecord]) -> None:
     for record in failures:
-        if record.kind == "hang" and record.traceback:
+        if record.kind == FailureKind.HANG and record.traceback:
             console.print(f"[bold]Stack of hung rank {record.rank}:[/bold]", highlight=False)
             console.print(record.traceback.rstrip(), markup=False, highlight=False)
 
@@ -68,7 +68,7 @@ def _failure_table(console: Console, title: str, style: str, failures: list[Fail
             "root cause" if index == 0 else "",
             _when(record.time),
             str(record.generation),
-            record.kind,
+            record.kind.value,
             str(record.node_rank),
             escape(record.host),
             rank,

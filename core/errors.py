@@ -24,6 +24,13 @@ class ExitCode(IntEnum):
     NODE_UNHEALTHY = 77
 
 
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """The first line of an error's message (at most `limit` characters), or its type's
+    name if it has none: what a one-line report shows of a foreign exception."""
+    lines = str(exc).strip().splitlines()
+    return lines[0][:limit] if lines else type(exc).__name__
+
+
 def exit_code_for_signal(signum: int) -> int:
     """Shell convention for "terminated by signal N", used when rtrain itself is signalled."""
     return 128 + signum
@@ -50,3 +57,15 @@ class RendezvousError(RtrainError):
     """The nodes could not form a generation (timeout, unreachable store): requeue may help."""
 
     exit_code = ExitCode.TEMPFAIL
+
+
+class StoreUnavailable(RendezvousError):
+    """The rendezvous store is gone, stopped or cut off: no call to it can succeed."""
+
+
+class RendezvousTimeout(RendezvousError):
+    """Too few nodes joined a generation within join_timeout."""
+
+    def __init__(self, message: str, generation: int) -> None:
+        super().__init__(message)
+        self.generation = generation

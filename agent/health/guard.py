@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from ...core.config.launch_spec import HealthSpec
 from ...core.health.gpu_health import Thresholds
 from ...core.health.gpu_inventory import expected_gpus
-from ...core.rendezvous.failures import FailureRecord
-from ..rendezvous.rounds import StoreRendezvous
+from ...core.rendezvous.failures import FailureKind, FailureRecord
+from ..rendezvous.job import JobRendezvous
 from .drain import DrainError, drain_node, slurm_node_name
 from .gpu_monitor import GpuFault, GpuMonitor, faults_of
 from .nvml_reader import NvmlUnavailable, open_nvml
@@ -62,7 +62,7 @@ class HealthGuard:
 
     def record(self, fault: GpuFault, generation: int, node_rank: int, host: str) -> FailureRecord:
         return FailureRecord(
-            kind="unhealthy_gpu",
+            kind=FailureKind.UNHEALTHY_GPU,
             generation=generation,
             node_rank=node_rank,
             host=host,
@@ -72,7 +72,7 @@ class HealthGuard:
 
     def leave_job(
         self,
-        rdzv: StoreRendezvous,
+        rdzv: JobRendezvous,
         fault: GpuFault,
         generation: int,
         node_rank: int | None,
@@ -83,9 +83,9 @@ class HealthGuard:
         logger.error("leaving the job: %s", fault.describe())
         if node_rank is not None:
             try:
-                rdzv.mark_lost(generation, node_rank, node_rank)
-                rdzv.record_failure(record)
-                rdzv.open_next_round(generation)
+                rdzv.ledger.mark_lost(generation, node_rank, node_rank)
+                rdzv.ledger.record_failure(record)
+                rdzv.rounds.open_next_round(generation)
             except Exception as exc:  # the store may be gone too; leaving must not fail
                 logger.warning("could not tell the other nodes: %s", exc)
         self.drain(fault)

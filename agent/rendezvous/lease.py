@@ -12,16 +12,19 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
+from ...core.errors import first_line
 from ...core.rendezvous.liveness import StalenessTracker
 from ...core.rendezvous.protocol import ProtocolError, StoreKeys, decode_int
+from ..store.kv import KeyValueStore
 
 logger = logging.getLogger(__name__)
 
 
 class LeaseKeeper:
-    def __init__(self, connect: Callable[[], Any], keys: StoreKeys, interval: float) -> None:
+    def __init__(
+        self, connect: Callable[[], KeyValueStore], keys: StoreKeys, interval: float
+    ) -> None:
         self._connect = connect
         self._keys = keys
         self._interval = interval
@@ -47,7 +50,7 @@ class LeaseKeeper:
         try:
             store = self._connect()
         except Exception as exc:  # the main thread's own store calls end the run
-            logger.error("cannot renew this node's lease: %s", _first_line(exc))
+            logger.error("cannot renew this node's lease: %s", first_line(exc))
             return
         while not self._closed.is_set():
             key = self._key
@@ -56,14 +59,10 @@ class LeaseKeeper:
                 try:
                     store.set(key, str(self._seq))
                 except Exception as exc:  # the main thread reports the lost store
-                    logger.warning("lease renewal stopped: %s", _first_line(exc))
+                    logger.warning("lease renewal stopped: %s", first_line(exc))
                     return
             self._wake.wait(self._interval)
             self._wake.clear()
-
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 class PeerLeases:
@@ -71,7 +70,7 @@ class PeerLeases:
 
     def __init__(
         self,
-        store_call: Callable[..., Any],
+        store: KeyValueStore,
         keys: StoreKeys,
         generation: int,
         peers: list[int],
@@ -81,7 +80,7 @@ class PeerLeases:
     ) -> None:
         self.generation = generation
         self.timeout = timeout
-        self._call = store_call
+        self._store = store
         self._keys = keys
         self._peers = peers
         self._tracker: StalenessTracker[int] = StalenessTracker(timeout)
@@ -100,10 +99,11 @@ class PeerLeases:
 
     def _read(self, node: int) -> int | None:
         key = self._keys.lease(self.generation, node)
-        if not self._call("check", [key]):
+        payload = self._store.get(key)
+        if payload is None:
             return None
         try:
-            return decode_int(self._call("get", key), f"lease of node {node}")
+            return decode_int(payload, f"lease of node {node}")
         except ProtocolError as exc:
             # Not trusted: counts as not renewed, so garbage cannot keep a dead node alive.
             logger.error("refusing %s", exc)

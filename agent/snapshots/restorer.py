@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ...core.errors import RtrainError
+from ...core.errors import RendezvousError, RtrainError
 from ...core.layout.topology import Topology
 from ...core.rendezvous.protocol import (
     Membership,
@@ -37,7 +37,8 @@ from ...core.snapshots.restore_plan import (
     plan_restore,
     snapshots_existed,
 )
-from ..rendezvous.rounds import StoreRendezvous
+from ..rendezvous.job import JobRendezvous
+from ..waiting import SYSTEM_CLOCK, wait_until
 from .disk_checkpoints import load_verified, newest_complete
 from .shard_server import ShardClient, ShardError
 from .shard_store import ShardStore
@@ -83,7 +84,7 @@ class Pooled:
 
 
 def publish(
-    rdzv: StoreRendezvous,
+    rdzv: JobRendezvous,
     keys: StoreKeys,
     store: ShardStore,
     generation: int,
@@ -93,12 +94,12 @@ def publish(
 ) -> None:
     shards = [[s.generation, s.rank, s.step] for s in store.inventory()]
     payload = {"shards": shards, "reached": reached.newest, "every_rank": reached.every_rank}
-    rdzv.call("set", keys.shards(generation, node_rank), encode_master(*address))
-    rdzv.call("set", keys.inventory(generation, node_rank), json.dumps(payload))
+    rdzv.store.set(keys.shards(generation, node_rank), encode_master(*address))
+    rdzv.store.set(keys.inventory(generation, node_rank), json.dumps(payload))
 
 
 def gather(
-    rdzv: StoreRendezvous,
+    rdzv: JobRendezvous,
     keys: StoreKeys,
     membership: Membership,
     timeout: float,
@@ -110,8 +111,16 @@ def gather(
     for node, member in enumerate(membership.members):
         key = keys.inventory(generation, node)
         _wait_for(rdzv, key, generation, timeout, watch, f"node {node} did not publish its shards")
+        # The server address and the inventory are judged apart: a node whose inventory
+        # is refused still gets replicas from its ring predecessors.
         try:
-            raw = json.loads(rdzv.call("get", key))
+            pooled.servers[node] = decode_master(
+                rdzv.store.get(keys.shards(generation, node)) or b""
+            )
+        except ProtocolError as exc:
+            logger.error("refusing node %d's shard server address: %s", node, exc)
+        try:
+            raw = json.loads(rdzv.store.get(key) or b"")
             pooled.inventory[node] = [ShardId(int(g), int(r), int(s)) for g, r, s in raw["shards"]]
             newest = raw["reached"]
             pooled.reached[node] = Reached(
@@ -119,8 +128,7 @@ def gather(
                 raw["every_rank"] is True,
                 member.prev_rank is not None,
             )
-            pooled.servers[node] = decode_master(rdzv.call("get", keys.shards(generation, node)))
-        except (ValueError, TypeError, KeyError, ProtocolError) as exc:
+        except (ValueError, TypeError, KeyError) as exc:
             logger.error("refusing node %d's shard inventory: %s", node, exc)
             pooled.inventory[node] = []
             pooled.reached[node] = Reached(was_member=member.prev_rank is not None)
@@ -128,19 +136,21 @@ def gather(
 
 
 def _wait_for(
-    rdzv: StoreRendezvous,
+    rdzv: JobRendezvous,
     key: str,
     generation: int,
     timeout: float,
     watch: Callable[[], object] | None,
     what: str,
 ) -> None:
-    end = time.monotonic() + timeout
-    while not rdzv.call("check", [key]):
-        rdzv.raise_if_ended(generation, watch)
-        if time.monotonic() > end:
-            raise RtrainError(f"{what} for generation {generation}", 75)
-        time.sleep(POLL_S)
+    def there() -> bool:
+        if rdzv.store.exists(key):
+            return True
+        rdzv.rounds.raise_if_ended(generation, watch)
+        return False
+
+    if not wait_until(there, timeout, POLL_S, SYSTEM_CLOCK.now, SYSTEM_CLOCK.sleep):
+        raise RendezvousError(f"{what} for generation {generation}")
 
 
 @dataclass
@@ -153,7 +163,7 @@ class Peers:
 
 
 def restore_agreed(
-    rdzv: StoreRendezvous,
+    rdzv: JobRendezvous,
     keys: StoreKeys,
     membership: Membership,
     store: ShardStore,
@@ -183,10 +193,8 @@ def restore_agreed(
             break
         result, bad, complete = _restore_planned(store, peers, topology, node_rank, plan)
         outcome = {"complete": complete, "bad": [[*_key(s), n] for s, n in sorted(bad, key=str)]}
-        rdzv.call(
-            "set",
-            keys.restore_outcome(topology.generation, node_rank, attempt),
-            json.dumps(outcome),
+        rdzv.store.set(
+            keys.restore_outcome(topology.generation, node_rank, attempt), json.dumps(outcome)
         )
         all_complete = True
         for node in members:
@@ -194,7 +202,7 @@ def restore_agreed(
             _wait_for(
                 rdzv, key, topology.generation, timeout, watch, f"node {node} did not restore"
             )
-            theirs = _read_outcome(rdzv.call("get", key), node)
+            theirs = _read_outcome(rdzv.store.get(key), node)
             all_complete &= theirs[0]
             unusable |= theirs[1]
         if all_complete:

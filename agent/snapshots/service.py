@@ -20,7 +20,7 @@ from ...core.rendezvous.protocol import Membership, StoreKeys
 from ...core.snapshots.admission import Admission
 from ...core.snapshots.format import COMMITTED, checksums, read_header
 from ...core.snapshots.restore_plan import Reached, ring_successors
-from ..rendezvous.rounds import StoreRendezvous
+from ..rendezvous.job import JobRendezvous
 from .disk_checkpoints import DiskCheckpointer, write_checkpoint
 from .replicator import Replicator
 from .restorer import Peers, gather, publish, restore_agreed
@@ -81,12 +81,11 @@ class SnapshotService:
             secret,
         )
 
-    def _start(self, rdzv: StoreRendezvous) -> None:
+    def _start(self, rdzv: JobRendezvous) -> None:
         """The job secret as given (agent/snapshots/job_secret.py), else one random value the first
         agent sets in the store."""
         if self._secret is None:
-            value = rdzv.call("compare_set", self._keys.secret, "", secrets.token_hex(32))
-            self._secret = value if isinstance(value, bytes) else str(value).encode()
+            self._secret = rdzv.store.set_once(self._keys.secret, secrets.token_hex(32))
         self._server = ShardServer(self._host, self._secret, self.store, self._admission)
         self._replicator = Replicator(
             self.store,
@@ -108,7 +107,7 @@ class SnapshotService:
 
     def prepare(
         self,
-        rdzv: StoreRendezvous,
+        rdzv: JobRendezvous,
         membership: Membership,
         topology: Topology,
         node_rank: int,
@@ -148,11 +147,13 @@ class SnapshotService:
         if result.step is not None:
             self._admission.ceiling.observe(result.step)
             self._local_steps = dict.fromkeys(local_ranks, result.step)
-        servers = pooled.servers
-        successors = ring_successors(node_rank, len(membership.members), self._copies)
-        self._replicator.follow(
-            generation, [servers[n] for n in successors], topology.world_size, local_world_size
-        )
+        targets = []
+        for successor in ring_successors(node_rank, len(membership.members), self._copies):
+            if successor in pooled.servers:
+                targets.append(pooled.servers[successor])
+            else:  # its address was refused: one copy fewer this generation, not a crash
+                logger.error("no replicas go to node %d: its shard server is unknown", successor)
+        self._replicator.follow(generation, targets, topology.world_size, local_world_size)
         self.store.recycle(generation, local_ranks, result.step)
         self.store.prune(keep_from=generation - 1)
         per_slot = self._budget // max(local_world_size * 2 * self._copies, 1)

@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from ...core.errors import RendezvousError
+from ...core.errors import RendezvousError, first_line
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ def host_store(host: str, port: int, timeout_s: float) -> OpenedStore:
         if _is_addr_in_use(exc):
             raise OSError(98, f"port {port} is in use") from None
         raise RendezvousError(
-            f"cannot start the store on {host}:{port}: {_first_line(exc)}"
+            f"cannot start the store on {host}:{port}: {first_line(exc)}"
         ) from None
     return OpenedStore(store=store, host=host, port=store.port, is_host=True)
 
@@ -153,7 +153,7 @@ def connect_store(host: str, port: int, deadline_s: float, timeout_s: float) -> 
         store.set_timeout(datetime.timedelta(seconds=timeout_s))
         return OpenedStore(store=store, host=host, port=port, is_host=False)
     if "error" in result:
-        reason = _first_line(result["error"])
+        reason = first_line(result["error"])
         raise RendezvousError(
             f"cannot reach the rendezvous store at {host}:{port} within {deadline_s:g}s ({reason})"
         )
@@ -190,8 +190,3 @@ def open_rendezvous_store(
                 host, port, deadline_s=min(join_timeout, LOCAL_CONNECT_S), timeout_s=read_timeout
             )
     return connect_store(host, port, deadline_s=join_timeout, timeout_s=read_timeout)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:200] if text else type(exc).__name__

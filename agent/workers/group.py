@@ -245,14 +245,14 @@ class WorkerGroup:
         assert worker.exitcode is not None
         if worker.hang_message:
             message, trace = worker.hang_message, worker.hang_stack
-        kind: FailureKind = (
-            "stopped"
+        kind = (
+            FailureKind.STOPPED
             if stopped
-            else "hang"
+            else FailureKind.HANG
             if worker.hang_message
-            else "signal"
+            else FailureKind.SIGNAL
             if worker.exitcode < 0
-            else "exit"
+            else FailureKind.EXIT
         )
         return FailureRecord(
             kind=kind,

@@ -5,21 +5,28 @@ from __future__ import annotations
 import json
 import signal
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from enum import Enum
+from typing import Any
 
-# "stopped": a worker the agent stopped after another's failure. It appears only in the
-# final failure report of the node that gives up, as torchrun lists every rank that
-# ended non-zero; it is never written to the store, so it is never charged.
-FailureKind = Literal["exit", "signal", "hang", "lost_node", "unhealthy_gpu", "agent", "stopped"]
-FAILURE_KINDS: tuple[str, ...] = (
-    "exit",
-    "signal",
-    "hang",
-    "lost_node",
-    "unhealthy_gpu",
-    "agent",
-    "stopped",
-)
+
+class FailureKind(str, Enum):
+    """What failed. The value is what failure records carry on the wire and on disk."""
+
+    EXIT = "exit"  # a worker exited non-zero
+    SIGNAL = "signal"  # a worker died of a signal
+    HANG = "hang"  # a worker stopped heartbeating and was killed
+    LOST_NODE = "lost_node"  # a peer agent's lease expired
+    UNHEALTHY_GPU = "unhealthy_gpu"  # a GPU failed its checks
+    AGENT = "agent"  # the agent itself could not go on
+    # A worker the agent stopped after another's failure. It appears only in the final
+    # failure report of the node that gives up, as torchrun lists every rank that ended
+    # non-zero; it is never written to the store, so it is never charged.
+    STOPPED = "stopped"
+
+    __str__ = str.__str__  # the wire value, in messages too
+
+
+FAILURE_KINDS: tuple[str, ...] = tuple(kind.value for kind in FailureKind)
 
 
 class RecordError(ValueError):
@@ -41,6 +48,10 @@ class FailureRecord:
     traceback: str = ""
     error_file: str = ""
 
+    def __post_init__(self) -> None:
+        # A kind given as its wire value ("exit") is held as the enum member.
+        object.__setattr__(self, "kind", FailureKind(self.kind))
+
     @property
     def signal_name(self) -> str | None:
         if self.exitcode is None or self.exitcode >= 0:
@@ -60,20 +71,20 @@ class FailureRecord:
         """What went wrong, in one line: the error's message, or how the process ended."""
         if self.message:
             return self.message
-        if self.kind == "exit" and self.exitcode is not None:
+        if self.kind == FailureKind.EXIT and self.exitcode is not None:
             return (
                 f"exit {self.exitcode}: no Python exception "
                 f"(sys.exit({self.exitcode}) or os._exit({self.exitcode}))"
             )
-        if self.kind == "signal" and self.signal_name is not None:
+        if self.kind == FailureKind.SIGNAL and self.signal_name is not None:
             return f"killed by {self.signal_name}"
-        if self.kind == "stopped":
+        if self.kind == FailureKind.STOPPED:
             how = self.signal_name or f"exit {self.exitcode}"
             return f"stopped by rtrain after the failure above ({how})"
-        return self.kind.replace("_", " ")
+        return self.kind.value.replace("_", " ")
 
     def encode(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        return json.dumps({**asdict(self), "kind": self.kind.value}, sort_keys=True)
 
     @classmethod
     def decode(cls, payload: bytes | str) -> FailureRecord:
@@ -83,7 +94,7 @@ class FailureRecord:
             if kind not in FAILURE_KINDS:
                 raise RecordError(f"failure record: unknown kind {kind!r}")
             return cls(
-                kind=kind,
+                kind=FailureKind(kind),
                 generation=_int(data, "generation"),
                 node_rank=_int(data, "node_rank"),
                 host=str(data["host"]),
@@ -127,7 +138,7 @@ def root_cause_first(records: list[FailureRecord]) -> list[FailureRecord]:
     return sorted(
         records,
         key=lambda r: (
-            r.kind == "stopped",
+            r.kind == FailureKind.STOPPED,
             is_collective_victim(r),
             r.time,
             r.node_rank,

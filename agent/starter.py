@@ -1,0 +1,153 @@
+"""GenerationStarter: everything one node does to start a generation's workers.
+
+Its name in the job, the peers' leases, the grid, the workers' store, the ReCycle
+plan, the restore of every new worker's snapshot, heartbeat files, and the worker
+group (built here; the agent starts it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from ..core.config.launch_spec import LaunchSpec
+from ..core.rendezvous.protocol import Membership
+from . import log
+from .faults import FaultPolicy
+from .generation import (
+    Generation,
+    Joined,
+    generation_topology,
+    membership_rank,
+    previous_grid,
+    write_topology,
+)
+from .recycle_plans import plan_generation
+from .rendezvous.job import JobRendezvous
+from .rendezvous.lease import LeaseKeeper, PeerLeases
+from .runtime_dir import make_folder
+from .snapshots.service import SnapshotService
+from .store.opening import host_store
+from .workers.group import WorkerGroup
+from .workers.hang_watch import HangWatch
+from .workers.log_tail import LogTail
+from .workers.pool import WorkerPool
+
+logger = logging.getLogger(__name__)
+
+
+class GenerationStarter:
+    def __init__(
+        self,
+        spec: LaunchSpec,
+        node_id: str,
+        addr: str,
+        nproc: int,
+        pool: WorkerPool,
+        tail: LogTail,
+        base_env: dict[str, str],
+        run_log_dir: str,
+        runtime_dir: str,
+        snapshots: SnapshotService,
+    ) -> None:
+        self.spec = spec
+        self.node_id = node_id
+        self.addr = addr
+        self.nproc = nproc
+        self._pool = pool
+        self._tail = tail
+        self._base_env = base_env
+        self.run_log_dir = run_log_dir
+        self._runtime_dir = runtime_dir
+        self._snapshots = snapshots
+        # The last generation this node joined, even one that ended before it started.
+        self.joined: Joined | None = None
+        self._worker_store_handle: Any = None  # the TCPStore this node hosts for its workers
+
+    def start(
+        self,
+        rdzv: JobRendezvous,
+        membership: Membership,
+        previous: Generation | None,
+        policy: FaultPolicy,
+        lease: LeaseKeeper | None,
+    ) -> Generation:
+        """The new generation, its workers ready to start; GenerationEnded if a member
+        was lost meanwhile."""
+        generation = membership.generation
+        log.set_generation(generation)
+        node_rank = membership_rank(membership, self.node_id)
+        log.set_node(f"node{node_rank}")
+        peers = PeerLeases(
+            rdzv.store,
+            rdzv.keys,
+            generation,
+            [n for n in range(len(membership.members)) if n != node_rank],
+            self.spec.faults.heartbeat_timeout,
+            self.spec.faults.heartbeat_interval,
+        )
+        self.joined = Joined(membership, node_rank, peers)
+
+        def watch() -> bool:  # a member lost while the generation starts ends it
+            return policy.check_leases(membership, node_rank, peers)
+
+        assert lease is not None
+        lease.hold(generation, node_rank)
+        before = previous_grid(rdzv, self.spec.layout, membership, previous)
+        topology = generation_topology(self.spec.layout, membership, before)
+        logger.info("generation %d layout: %s", generation, topology.summary())
+        assignment = membership.assignment(
+            self.node_id, *self._worker_store(rdzv, generation, node_rank, watch)
+        )
+        logger.info(
+            "generation %d: %d nodes, world size %d, this node rank %d, worker store %s:%d",
+            generation,
+            assignment.num_nodes,
+            assignment.world_size,
+            node_rank,
+            assignment.master_addr,
+            assignment.master_port,
+        )
+        folder, topology_env = write_topology(self.run_log_dir, topology)
+        plan_env, plan = plan_generation(rdzv, self.spec, folder, topology, before, previous)
+        snapshot_env = self._snapshots.prepare(
+            rdzv, membership, topology, node_rank, self.nproc, self.spec.rdzv.join_timeout, watch
+        )
+        beat_dir = os.path.join(self._runtime_dir, f"gen{generation}")
+        make_folder(beat_dir, "this generation's heartbeat files")
+        hangs = HangWatch(self.spec.faults.hang_timeout, beat_dir)
+
+        def extra_env(local_rank: int, log_dir: str) -> dict[str, str]:
+            return {
+                **topology_env,
+                **plan_env,
+                **snapshot_env,
+                **hangs.worker_env(local_rank, log_dir),
+            }
+
+        self._pool.ensure_running()
+        group = WorkerGroup(
+            self._pool,
+            self.spec,
+            assignment,
+            self.run_log_dir,
+            self._base_env,
+            self._tail,
+            extra_env,
+        )
+        return Generation(membership, node_rank, group, peers, hangs, topology, plan)
+
+    def _worker_store(
+        self, rdzv: JobRendezvous, generation: int, node_rank: int, watch: Callable[[], bool]
+    ) -> tuple[str, int]:
+        """This generation's store for the workers (torchrun's MASTER_ADDR:MASTER_PORT):
+        node 0 hosts a fresh one and publishes it; the others wait for it."""
+        self._worker_store_handle = None  # the previous generation's store closes here
+        if node_rank != 0:
+            return rdzv.rounds.wait_master(generation, self.spec.rdzv.join_timeout, watch)
+        opened = host_store(self.addr, 0, self.spec.rdzv.read_timeout)
+        self._worker_store_handle = opened.store
+        rdzv.rounds.publish_master(generation, self.addr, opened.port)
+        return self.addr, opened.port

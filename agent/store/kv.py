@@ -1,0 +1,81 @@
+"""KeyValueStore: the one interface through which the agent uses the rendezvous store.
+
+Every agent module goes through it; nothing outside agent/store names a backend's
+operations. Today it is implemented over torch's TCPStore (torch_store.py); it is the
+seam an etcd backend implements, and tests wrap it in a store that injects faults.
+
+The contract every implementation keeps:
+- values are bytes; str values are written as UTF-8;
+- no call blocks longer than the store's own deadline; a store that is gone, stopped
+  or cut off raises StoreUnavailable (a RendezvousError, exit 75), never hangs;
+- counter and increment refuse a value that is not a decimal integer with a
+  RendezvousError: garbage under the job's keys is refused, not trusted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class KeyValueStore(Protocol):
+    endpoint: str  # where the store is, for error messages
+
+    def get(self, key: str) -> bytes | None:
+        """The value of key, or None if it is not set."""
+        ...
+
+    def set(self, key: str, value: str | bytes) -> None: ...
+
+    def exists(self, key: str) -> bool: ...
+
+    def set_once(self, key: str, value: str | bytes) -> bytes:
+        """Write value unless key is already set; the value key holds afterwards (value
+        itself for the one caller whose write took)."""
+        ...
+
+    def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
+        """Write desired if key holds expected (an empty expected: if key is unset); the
+        value key holds afterwards."""
+        ...
+
+    def add(self, key: str, amount: int) -> int:
+        """Add amount to the integer under key (unset reads as 0); the new value."""
+        ...
+
+    def counter(self, key: str) -> int:
+        """The integer under key, 0 if unset."""
+        ...
+
+    def multi_get(self, keys: Sequence[str]) -> list[bytes | None]:
+        """get for each key, in one round trip where the backend can."""
+        ...
+
+    def wait(self, keys: Sequence[str], timeout: float) -> bool:
+        """Whether every key is set within timeout seconds (polls: a blocking wait would
+        keep the agent from its signals)."""
+        ...
+
+    def delete(self, key: str) -> bool:
+        """Remove key; whether it was there."""
+        ...
+
+
+def increment(store: KeyValueStore, key: str) -> int:
+    """add(key, 1) after checking the key holds a number (counter raises otherwise)."""
+    store.counter(key)
+    return store.add(key, 1)
+
+
+def wrote(store: KeyValueStore, key: str, value: str | bytes) -> bool:
+    """set_once, as: did this call's write take?"""
+    return store.set_once(key, value) == as_bytes(value)
+
+
+def as_bytes(value: str | bytes) -> bytes:
+    return value.encode() if isinstance(value, str) else value
+
+
+def as_text(value: bytes | str) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value

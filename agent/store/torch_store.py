@@ -1,0 +1,140 @@
+"""TorchKeyValueStore: KeyValueStore over a torch.distributed Store (TCPStore, HashStore).
+
+Every failure of the store itself becomes one StoreUnavailable; every value read back
+as a number is validated, so garbage under the job's keys is refused, not trusted.
+
+Every call is bounded. TCPStore's client waits for ever for the answer to a check,
+set or add when the server's process is stopped (SIGSTOP, a frozen VM): its timeout
+covers only waits for keys. So calls run on one helper thread and the caller waits at
+most the deadline (--rdzv-conf read_timeout); a store that did not answer in time is
+treated as unavailable from then on, like one whose host died.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from ...core.clock import wait_until
+from ...core.errors import RendezvousError, StoreUnavailable, first_line
+from ...core.rendezvous.protocol import ProtocolError, decode_int
+from .kv import as_bytes
+
+POLL_S = 0.02
+
+
+class _CallThread:
+    """Runs calls one at a time on a daemon thread, so that one stuck for ever in C
+    does not keep the agent from exiting."""
+
+    def __init__(self) -> None:
+        self._calls: queue.SimpleQueue[tuple[Future[Any], Any, tuple[Any, ...]]] = (
+            queue.SimpleQueue()
+        )
+        threading.Thread(target=self._run, name="rtrain-store-calls", daemon=True).start()
+
+    def submit(self, function: Any, *args: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        self._calls.put((future, function, args))
+        return future
+
+    def _run(self) -> None:
+        while True:
+            future, function, args = self._calls.get()
+            try:
+                future.set_result(function(*args))
+            except BaseException as exc:  # handed to the caller
+                future.set_exception(exc)
+
+
+class TorchKeyValueStore:
+    def __init__(
+        self,
+        store: Any,
+        endpoint: str,
+        deadline_s: float | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """store: a torch.distributed Store; deadline_s: the longest a call may take
+        (None: called directly, for in-process stores)."""
+        self.endpoint = endpoint
+        self._store = store
+        self._deadline_s = deadline_s
+        self._thread = _CallThread() if deadline_s else None
+        self._unanswered: str | None = None
+        self._sleep = sleep
+        self._clock = clock
+
+    def _call(self, op: str, *args: Any) -> Any:
+        if self._unanswered is not None:
+            raise StoreUnavailable(self._unanswered)
+        try:
+            if self._thread is None:
+                return getattr(self._store, op)(*args)
+            future = self._thread.submit(getattr(self._store, op), *args)
+            try:
+                return future.result(timeout=self._deadline_s)
+            except TimeoutError:
+                self._unanswered = (
+                    f"the rendezvous store at {self.endpoint} stopped answering: no reply to "
+                    f"{op} within read_timeout={self._deadline_s:g}s (its host is stopped, "
+                    "frozen or cut off)"
+                )
+                raise StoreUnavailable(self._unanswered) from None
+        except RendezvousError:
+            raise
+        except Exception as exc:
+            raise StoreUnavailable(
+                f"lost the rendezvous store at {self.endpoint} ({first_line(exc, 120)}); "
+                "if its host node died, restart the job with a reachable --rdzv-endpoint"
+            ) from None
+
+    def get(self, key: str) -> bytes | None:
+        if not self.exists(key):
+            return None
+        return as_bytes(self._call("get", key))
+
+    def set(self, key: str, value: str | bytes) -> None:
+        self._call("set", key, value)
+
+    def exists(self, key: str) -> bool:
+        return bool(self._call("check", [key]))
+
+    def set_once(self, key: str, value: str | bytes) -> bytes:
+        return self.compare_set(key, "", value)
+
+    def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
+        return as_bytes(self._call("compare_set", key, expected, desired))
+
+    def add(self, key: str, amount: int) -> int:
+        return int(self._call("add", key, amount))
+
+    def counter(self, key: str) -> int:
+        # get, not add(key, 0): the store drops the connection of an add on a value that
+        # is not an integer, and garbage must be refused with a clear error instead.
+        value = self.get(key)
+        if value is None:
+            return 0
+        try:
+            return decode_int(value, key)
+        except ProtocolError as exc:
+            raise RendezvousError(f"refusing the job's state in the store: {exc}") from None
+
+    def multi_get(self, keys: Sequence[str]) -> list[bytes | None]:
+        if keys and self._call("check", list(keys)):
+            return [as_bytes(v) for v in self._call("multi_get", list(keys))]
+        return [self.get(key) for key in keys]
+
+    def wait(self, keys: Sequence[str], timeout: float) -> bool:
+        listed = list(keys)
+        return wait_until(
+            lambda: bool(self._call("check", listed)), timeout, POLL_S, self._clock, self._sleep
+        )
+
+    def delete(self, key: str) -> bool:
+        return bool(self._call("delete_key", key))

@@ -1,0 +1,12 @@
+"""The agent's clock: every agent component takes a core.clock.Clock, this one by
+default, so that a test drives it with a fake clock and no real sleep."""
+
+from __future__ import annotations
+
+import time
+
+from ..core.clock import Clock, wait_until
+
+SYSTEM_CLOCK = Clock(now=time.monotonic, sleep=time.sleep)
+
+__all__ = ["SYSTEM_CLOCK", "Clock", "wait_until"]

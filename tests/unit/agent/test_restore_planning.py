@@ -1,0 +1,49 @@
+"""The agent's restore at a generation start, in process: SnapshotService.prepare and
+the inventories it pools, against torch's real HashStore behind the typed store."""
+
+from __future__ import annotations
+
+import pytest
+from rtrain.agent.rendezvous.job import JobRendezvous
+from rtrain.agent.snapshots.restorer import gather
+from rtrain.agent.snapshots.service import SnapshotService
+from rtrain.core.config.worker_env import SNAPSHOT_DIR
+from rtrain.core.layout.topology import Layout, NodeSlot, build_grid
+from rtrain.core.rendezvous.protocol import MemberInfo, Membership, encode_master
+
+from .fakes import launch_spec, memory_store
+
+FLAGS = ("--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:29400")
+MEMBERSHIP = Membership(0, [MemberInfo("a", "127.0.0.1", 1), MemberInfo("b", "127.0.0.2", 1)])
+TOPOLOGY = build_grid(Layout(), 0, [NodeSlot("a", 1), NodeSlot("b", 1)])
+
+
+@pytest.fixture
+def service(tmp_path):
+    spec = launch_spec(*FLAGS)
+    shards = SnapshotService(str(tmp_path), "127.0.0.1", 2**22, 1, spec.rdzv.run_id, secret=b"s")
+    yield JobRendezvous.over(memory_store(), spec), shards
+    shards.close()
+
+
+@pytest.mark.parametrize("address", [encode_master("127.0.0.2", 5555), "{forged"])
+def test_a_refused_inventory_costs_its_node_only_its_shards(service, address: str) -> None:
+    # Before: a peer inventory that did not decode left that node out of the pooled
+    # servers too, and prepare() died with KeyError looking up its ring successor.
+    rdzv, shards = service
+    rdzv.store.set(rdzv.keys.inventory(0, 1), '{"shards": "not a list"')
+    rdzv.store.set(rdzv.keys.shards(0, 1), address)
+    env = shards.prepare(rdzv, MEMBERSHIP, TOPOLOGY, 0, 1, timeout=5.0)
+    assert env[SNAPSHOT_DIR].endswith("gen0")
+    pooled = gather(rdzv, rdzv.keys, MEMBERSHIP, 1.0)
+    assert pooled.inventory[1] == [] and pooled.reached[1].newest is None
+    # The address is judged on its own: a good one is kept for replication.
+    assert (1 in pooled.servers) == address.startswith("{\"")
+
+
+def test_a_peer_that_never_publishes_is_a_tempfail_not_a_hang(service) -> None:
+    rdzv, shards = service
+    with pytest.raises(Exception) as error:
+        shards.prepare(rdzv, MEMBERSHIP, TOPOLOGY, 0, 1, timeout=0.2)
+    assert getattr(error.value, "exit_code", None) == 75
+    assert "node 1 did not publish its shards" in str(error.value)

@@ -1,0 +1,195 @@
+"""Rounds, the failure ledger and the job-end records, driven in process: torch's real
+HashStore behind the typed store, a fake clock, faults from FaultyStore. Other agents
+are played by writing what they would write, at the fake time they would write it."""
+
+from __future__ import annotations
+
+import pytest
+from rtrain.agent.rendezvous.job import JobRendezvous
+from rtrain.agent.rendezvous.job_end import JobAborted, JobEnd
+from rtrain.core.errors import RendezvousTimeout, RtrainError, StoreUnavailable
+from rtrain.core.rendezvous.failures import FailureKind, FailureRecord
+from rtrain.core.rendezvous.protocol import AbortRecord, MemberInfo, Membership, StoreKeys
+
+from .fakes import FakeClock, FaultyStore, launch_spec, memory_store
+
+FLAGS = ("--nnodes=1:2", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:29400")
+
+
+def member(n: int, addr: str | None = None) -> MemberInfo:
+    return MemberInfo(node_id=f"id{n}", addr=addr or f"10.0.0.{n}", local_world_size=2)
+
+
+def other_joins(store: FaultyStore, keys: StoreKeys, generation: int, who: MemberInfo) -> None:
+    """What another agent's join writes: its slot number, then its slot."""
+    slot = store.inner.add(keys.joins(generation), 1)
+    store.inner.set(keys.slot(generation, slot), who.encode())
+
+
+@pytest.fixture
+def job() -> tuple[JobRendezvous, FaultyStore, FakeClock]:
+    clock = FakeClock()
+    store = FaultyStore(memory_store())
+    return JobRendezvous.over(store, launch_spec(*FLAGS), clock.clock), store, clock
+
+
+def test_a_round_closes_at_max_nodes_at_once(job) -> None:
+    rdzv, store, clock = job
+    other_joins(store, rdzv.keys, 0, member(2, "10.0.0.9"))
+    membership = rdzv.rounds.join(member(1, "10.0.0.5"))
+    assert [m.node_id for m in membership.members] == ["id1", "id2"]  # by address
+    assert membership.generation == 0 and clock.slept <= 0.05  # no last call: one poll
+
+
+def test_a_round_below_max_closes_after_the_last_call(job) -> None:
+    rdzv, _, clock = job
+    membership = rdzv.rounds.join(member(1))
+    assert len(membership.members) == 1
+    assert clock.slept == pytest.approx(30.0, abs=0.05)  # last_call_timeout, in fake time
+
+
+def test_a_late_joiner_is_admitted_before_the_last_call(job) -> None:
+    rdzv, store, clock = job
+    clock.at(10.0, lambda: other_joins(store, rdzv.keys, 0, member(2)))
+    membership = rdzv.rounds.join(member(1))
+    assert len(membership.members) == 2 and clock.slept == pytest.approx(10.0, abs=0.05)
+
+
+def test_too_few_nodes_time_out_with_the_generation_named() -> None:
+    clock = FakeClock()
+    rdzv = JobRendezvous.over(
+        memory_store(),
+        launch_spec("--nnodes=2", *FLAGS[1:], "--rdzv-conf=join_timeout=50"),
+        clock.clock,
+    )
+    with pytest.raises(RendezvousTimeout, match="1 of at least 2 nodes") as error:
+        rdzv.rounds.join(member(1))
+    assert error.value.generation == 0 and clock.slept == pytest.approx(50.0, abs=0.05)
+
+
+def test_a_garbage_slot_is_left_out_not_trusted(job) -> None:
+    rdzv, store, _ = job
+    slot = store.inner.add(rdzv.keys.joins(0), 1)
+    store.plant(rdzv.keys.slot(0, slot), b"\x80garbage{")
+    membership = rdzv.rounds.join(member(1))
+    assert [m.node_id for m in membership.members] == ["id1"]
+
+
+def test_an_excluded_node_is_left_out_and_told_so() -> None:
+    clock = FakeClock()
+    store = FaultyStore(memory_store())
+    spec = launch_spec(*FLAGS, "--max-node-failures=1")
+    rdzv = JobRendezvous.over(store, spec, clock.clock)
+    flapping = member(2)
+    rdzv.ledger.count_node_failure(flapping.addr)
+    other_joins(store, rdzv.keys, 0, flapping)
+    assert [m.node_id for m in rdzv.rounds.join(member(1)).members] == ["id1"]
+    with pytest.raises(RtrainError, match="excluded from the job"):
+        rdzv.ledger.raise_if_excluded(flapping.addr)
+
+
+def test_an_abort_record_ends_a_join(job) -> None:
+    rdzv, _, clock = job
+    record = AbortRecord(0, 1, "restarts exhausted", 1)
+    clock.at(5.0, lambda: rdzv.ends.abort(record))
+    with pytest.raises(JobAborted) as error:
+        rdzv.rounds.join(member(1))
+    assert error.value.record == record
+
+
+def test_a_forged_abort_record_is_refused(job) -> None:
+    rdzv, store, _ = job
+    store.plant(rdzv.keys.abort, "{not json")
+    with pytest.raises(RtrainError, match="refusing the job's abort key"):
+        rdzv.rounds.join(member(1))
+
+
+def test_a_store_lost_in_the_middle_of_a_join_is_a_tempfail(job) -> None:
+    rdzv, store, clock = job
+    clock.at(1.0, store.stop)
+    with pytest.raises(StoreUnavailable) as error:
+        rdzv.rounds.join(member(1))
+    assert error.value.exit_code == 75
+
+
+def test_a_generation_moved_past_fences_its_members(job) -> None:
+    rdzv, _, _ = job
+    rdzv.rounds.join(member(1))
+    assert not rdzv.rounds.round_moved_past(0)
+    rdzv.rounds.open_next_round(0)
+    rdzv.rounds.open_next_round(0)  # idempotent across agents
+    assert rdzv.rounds.round_moved_past(0) and rdzv.rounds.current_round() == 1
+
+
+def test_the_next_round_keeps_node_ranks_and_takes_the_waiting(job) -> None:
+    rdzv, store, _ = job
+    first = rdzv.rounds.join(member(1, "10.0.0.9"))
+    rdzv.rounds.open_next_round(0)
+    other_joins(store, rdzv.keys, 1, member(2, "10.0.0.1"))
+    assert rdzv.rounds.waiting_nodes(0) == 1
+    again = MemberInfo("id1", "10.0.0.9", 2, prev_rank=first.node_rank_of("id1"))
+    second = rdzv.rounds.join(again)
+    assert second.generation == 1 and second.node_rank_of("id1") == 0
+
+
+def test_the_worker_store_address_is_validated(job) -> None:
+    rdzv, store, clock = job
+    store.plant(rdzv.keys.master(0), '{"host": "", "port": 0}')
+    with pytest.raises(RtrainError, match="refusing the worker store address"):
+        rdzv.rounds.wait_master(0, 5.0)
+    with pytest.raises(RtrainError, match="did not publish"):
+        rdzv.rounds.wait_master(1, 5.0)
+    assert clock.slept == pytest.approx(5.0, abs=0.05)
+
+
+def record(node: int, when: float, kind: str = "exit", host: str = "h") -> FailureRecord:
+    return FailureRecord(kind=kind, generation=0, node_rank=node, host=host, time=when, rank=node)
+
+
+def test_the_ledger_keeps_records_and_refuses_forged_ones(job) -> None:
+    rdzv, store, _ = job
+    rdzv.ledger.record_failure(record(0, 2.0))
+    rdzv.ledger.record_failure(record(1, 1.0))
+    store.plant(rdzv.keys.failure_count(0, 1), "2")
+    store.plant(rdzv.keys.failure(0, 1, 2), '{"kind": "rm -rf"}')
+    found = rdzv.ledger.failures(0, 2)
+    assert sorted(r.time for r in found) == [1.0, 2.0]
+    assert all(r.kind == FailureKind.EXIT for r in found)
+
+
+def test_only_the_first_reporter_claims_the_restart_and_the_first_declarer_the_loss(job) -> None:
+    rdzv, _, _ = job
+    assert rdzv.ledger.claim_restart(3) and not rdzv.ledger.claim_restart(3)
+    assert rdzv.ledger.mark_lost(3, 1, by_node=0) and not rdzv.ledger.mark_lost(3, 1, by_node=2)
+    assert rdzv.ledger.lost_nodes(3, 3) == [1]
+
+
+def test_the_root_cause_is_charged_once_however_many_close(job) -> None:
+    rdzv, _, _ = job
+    rdzv.ledger.record_failure(record(0, 5.0, host="victim"))
+    rdzv.ledger.record_failure(record(1, 1.0, host="culprit"))
+    rdzv.ledger.record_failure(record(2, 0.5, kind="lost_node", host="lost"))
+    for closer in ("a", "b", "c"):
+        rdzv.ledger.charge_root_cause(0, 3, closer)
+    assert rdzv.ledger.node_failures("culprit") == 1
+    assert rdzv.ledger.node_failures("victim") == rdzv.ledger.node_failures("lost") == 0
+
+
+def test_the_exit_barrier_waits_for_every_node_or_yields_to_a_new_generation(job) -> None:
+    rdzv, _, clock = job
+    membership = Membership(0, [member(1), member(2)])
+    end = JobEnd(
+        rdzv, is_host=False, close_timeout=5.0, check_signal=lambda: None, clock=clock.clock
+    )
+    clock.at(3.0, lambda: rdzv.ends.mark_done(0))
+    assert end.exit_barrier(membership) and rdzv.ends.exited_count(0) == 1
+    rdzv.rounds.open_next_round(0)  # generation 1 runs; another node restarts it meanwhile
+    clock.at(2.0, lambda: rdzv.rounds.open_next_round(1))
+    assert not end.exit_barrier(Membership(1, [member(1), member(2)]))
+
+
+def test_the_first_abort_wins_and_the_others_acknowledge(job) -> None:
+    rdzv, _, _ = job
+    assert rdzv.ends.abort(AbortRecord(0, 0, "first", 1))
+    assert not rdzv.ends.abort(AbortRecord(0, 1, "second", 76))
+    assert rdzv.ends.read_abort() == AbortRecord(0, 0, "first", 1)
