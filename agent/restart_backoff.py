@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from ..core.clock import wait_until
 from ..core.rendezvous.restart_budget import RESTART_RESET_S, restart_delay
 
 logger = logging.getLogger(__name__)
@@ -48,7 +49,9 @@ class RestartBackoff:
             RESTART_RESET_S,
             delay,
         )
-        end = self._clock() + delay
-        while self._clock() < end:
-            check_stop()
-            self._sleep(min(0.1, max(end - self._clock(), 0.0)))
+
+        def stopped() -> bool:
+            check_stop()  # a signal ends the wait by raising
+            return False
+
+        wait_until(stopped, delay, 0.1, self._clock, self._sleep)

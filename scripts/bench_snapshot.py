@@ -41,14 +41,13 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_e2e import end_to_end
 from bench_launch import write_doc
+from rtrain.agent.snapshots.checksums import checksums, verify
 from rtrain.agent.snapshots.shard_server import ShardClient, ShardServer
 from rtrain.agent.snapshots.shard_store import ShardStore
 from rtrain.core.snapshots.format import (
-    checksums,
     plan_shard,
     read_shard,
     set_replicated,
-    verify,
     write_shard,
 )
 from rtrain.core.snapshots.restore_plan import ShardId

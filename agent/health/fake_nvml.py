@@ -36,6 +36,7 @@ from typing import Any
 
 import pynvml
 
+from ...core.clock import wait_until
 from ...core.errors import UsageError
 
 HEALTHY: dict[str, Any] = {
@@ -300,22 +301,34 @@ class FakeNvml:
         event_set.append(handle)
 
     def nvmlEventSetWait_v2(self, event_set: list[_Gpu], timeout_ms: int) -> Any:
-        deadline = time.monotonic() + timeout_ms / 1000
-        while True:
-            with self._lock:
-                self._advance()
-                for gpu in event_set:
-                    for j, event in enumerate(gpu.timeline[: gpu.applied]):
-                        if "xid" in event and j not in gpu.delivered:
-                            gpu.delivered.add(j)
-                            return SimpleNamespace(
+        found: list[Any] = []
+        if not wait_until(
+            lambda: self._next_event(event_set, found),
+            timeout_ms / 1000,
+            0.05,
+            time.monotonic,
+            time.sleep,
+        ):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+        return found[0]
+
+    def _next_event(self, event_set: list[_Gpu], found: list[Any]) -> bool:
+        """An XID of the scenario that is due and not yet delivered, into found."""
+        with self._lock:
+            self._advance()
+            for gpu in event_set:
+                for j, event in enumerate(gpu.timeline[: gpu.applied]):
+                    if "xid" in event and j not in gpu.delivered:
+                        gpu.delivered.add(j)
+                        found.append(
+                            SimpleNamespace(
                                 device=gpu,
                                 eventType=pynvml.nvmlEventTypeXidCriticalError,
                                 eventData=event["xid"],
                             )
-            if time.monotonic() >= deadline:
-                raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
-            time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
+                        )
+                        return True
+        return False
 
     def nvmlEventSetFree(self, event_set: list[_Gpu]) -> None:
         event_set.clear()

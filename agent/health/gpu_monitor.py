@@ -53,7 +53,7 @@ def faults_of(report: HealthReport) -> list[GpuFault]:
     """The findings that call for an action, most severe first."""
     names = {g.index: (g.name, g.uuid) for g in report.gpus}
     faults = [
-        GpuFault(gpu, *names.get(gpu, ("?", "?")), result)
+        GpuFault(gpu, *(names.get(gpu, ("?", "?")) if gpu is not None else ("?", "?")), result)
         for gpu, result in report.findings()
         if result.action is not Action.NONE
     ]

@@ -41,7 +41,9 @@ def open_nvml(environ: Mapping[str, str] | None = None, fake: str | None = None)
         nvml: Any = FakeNvml(load_scenario(scenario))
     else:
         try:
-            import pynvml as nvml
+            import pynvml
+
+            nvml = pynvml
         except ImportError:
             raise NvmlUnavailable("NVML is not installed (pip install nvidia-ml-py)") from None
     try:

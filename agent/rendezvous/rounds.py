@@ -9,6 +9,7 @@ every wait is core.clock.wait_until on the agent's clock.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Callable
 
@@ -185,7 +186,7 @@ class Rounds:
         grace_end = self._clock.now() + SLOT_WRITE_GRACE_S
         for slot in range(1, size + 1):
             key = self._keys.slot(target, slot)
-            self._wait(lambda key=key: self._store.exists(key), grace_end - self._clock.now())
+            self._wait(functools.partial(self._store.exists, key), grace_end - self._clock.now())
             payload = self._store.get(key)
             if payload is None:
                 logger.warning(

@@ -23,7 +23,7 @@ import re
 import threading
 from typing import Any
 
-from ...core.snapshots.format import verify
+from .checksums import verify
 
 logger = logging.getLogger(__name__)
 

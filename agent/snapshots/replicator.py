@@ -22,12 +22,12 @@ from typing import Any
 from ...core.snapshots.format import (
     COMMITTED,
     HEADER_SIZE,
-    checksums,
     read_header,
     replicated_step,
     set_replicated,
 )
 from ...core.snapshots.restore_plan import ShardId
+from .checksums import checksums
 from .disk_checkpoints import DiskCheckpointer
 from .shard_server import ShardClient, ShardError
 from .shard_store import SLOT, ShardStore

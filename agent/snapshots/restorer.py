@@ -28,7 +28,7 @@ from ...core.rendezvous.protocol import (
     decode_master,
     encode_master,
 )
-from ...core.snapshots.format import set_replicated, verify
+from ...core.snapshots.format import set_replicated
 from ...core.snapshots.restore_plan import (
     Reached,
     RestoreSource,
@@ -39,6 +39,7 @@ from ...core.snapshots.restore_plan import (
 )
 from ..rendezvous.job import JobRendezvous
 from ..waiting import SYSTEM_CLOCK, wait_until
+from .checksums import verify
 from .disk_checkpoints import load_verified, newest_complete
 from .shard_server import ShardClient, ShardError
 from .shard_store import ShardStore

@@ -18,9 +18,10 @@ from ...core.config.worker_env import SNAPSHOT_BUDGET, SNAPSHOT_DIR
 from ...core.layout.topology import Topology
 from ...core.rendezvous.protocol import Membership, StoreKeys
 from ...core.snapshots.admission import Admission
-from ...core.snapshots.format import COMMITTED, checksums, read_header
+from ...core.snapshots.format import COMMITTED, read_header
 from ...core.snapshots.restore_plan import Reached, ring_successors
 from ..rendezvous.job import JobRendezvous
+from .checksums import checksums
 from .disk_checkpoints import DiskCheckpointer, write_checkpoint
 from .replicator import Replicator
 from .restorer import Peers, gather, publish, restore_agreed

@@ -22,9 +22,10 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from ...core.snapshots.format import COMMITTED, HEADER_SIZE, checksums, read_header
+from ...core.snapshots.format import COMMITTED, HEADER_SIZE, read_header
 from ...core.snapshots.restore_plan import ShardId
 from ..runtime_dir import make_folder, no_space
+from .checksums import checksums
 
 logger = logging.getLogger(__name__)
 

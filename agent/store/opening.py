@@ -65,8 +65,26 @@ def _tcp_store(**kwargs: Any) -> Any:
     return TCPStore(**kwargs)
 
 
-def _is_addr_in_use(exc: BaseException) -> bool:
-    return "EADDRINUSE" in str(exc) or "address already in use" in str(exc).lower()
+def port_taken(port: int) -> bool:
+    """Whether a socket on this machine listens on `port`: a bind to every interface
+    fails with EADDRINUSE (SO_REUSEADDR lets one through a port left in TIME_WAIT).
+    Asked after TCPStore failed to start, so that its error need not be read as text."""
+    if port == 0:
+        return False
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            probe = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue  # no IPv6 here
+        try:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(("", port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return True
+        finally:
+            probe.close()
+    return False
 
 
 def listening_socket(host: str, port: int) -> socket.socket | None:
@@ -81,7 +99,7 @@ def listening_socket(host: str, port: int) -> socket.socket | None:
         return None  # TCPStore reports the bad name
     family, _, _, _, address = infos[0]
     literal = _is_ip_literal(host)
-    if not literal and address[0].startswith("127."):
+    if not literal and str(address[0]).startswith("127."):
         return None
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -122,7 +140,7 @@ def host_store(host: str, port: int, timeout_s: float) -> OpenedStore:
     except Exception as exc:
         if "master_listen_fd" in bound:
             os.close(bound["master_listen_fd"])  # torch raises DistNetworkError (a RuntimeError)
-        if _is_addr_in_use(exc):
+        if port_taken(port):
             raise OSError(98, f"port {port} is in use") from None
         raise RendezvousError(
             f"cannot start the store on {host}:{port}: {first_line(exc)}"

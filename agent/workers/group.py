@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from ...core.clock import wait_until
 from ...core.config.launch_spec import LaunchSpec
 from ...core.config.worker_env import (
     STDERR,
@@ -192,9 +193,10 @@ class WorkerGroup:
         """SIGKILL one hung worker (SIGTERM would stay pending on a stopped process)."""
         worker.hang_message, worker.hang_stack = message, stack
         self._pool.signal(worker.worker_id, signal.SIGKILL)
-        end = time.monotonic() + KILL_WAIT_S
-        while worker.exitcode is None and time.monotonic() < end:
-            self.poll(0.05)
+        # Waiting for an exit is polling the pool for one: poll() is the sleep.
+        wait_until(
+            lambda: worker.exitcode is not None, KILL_WAIT_S, 0.05, time.monotonic, self.poll
+        )
         if worker.exitcode is None:
             worker.exitcode, worker.exit_time = -int(signal.SIGKILL), time.time()
 
@@ -216,9 +218,7 @@ class WorkerGroup:
         self._tail.flush_and_reset()
 
     def _wait_all(self, timeout: float) -> None:
-        end = time.monotonic() + timeout
-        while self.running and time.monotonic() < end:
-            self.poll(min(0.05, max(end - time.monotonic(), 0.0)))
+        wait_until(lambda: not self.running, timeout, 0.05, time.monotonic, self.poll)
 
     def failure_records(self, host: str) -> list[FailureRecord]:
         """The workers that failed on their own (what the store records and charges)."""

@@ -10,7 +10,6 @@ worker (which works while it runs, even in C code holding the GIL).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
@@ -21,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from ...core.clock import wait_until
 from ...core.config.worker_env import HEARTBEAT_FILE, HEARTBEAT_FORMAT, HEARTBEAT_SIZE
 from ...core.rendezvous.liveness import StalenessTracker
 from ..runtime_dir import write_small_file
@@ -135,13 +135,19 @@ def _faulthandler(pid: int, stack_file: str) -> str | None:
         os.kill(pid, STACK_SIGNAL)
     except OSError:
         return None
-    end = time.monotonic() + FAULTHANDLER_WAIT_S
-    while time.monotonic() < end:
-        time.sleep(0.05)
-        with contextlib.suppress(OSError):
-            if os.path.getsize(stack_file) > before:
-                time.sleep(0.1)  # let the dump finish
-                with open(stack_file) as handle:
-                    handle.seek(before)
-                    return "faulthandler dump:\n" + handle.read().strip()
-    return None
+
+    def dumped() -> bool:
+        try:
+            return os.path.getsize(stack_file) > before
+        except OSError:
+            return False
+
+    if not wait_until(dumped, FAULTHANDLER_WAIT_S, 0.05, time.monotonic, time.sleep):
+        return None
+    time.sleep(0.1)  # let the dump finish
+    try:
+        with open(stack_file) as handle:
+            handle.seek(before)
+            return "faulthandler dump:\n" + handle.read().strip()
+    except OSError:
+        return None

@@ -79,7 +79,8 @@ class Zygote:
         signal.signal(signal.SIGCHLD, lambda *_: self._reap())
         while True:
             idle_s = 0.2 if self.warm_later else 1.0
-            readable, _, _ = select.select([self._sock, self._wake_r], [], [], idle_s)
+            watched: list[Any] = [self._sock, self._wake_r]
+            readable, _, _ = select.select(watched, [], [], idle_s)
             if not readable and self.warm_later and self._warmer is None:
                 # Idle: import what workers will import anyway (see WorkerPool), so that
                 # restarted workers skip it, without making the first start wait for it.

@@ -18,6 +18,7 @@ from ..errors import UsageError
 from ..layout.recycle import check_profile
 from ..layout.topology import Layout
 from .flag_values import (
+    RDZV_CONF_DEFAULTS,
     NodeRange,
     StreamMap,
     non_negative_float,
@@ -36,6 +37,7 @@ from .flag_values import (
     resolve_nproc,
     validate_nproc,
 )
+from .settings import DEFAULTS, default
 from .slurm_env import SlurmJob
 
 __all__ = [
@@ -82,17 +84,17 @@ class FaultSpec:
 
     # Agents renew their lease every heartbeat_interval; a lease not renewed for
     # heartbeat_timeout means the node is lost.
-    heartbeat_interval: float = 1.0
-    heartbeat_timeout: float = 5.0
+    heartbeat_interval: float = default("heartbeat-interval")
+    heartbeat_timeout: float = RDZV_CONF_DEFAULTS["heartbeat_timeout"]
     # A worker that called rtrain.core.heartbeat() and then stopped for this long is hung.
-    hang_timeout: float = 60.0
+    hang_timeout: float = default("hang-timeout")
     # A node charged this many failures is excluded from the job; 0: never.
-    max_node_failures: int = 0
+    max_node_failures: int = default("max-node-failures")
     # A node whose workers fail again within RESTART_RESET_S of starting waits this
     # long before its next restart, doubling each time up to RESTART_BACKOFF_CAP_S.
-    restart_backoff: float = 1.0
+    restart_backoff: float = default("restart-backoff")
     # Stop whatever the workers started when they stop (agent/workers/process_tree.py).
-    kill_process_tree: bool = False
+    kill_process_tree: bool = default("kill-process-tree")
 
 
 @dataclass(frozen=True)
@@ -100,9 +102,9 @@ class HealthSpec:
     """GPU health in the agent (NVML): how often to sample, and whether to drain."""
 
     # Every check every interval seconds (XID events are taken as they come); 0: off.
-    interval: float = 10.0
+    interval: float = default("health-interval")
     # Under Slurm, drain a node whose GPU fault takes it out of the job.
-    drain_on_fault: bool = False
+    drain_on_fault: bool = default("drain-on-fault")
 
 
 @dataclass(frozen=True)
@@ -113,11 +115,11 @@ class SnapshotSpec:
     # None: half of /dev/shm.
     memory: int | None = None
     # Copies of each shard on distinct nodes, the original included.
-    copies: int = 2
+    copies: int = default("snapshot-copies")
     # The last resort when no copy of a shard survives; rtrain writes one every
     # checkpoint_every steps (0: never, only read what is there).
     checkpoint_dir: str | None = None
-    checkpoint_every: int = 0
+    checkpoint_every: int = default("checkpoint-every")
     # A file (mode 0600) holding the job secret that authenticates shard servers.
     secret_file: str | None = None
 
@@ -162,8 +164,10 @@ class LaunchSpec:
     recycle_profile: dict[str, Any] | None = None
 
 
-def build_launch_spec(raw: Mapping[str, Any]) -> LaunchSpec:
-    """Validate raw flag values (keys are torchrun's argparse dests) into a LaunchSpec."""
+def build_launch_spec(given: Mapping[str, Any]) -> LaunchSpec:
+    """Validate raw flag values (keys are torchrun's argparse dests) into a LaunchSpec;
+    a flag not given takes its default from the settings table."""
+    raw = {**DEFAULTS, **given}
     nodes = parse_nnodes(raw["nnodes"])
     nproc = validate_nproc(raw["nproc_per_node"])
     backend = str(raw["rdzv_backend"]).strip()
@@ -175,13 +179,13 @@ def build_launch_spec(raw: Mapping[str, Any]) -> LaunchSpec:
         raise UsageError(
             f"--rdzv-backend: unknown backend {backend!r} (choose from {', '.join(RDZV_BACKENDS)})"
         )
-    conf = parse_rdzv_conf(raw.get("rdzv_conf", ""))
-    standalone = bool(raw.get("standalone"))
-    endpoint = str(raw.get("rdzv_endpoint") or "").strip()
-    run_id = str(raw.get("rdzv_id") or "none")
-    master_addr = str(raw.get("master_addr") or "127.0.0.1")
-    master_port = raw.get("master_port")
-    node_rank_raw = non_negative_int("--node-rank", raw.get("node_rank", 0))
+    conf = parse_rdzv_conf(raw["rdzv_conf"])
+    standalone = bool(raw["standalone"])
+    endpoint = str(raw["rdzv_endpoint"] or "").strip()
+    run_id = str(raw["rdzv_id"] or DEFAULTS["rdzv_id"])
+    master_addr = str(raw["master_addr"] or DEFAULTS["master_addr"])
+    master_port = raw["master_port"]
+    node_rank_raw = non_negative_int("--node-rank", raw["node_rank"])
 
     # torchrun: static, one node, no endpoint and no master port behaves as --standalone.
     implicit_standalone = (
@@ -216,10 +220,10 @@ def build_launch_spec(raw: Mapping[str, Any]) -> LaunchSpec:
         host, port = parse_endpoint(endpoint, DEFAULT_C10D_PORT)
 
     entry = _entrypoint(raw)
-    shutdown = raw.get("shutdown_timeout")
+    shutdown = raw["shutdown_timeout"]
     slurm = raw.get("slurm")
     signal_numbers, signal_names = parse_signals(
-        raw.get("signals_to_handle") or "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+        raw["signals_to_handle"] or DEFAULTS["signals_to_handle"]
     )
     if slurm is not None and signal.SIGUSR1 not in signal_numbers:
         # Slurm's warning before the time limit (--signal=USR1@T): save and requeue.
@@ -242,15 +246,15 @@ def build_launch_spec(raw: Mapping[str, Any]) -> LaunchSpec:
             is_host=conf["is_host"],
         ),
         node_rank=node_rank,
-        max_restarts=non_negative_int("--max-restarts", raw.get("max_restarts", 0)),
-        monitor_interval=positive_float("--monitor-interval", raw.get("monitor_interval", 0.1)),
-        role=str(raw.get("role") or "default"),
+        max_restarts=non_negative_int("--max-restarts", raw["max_restarts"]),
+        monitor_interval=positive_float("--monitor-interval", raw["monitor_interval"]),
+        role=str(raw["role"] or DEFAULTS["role"]),
         entrypoint=entry,
-        log_dir=raw.get("log_dir") or None,
-        redirects=parse_stream_map("--redirects", raw.get("redirects", "0")),
-        tee=parse_stream_map("--tee", raw.get("tee", "0")),
-        local_ranks_filter=parse_ranks_filter(raw.get("local_ranks_filter", "")),
-        local_addr=raw.get("local_addr") or None,
+        log_dir=raw["log_dir"] or None,
+        redirects=parse_stream_map("--redirects", raw["redirects"]),
+        tee=parse_stream_map("--tee", raw["tee"]),
+        local_ranks_filter=parse_ranks_filter(raw["local_ranks_filter"]),
+        local_addr=raw["local_addr"] or None,
         signals_to_handle=signal_numbers,
         signal_names=signal_names,
         shutdown_timeout=(
@@ -259,34 +263,34 @@ def build_launch_spec(raw: Mapping[str, Any]) -> LaunchSpec:
             else positive_float("--shutdown-timeout", shutdown)
         ),
         standalone=standalone or implicit_standalone,
-        virtual_local_rank=bool(raw.get("virtual_local_rank")),
-        preload=parse_preload(raw.get("preload", "torch")),
+        virtual_local_rank=bool(raw["virtual_local_rank"]),
+        preload=parse_preload(raw["preload"]),
         ignored_flags=tuple(raw.get("ignored_flags", ())),
         layout=layout,
         faults=_faults(raw, conf["heartbeat_timeout"]),
         snapshots=SnapshotSpec(
             memory=None
-            if raw.get("snapshot_memory") in (None, "")
+            if raw["snapshot_memory"] in (None, "")
             else parse_size("--snapshot-memory", raw["snapshot_memory"]),
-            copies=positive_int("--snapshot-copies", raw.get("snapshot_copies", 2)),
-            checkpoint_dir=raw.get("checkpoint_dir") or None,
-            checkpoint_every=non_negative_int("--checkpoint-every", raw.get("checkpoint_every", 0)),
-            secret_file=raw.get("secret_file") or None,
+            copies=positive_int("--snapshot-copies", raw["snapshot_copies"]),
+            checkpoint_dir=raw["checkpoint_dir"] or None,
+            checkpoint_every=non_negative_int("--checkpoint-every", raw["checkpoint_every"]),
+            secret_file=raw["secret_file"] or None,
         ),
         slurm=slurm,
         recycle_profile=None
         if raw.get("recycle_profile_data") is None
         else check_profile(raw["recycle_profile_data"], layout.pp),
         health=HealthSpec(
-            interval=non_negative_float("--health-interval", raw.get("health_interval", 10.0)),
-            drain_on_fault=bool(raw.get("drain_on_fault", False)),
+            interval=non_negative_float("--health-interval", raw["health_interval"]),
+            drain_on_fault=bool(raw["drain_on_fault"]),
         ),
     )
 
 
 def _layout(raw: Mapping[str, Any], nodes: NodeRange, nproc: str) -> Layout:
-    tp = positive_int("--tp", raw.get("tp", 1))
-    pp = positive_int("--pp", raw.get("pp", 1))
+    tp = positive_int("--tp", raw["tp"])
+    pp = positive_int("--pp", raw["pp"])
     layout = Layout(tp=tp, pp=pp)
     if nproc.isdigit():  # gpu/auto/cpu are resolved on the node; checked there
         if int(nproc) % tp:
@@ -303,8 +307,8 @@ def _layout(raw: Mapping[str, Any], nodes: NodeRange, nproc: str) -> Layout:
 
 
 def _faults(raw: Mapping[str, Any], conf_heartbeat_timeout: float) -> FaultSpec:
-    interval = positive_float("--heartbeat-interval", raw.get("heartbeat_interval", 1.0))
-    given = raw.get("heartbeat_timeout")
+    interval = positive_float("--heartbeat-interval", raw["heartbeat_interval"])
+    given = raw["heartbeat_timeout"]
     timeout = (
         conf_heartbeat_timeout if given is None else positive_float("--heartbeat-timeout", given)
     )
@@ -315,10 +319,10 @@ def _faults(raw: Mapping[str, Any], conf_heartbeat_timeout: float) -> FaultSpec:
     return FaultSpec(
         heartbeat_interval=interval,
         heartbeat_timeout=timeout,
-        hang_timeout=positive_float("--hang-timeout", raw.get("hang_timeout", 60.0)),
-        max_node_failures=non_negative_int("--max-node-failures", raw.get("max_node_failures", 0)),
-        restart_backoff=non_negative_float("--restart-backoff", raw.get("restart_backoff", 1.0)),
-        kill_process_tree=bool(raw.get("kill_process_tree", False)),
+        hang_timeout=positive_float("--hang-timeout", raw["hang_timeout"]),
+        max_node_failures=non_negative_int("--max-node-failures", raw["max_node_failures"]),
+        restart_backoff=non_negative_float("--restart-backoff", raw["restart_backoff"]),
+        kill_process_tree=bool(raw["kill_process_tree"]),
     )
 
 
@@ -327,10 +331,10 @@ def _entrypoint(raw: Mapping[str, Any]) -> EntryPoint:
     if not target:
         raise UsageError("missing the training script (or module, with -m)")
     args = tuple(str(a) for a in raw.get("training_script_args") or ())
-    module, no_python = bool(raw.get("module")), bool(raw.get("no_python"))
+    module, no_python = bool(raw["module"]), bool(raw["no_python"])
     if module and no_python:
         raise UsageError("-m/--module and --no-python cannot be used together")
-    if raw.get("run_path") and (module or no_python):
+    if raw["run_path"] and (module or no_python):
         raise UsageError("--run-path cannot be combined with -m or --no-python")
     kind: EntryKind = "module" if module else "exec" if no_python else "script"
     return EntryPoint(kind=kind, target=target, args=args)

@@ -3,7 +3,7 @@ its output goes. Pure functions over a LaunchSpec and this generation's assignme
 
 from __future__ import annotations
 
-import os
+import posixpath
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -60,7 +60,7 @@ def stream_plan(spec: LaunchSpec, local_rank: int) -> StreamPlan:
 
 def attempt_dir(run_log_dir: str, generation: int, local_rank: int) -> str:
     """torchrun's layout: <log_dir>/<run_id>_<rand>/attempt_<n>/<local_rank>/."""
-    return os.path.join(run_log_dir, f"attempt_{generation}", str(local_rank))
+    return posixpath.join(run_log_dir, f"attempt_{generation}", str(local_rank))
 
 
 def tee_prefix(role: str, global_rank: int) -> str:

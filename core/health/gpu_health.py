@@ -217,6 +217,7 @@ def _temperature(sample: GpuSample, t: Thresholds) -> CheckResult:
     blocked = _unreadable_or_na("temperature", temp)
     if blocked is not None:
         return blocked
+    assert temp is not None  # _unreadable_or_na answered for None
     slowdown = sample.readings.get("slowdown_temp")
     if t.max_temp is not None:
         limit, source = t.max_temp, "--max-temp"
@@ -233,6 +234,7 @@ def _pcie(sample: GpuSample, _: Thresholds) -> CheckResult:
     blocked = _unreadable_or_na("pcie", value)
     if blocked is not None:
         return blocked
+    assert value is not None  # _unreadable_or_na answered for None
     gen, max_gen, width, max_width = (int(v) for v in value)
     reasons = sample.readings.get("clock_reasons")
     idle = isinstance(reasons, int) and bool(reasons & CLOCK_IDLE)

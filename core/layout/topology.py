@@ -225,14 +225,14 @@ def recompute_topology(
     previous_rank: dict[int, int] = {}
     replaces: dict[int, int] = {}
     for c in grid.coords:
-        local = on_node.get(c.rank)
+        kept = on_node.get(c.rank)
         if c.dp is None:  # a spare holds no state; it keeps its old rank's name
-            if local is not None:
-                previous_rank[c.rank] = local
+            if kept is not None:
+                previous_rank[c.rank] = kept
             continue
         exact = old_at.get((c.dp, c.pp, c.tp))
         if exact is not None:
-            if local == exact:
+            if kept == exact:
                 previous_rank[c.rank] = exact
             else:
                 replaces[c.rank] = exact

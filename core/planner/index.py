@@ -136,10 +136,10 @@ def index_graph(
             rm, s = divmod(u, p)
             r, mb = divmod(rm, m_count)
             f = base + 3 * u
-            w = unit_worker[u]
+            on = unit_worker[u]
             order = (it * m_count + mb) * d + r
             for k, (dur, i) in enumerate(((f_dur[s], f), (b_dur[s], f + 1), (w_dur[s], f + 2))):
-                worker[i], kind[i], duration[i], tiebreak[i] = w, k, dur, order
+                worker[i], kind[i], duration[i], tiebreak[i] = on, k, dur, order
             if s:
                 edge(f - 3, f)  # F of the previous stage
             if s == p - 1:
@@ -149,7 +149,7 @@ def index_graph(
             edge(f + 1, f + 2)
             edge(f + 2, reduce0 + (s if staggered else 0))
             if it:
-                prev_opt = (it - 1) * per + 3 * units + w
+                prev_opt = (it - 1) * per + 3 * units + on
                 edge(prev_opt if staggered else gate, f)
         for i in range(n_workers):
             o = opt0 + i

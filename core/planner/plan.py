@@ -92,7 +92,8 @@ def survivors(job: PipelineJob, failed: frozenset[Worker]) -> list[Worker]:
 
 def normalize(job: PipelineJob, failed: frozenset[Worker]) -> tuple[frozenset[Worker], dict]:
     """(canonical failure set, physical -> logical mapping of every worker)."""
-    canonical, mapping = set(), {}
+    canonical: set[Worker] = set()
+    mapping: dict[Worker, Worker] = {}
     for stage in range(job.pp):
         lost = sorted(r for r in range(job.dp) if (r, stage) in failed)
         kept = sorted(r for r in range(job.dp) if (r, stage) not in failed)

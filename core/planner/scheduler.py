@@ -15,8 +15,10 @@ only while the worker holds fewer micro-batches than its cap:
 
 P-s is what 1F1B keeps in flight at stage s; L is the memory limit. The scheduler runs
 on pipeline_index's integer-id graph (10^5 ops plan in about half a second). Without failures
-ReCycle runs plain 1F1B (there is nothing to re-route), so its fault-free iteration
-time is 1F1B's by construction. Every plan goes through the simulator's checks.
+ReCycle runs plain 1F1B (there is nothing to re-route): a choice, not a property. The
+adaptive schedule itself (adaptive_plan) with nothing lost is never slower than 1F1B,
+and usually faster (W fills the bubbles); tests/unit/core/test_planner.py checks that.
+Every plan goes through the simulator's checks.
 """
 
 from __future__ import annotations
@@ -85,9 +87,8 @@ def plan(
     mapping: dict[Worker, Worker] = {}
     if schedule == "recycle" and lost:
         canonical, mapping = normalize(job, lost)
-        assignment = reroute(job, canonical)
-        workers = survivors(job, canonical)
-    elif schedule == "drop":
+        return adaptive_plan(job, canonical, mapping, iterations)
+    if schedule == "drop":
         assignment = drop_replicas(job, lost)
         broken = {r for r, _ in lost}
         workers = [(r, s) for r in range(job.dp) if r not in broken for s in range(job.pp)]
@@ -99,21 +100,33 @@ def plan(
             for s in range(job.pp)
         }
         workers = survivors(job, frozenset())
-    staggered = schedule_used == "recycle"
-    graph = index_graph(job, assignment, workers, iterations, staggered)
-    if schedule_used != "recycle":
-        priorities = FUSED if schedule_used in ("1f1b", "drop") else DECOUPLED
-        caps = {w: min(job.memory, job.pp - w[1]) for w in workers}
-        orders = list_schedule(job, graph, workers, priorities, caps)
-        return Plan(job, lost, schedule, staggered, iterations, assignment, orders, mapping)
-    # ReCycle: a few priority rules and forward caps; the best simulated one wins (one
-    # rule only for big jobs, where planning time matters more).
+    graph = index_graph(job, assignment, workers, iterations, False)
+    priorities = FUSED if schedule_used in ("1f1b", "drop") else DECOUPLED
+    caps = {w: min(job.memory, job.pp - w[1]) for w in workers}
+    orders = list_schedule(job, graph, workers, priorities, caps)
+    return Plan(job, lost, schedule, False, iterations, assignment, orders, mapping)
+
+
+def adaptive_plan(
+    job: PipelineJob,
+    lost: frozenset[Worker],
+    mapping: dict[Worker, Worker],
+    iterations: int = 2,
+) -> Plan:
+    """ReCycle's adaptive schedule for a normalized failure set (lost: canonical
+    workers; mapping: physical -> canonical): work re-routed to the survivors, a staggered
+    optimizer, and of a few priority rules and forward caps the best simulated one (one
+    rule only for big jobs, where planning time matters more). plan() uses it only when
+    something failed; with nothing lost it is the fault-free adaptive schedule."""
+    assignment = reroute(job, lost)
+    workers = survivors(job, lost)
+    graph = index_graph(job, assignment, workers, iterations, True)
     variants = RECYCLE_VARIANTS if len(graph.kind) <= PORTFOLIO_OPS else RECYCLE_VARIANTS[:1]
     best: tuple[float, Plan] | None = None
     for priorities, cap_of in variants:
         caps = {w: cap_of(job, w) for w in workers}
         orders = list_schedule(job, graph, workers, priorities, caps)
-        candidate = Plan(job, lost, schedule, staggered, iterations, assignment, orders, mapping)
+        candidate = Plan(job, lost, "recycle", True, iterations, assignment, orders, mapping)
         if len(variants) == 1:
             return candidate
         took = simulate(candidate).iteration_time

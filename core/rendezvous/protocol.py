@@ -33,7 +33,7 @@ import ipaddress
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from ..config.worker_env import NodeAssignment
 
@@ -344,5 +344,5 @@ def _object(payload: bytes | str, what: str) -> dict[str, Any]:
     return data
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)

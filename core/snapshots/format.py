@@ -19,11 +19,9 @@ torch is imported inside the functions that need it: `rtrain.core` must stay che
 
 from __future__ import annotations
 
-import os
 import struct
 import warnings
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -212,33 +210,9 @@ def read_shard(buffer: Any, copy: bool = True) -> tuple[Any, int]:
 
 
 def chunk_digest(data: Any) -> int:
-    """The checksum of one chunk (xxhash releases the GIL, so chunks hash in parallel)."""
+    """The checksum of one CHUNK of a shard (agent/snapshots/checksums.py hashes the
+    chunks of a shard in parallel: xxhash releases the GIL)."""
     return xxhash.xxh3_64_intdigest(data)
-
-
-_pool: tuple[int, ThreadPoolExecutor] | None = None
-
-
-def _hash_pool() -> ThreadPoolExecutor:
-    """One pool per process, kept: starting threads costs more than hashing 10 MB.
-    Keyed by pid, because a forked child inherits the pool but not its threads."""
-    global _pool
-    if _pool is None or _pool[0] != os.getpid():
-        _pool = (os.getpid(), ThreadPoolExecutor(min(os.cpu_count() or 1, 8), "rtrain-hash"))
-    return _pool[1]
-
-
-def checksums(buffer: Any, size: int) -> list[int]:
-    """The digest of each 8 MiB chunk of buffer[HEADER_SIZE:size], computed in parallel."""
-    view = memoryview(buffer)[HEADER_SIZE:size]
-    starts = range(0, len(view), CHUNK)
-    if len(starts) <= 1:
-        return [chunk_digest(view)]
-    return list(_hash_pool().map(lambda s: chunk_digest(view[s : s + CHUNK]), starts))
-
-
-def verify(buffer: Any, size: int, expected: Sequence[int]) -> bool:
-    return checksums(buffer, size) == list(expected)
 
 
 def _write_header(buffer: Any, header: ShardHeader) -> None:

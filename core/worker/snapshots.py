@@ -26,6 +26,7 @@ import os
 import time
 from typing import Any
 
+from ..clock import wait_until
 from ..config.worker_env import SNAPSHOT_BUDGET, SNAPSHOT_DIR
 from ..snapshots.format import (
     COMMITTED,
@@ -159,14 +160,13 @@ def snapshot(state: Any, step: int) -> bool:
 
 def _wait_replicated(slot: _Slot) -> None:
     assert slot.map is not None
-    step = slot.header_step()
-    end = time.monotonic() + WAIT_LIMIT_S
-    while replicated_step(slot.map) < (step or 0):
-        if time.monotonic() > end:
-            raise SnapshotError(
-                f"the snapshot of step {step} was not replicated within {WAIT_LIMIT_S:g}s"
-            )
-        time.sleep(0.001)
+    mapped, step = slot.map, slot.header_step() or 0
+    if not wait_until(
+        lambda: replicated_step(mapped) >= step, WAIT_LIMIT_S, 0.001, time.monotonic, time.sleep
+    ):
+        raise SnapshotError(
+            f"the snapshot of step {step} was not replicated within {WAIT_LIMIT_S:g}s"
+        )
 
 
 def restore(copy: bool = True) -> tuple[Any, int] | None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from rtrain.agent.snapshots.checksums import checksums
 from rtrain.agent.snapshots.shard_server import ShardClient, ShardError, ShardServer
 from rtrain.agent.snapshots.shard_store import ShardStore
 from rtrain.agent.store.opening import host_store
@@ -25,7 +26,6 @@ from rtrain.core.snapshots.format import (
     HEADER_SIZE,
     MAGIC,
     VERSION,
-    checksums,
     plan_shard,
     write_shard,
 )

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from rtrain.agent.snapshots.checksums import checksums
 from rtrain.agent.snapshots.restorer import Peers, restore_once
 from rtrain.agent.snapshots.shard_server import ShardClient, ShardError, ShardServer
 from rtrain.agent.snapshots.shard_store import ShardStore
 from rtrain.core.layout.topology import Layout, NodeSlot, build_grid, recompute_topology
-from rtrain.core.snapshots.format import checksums, plan_shard, read_shard, write_shard
+from rtrain.core.snapshots.format import plan_shard, read_shard, write_shard
 from rtrain.core.snapshots.restore_plan import ShardId
 from rtrain.core.worker.snapshots import restore, slot_paths
 

@@ -89,3 +89,19 @@ def test_the_fault_injector_stops_after_the_calls_it_was_given() -> None:
     with pytest.raises(StoreUnavailable):
         store.exists("a")
     assert store.calls == {"set": 1, "get": 1, "exists": 1}
+
+
+def test_a_taken_port_is_told_by_errno_not_by_message_text() -> None:
+    import socket
+
+    from rtrain.agent.store.opening import port_taken
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+    try:
+        assert port_taken(port)
+    finally:
+        listener.close()
+    assert not port_taken(port) and not port_taken(0)

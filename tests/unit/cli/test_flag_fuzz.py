@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rtrain.cli.launch_args import parse_launch_args
@@ -89,6 +90,7 @@ def assert_sane(spec: LaunchSpec) -> None:
     assert 0 <= spec.rdzv.port < 65536 and spec.max_restarts < flag_values.MAX_COUNT
 
 
+@pytest.mark.slow
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(command_lines())
 def test_any_command_line_gives_a_sane_spec_or_one_usage_line(argv):
@@ -97,6 +99,7 @@ def test_any_command_line_gives_a_sane_spec_or_one_usage_line(argv):
         assert_sane(spec)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(
     st.dictionaries(
@@ -124,6 +127,7 @@ SLURM_VARS = [
 ]
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(
     st.dictionaries(st.sampled_from(SLURM_VARS), VALUES, max_size=5),

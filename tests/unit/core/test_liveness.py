@@ -7,7 +7,7 @@ from rtrain.core.errors import UsageError
 from rtrain.core.rendezvous.liveness import StalenessTracker
 from rtrain.core.rendezvous.restart_budget import RestartBudget
 
-from tests.unit.test_launch_spec import spec_of
+from tests.unit.core.test_launch_spec import spec_of
 
 
 def test_a_lease_is_stale_after_timeout_without_a_change():
@@ -89,22 +89,3 @@ def test_restart_delay_is_immediate_once_then_doubles_to_the_cap():
 
     assert [restart_delay(n, 1.0) for n in (1, 2, 3, 4)] == [0.0, 1.0, 2.0, 4.0]
     assert restart_delay(50, 1.0) == RESTART_BACKOFF_CAP_S and restart_delay(5, 0.0) == 0.0
-
-
-def test_a_generation_that_ran_long_resets_the_backoff():
-    from rtrain.agent.restart_backoff import RestartBackoff
-
-    now = [0.0]
-
-    def sleep(seconds: float) -> None:
-        now[0] += seconds
-
-    backoff = RestartBackoff(1.0, clock=lambda: now[0], sleep=sleep)
-    waits = []
-    for lived in (1.0, 1.0, 1.0, 120.0, 1.0):
-        backoff.started()
-        now[0] += lived
-        before = now[0]
-        backoff.failed(lambda: None)
-        waits.append(round(now[0] - before, 3))
-    assert waits == [0.0, 1.0, 2.0, 0.0, 1.0]

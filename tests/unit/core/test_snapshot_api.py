@@ -103,6 +103,7 @@ def one_rank_group():
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # importing DTensor takes two seconds
 def test_a_dtensor_state_is_refused_by_key_and_type_before_anything_is_written(
     slot_dir: str, one_rank_group
 ) -> None:

@@ -6,15 +6,14 @@ import contextlib
 
 import pytest
 import torch
+from rtrain.agent.snapshots.checksums import checksums, verify
 from rtrain.core.layout.topology import Layout, NodeSlot, build_grid, recompute_topology
 from rtrain.core.snapshots.format import (
     COMMITTED,
     SnapshotError,
-    checksums,
     plan_shard,
     read_header,
     read_shard,
-    verify,
     write_shard,
 )
 from rtrain.core.snapshots.restore_plan import ShardId, plan_restore, ring_successors
