@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rtrain.core.planner.job import PipelineJob, PlannerError
-from rtrain.core.planner.plan import NoSurvivor, Op, normalize, reroute
+from rtrain.core.planner.plan import NoSurvivor, Op, Plan, normalize, reroute
 from rtrain.core.planner.scheduler import adaptive_plan, plan
 from rtrain.core.planner.sim import PlanRejected, simulate
 
@@ -51,47 +51,54 @@ def test_every_plan_passes_the_simulator_and_runs_each_microbatch_once_per_stage
         except NoSurvivor:
             assert schedule == "drop" or not survivable(job, failed)
             continue
-        result = simulate(p)  # raises PlanRejected on a broken dependency or memory
-        assert max(result.peak_memory.values(), default=0) <= job.memory
-        for kind in ("F", "B", "W"):
-            done = Counter(
-                (op.iteration, op.replica, op.microbatch, op.stage)
-                for order in p.orders.values()
-                for op in order
-                if op.kind == kind
-            )
-            everything = {
-                (i, r, m, s)
-                for i in range(p.iterations)
-                for r in range(job.dp)
-                for m in range(job.microbatches)
-                for s in range(job.pp)
-            }
-            assert set(done) == everything and set(done.values()) == {1}
-        for (_r, _m, stage), worker in p.assignment.items():
-            assert worker[1] == stage and (worker in p.orders)
+        _check_plan(job, p)
+    if not failed:  # the adaptive scheduler on the fault-free graph, which plan() never runs
+        _check_plan(job, adaptive_plan(job, frozenset(), {}))
 
 
-@settings(max_examples=40, deadline=None)
-@given(jobs_and_failures())
-def test_the_adaptive_schedule_with_nothing_lost_is_never_slower_than_1f1b(case) -> None:
-    # The old test compared plan(job, [], "recycle") with 1F1B, but plan() runs 1F1B
-    # itself when nothing failed, so it held by construction. This runs the adaptive
-    # scheduler on the fault-free graph, which plan() never does.
-    job, _ = case
-    adaptive = adaptive_plan(job, frozenset(), {})
-    assert adaptive.staggered and set(adaptive.orders) == set(plan(job, [], "1f1b").orders)
-    assert (
-        simulate(adaptive).iteration_time <= simulate(plan(job, [], "1f1b")).iteration_time + 1e-9
-    )
+def _check_plan(job: PipelineJob, p: Plan) -> None:
+    result = simulate(p)  # raises PlanRejected on a broken dependency or memory
+    assert max(result.peak_memory.values(), default=0) <= job.memory
+    for kind in ("F", "B", "W"):
+        done = Counter(
+            (op.iteration, op.replica, op.microbatch, op.stage)
+            for order in p.orders.values()
+            for op in order
+            if op.kind == kind
+        )
+        everything = {
+            (i, r, m, s)
+            for i in range(p.iterations)
+            for r in range(job.dp)
+            for m in range(job.microbatches)
+            for s in range(job.pp)
+        }
+        assert set(done) == everything and set(done.values()) == {1}
+    for (_r, _m, stage), worker in p.assignment.items():
+        assert worker[1] == stage and (worker in p.orders)
 
 
 def test_fault_free_recycle_runs_1f1b_by_design() -> None:
+    # The old test compared plan(job, [], "recycle") with 1F1B, but plan() runs 1F1B
+    # itself when nothing failed, so it held by construction. What the choice buys is
+    # below: the adaptive schedule is often faster without failures, but not always.
     job = PipelineJob.uniform(2, 4, 8)
     assert plan(job, [], "recycle").orders == plan(job, [], "1f1b").orders
-    # ... though the adaptive schedule would be faster here: 29 against 30.
     assert simulate(adaptive_plan(job, frozenset(), {})).iteration_time == pytest.approx(29.0)
     assert simulate(plan(job, [], "1f1b")).iteration_time == pytest.approx(30.0)
+    # Found by hypothesis: a stage whose W is long loses to 1F1B's W right after B.
+    slower = PipelineJob(
+        dp=1,
+        pp=4,
+        microbatches=3,
+        forward=(1.0, 1.0, 2.0, 1.0),
+        backward_input=(1.0, 1.0, 1.0, 1.5),
+        backward_weight=(2.0, 1.0, 1.0, 1.0),
+        optimizer=(0.0, 0.0, 0.0, 0.0),
+    )
+    adaptive = simulate(adaptive_plan(slower, frozenset(), {})).iteration_time
+    assert adaptive == pytest.approx(19.0)
+    assert simulate(plan(slower, [], "recycle")).iteration_time == pytest.approx(18.5)
 
 
 @settings(max_examples=40, deadline=None)
