@@ -77,24 +77,11 @@ class GenerationStarter:
         """The new generation, its workers ready to start; GenerationEnded if a member
         was lost meanwhile."""
         generation = membership.generation
-        log.set_generation(generation)
-        node_rank = membership_rank(membership, self.node_id)
-        log.set_node(f"node{node_rank}")
-        peers = PeerLeases(
-            rdzv.store,
-            rdzv.keys,
-            generation,
-            [n for n in range(len(membership.members)) if n != node_rank],
-            self.spec.faults.heartbeat_timeout,
-            self.spec.faults.heartbeat_interval,
-        )
-        self.joined = Joined(membership, node_rank, peers)
+        node_rank, peers = self._take_part(rdzv, membership, lease)
 
         def watch() -> bool:  # a member lost while the generation starts ends it
             return policy.check_leases(membership, node_rank, peers)
 
-        assert lease is not None
-        lease.hold(generation, node_rank)
         before = previous_grid(rdzv, self.spec.layout, membership, previous)
         topology = generation_topology(self.spec.layout, membership, before)
         logger.info("generation %d layout: %s", generation, topology.summary())
@@ -115,9 +102,7 @@ class GenerationStarter:
         snapshot_env = self._snapshots.prepare(
             rdzv, membership, topology, node_rank, self.nproc, self.spec.rdzv.join_timeout, watch
         )
-        beat_dir = os.path.join(self._runtime_dir, f"gen{generation}")
-        make_folder(beat_dir, "this generation's heartbeat files")
-        hangs = HangWatch(self.spec.faults.hang_timeout, beat_dir)
+        hangs = self._hang_watch(generation)
 
         def extra_env(local_rank: int, log_dir: str) -> dict[str, str]:
             return {
@@ -138,6 +123,33 @@ class GenerationStarter:
             extra_env,
         )
         return Generation(membership, node_rank, group, peers, hangs, topology, plan)
+
+    def _take_part(
+        self, rdzv: JobRendezvous, membership: Membership, lease: LeaseKeeper | None
+    ) -> tuple[int, PeerLeases]:
+        """This node's rank in the generation, its lease held, its peers' leases watched."""
+        generation = membership.generation
+        log.set_generation(generation)
+        node_rank = membership_rank(membership, self.node_id)
+        log.set_node(f"node{node_rank}")
+        peers = PeerLeases(
+            rdzv.store,
+            rdzv.keys,
+            generation,
+            [n for n in range(len(membership.members)) if n != node_rank],
+            self.spec.faults.heartbeat_timeout,
+            self.spec.faults.heartbeat_interval,
+        )
+        self.joined = Joined(membership, node_rank, peers)
+        assert lease is not None
+        lease.hold(generation, node_rank)
+        return node_rank, peers
+
+    def _hang_watch(self, generation: int) -> HangWatch:
+        """The generation's heartbeat files, in memory-backed storage where there is some."""
+        beat_dir = os.path.join(self._runtime_dir, f"gen{generation}")
+        make_folder(beat_dir, "this generation's heartbeat files")
+        return HangWatch(self.spec.faults.hang_timeout, beat_dir)
 
     def _worker_store(
         self, rdzv: JobRendezvous, generation: int, node_rank: int, watch: Callable[[], bool]

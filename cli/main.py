@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 
 import typer
 
-from ..core.errors import ExitCode, RtrainError, UsageError
+from ..core.errors import ExitCode, RtrainError, UsageError, exit_code_for_signal
 from .health import health
 from .plan import plan_command
 
@@ -175,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         else:
             code = app(args=args, prog_name="rtrain", standalone_mode=False) or 0
     except KeyboardInterrupt:
-        code = 130
+        code = exit_code_for_signal(signal.SIGINT)
     except typer.Exit as exc:
         code = exc.exit_code
     except Exception as exc:  # usage errors arrive here with standalone_mode=False

@@ -8,26 +8,7 @@ Everything outside core/worker does no I/O, starts nothing and never sleeps
 `rtrain --help` goes through it, so nothing here imports torch at module level.
 """
 
-from .worker import (
-    SnapshotError,
-    WorkerPlan,
-    WorkerTopology,
-    heartbeat,
-    recycle_actions,
-    recycle_worker_plan,
-    restore,
-    snapshot,
-    topology,
-)
+from . import worker as _worker
+from .worker import *  # noqa: F403  (the worker API is rtrain.core's surface)
 
-__all__ = [
-    "SnapshotError",
-    "WorkerPlan",
-    "WorkerTopology",
-    "heartbeat",
-    "recycle_actions",
-    "recycle_worker_plan",
-    "restore",
-    "snapshot",
-    "topology",
-]
+__all__ = list(_worker.__all__)

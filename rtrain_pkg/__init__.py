@@ -7,27 +7,8 @@
 
 __version__ = "0.1.0"
 
-from rtrain.core.worker import (
-    SnapshotError,
-    WorkerPlan,
-    WorkerTopology,
-    heartbeat,
-    recycle_actions,
-    recycle_worker_plan,
-    restore,
-    snapshot,
-    topology,
-)
+# The worker API, for `import rtrain` (setup.cfg reads __version__ above without importing).
+from rtrain.core import worker as _worker
+from rtrain.core.worker import *  # noqa: F403
 
-__all__ = [
-    "SnapshotError",
-    "WorkerPlan",
-    "WorkerTopology",
-    "__version__",
-    "heartbeat",
-    "recycle_actions",
-    "recycle_worker_plan",
-    "restore",
-    "snapshot",
-    "topology",
-]
+__all__ = ["__version__", *_worker.__all__]

@@ -236,8 +236,8 @@ def recompute_topology(
                 previous_rank[c.rank] = exact
             else:
                 replaces[c.rank] = exact
-        elif local is not None and (old_coord[local].pp, old_coord[local].tp) == (c.pp, c.tp):
-            previous_rank[c.rank] = local
+        elif kept is not None and (old_coord[kept].pp, old_coord[kept].tp) == (c.pp, c.tp):
+            previous_rank[c.rank] = kept
     return replace(
         grid,
         lost_ranks=lost,

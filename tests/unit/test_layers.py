@@ -122,3 +122,14 @@ def test_exit_codes_are_named() -> None:
         if any(_literal_code(a) for a in literal):
             wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}: {called}() with a bare code")
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_worker_api_is_the_surface_of_rtrain_core_and_rtrain() -> None:
+    import rtrain
+    import rtrain.core
+    import rtrain.core.worker
+
+    assert rtrain.core.__all__ == rtrain.core.worker.__all__
+    for name in rtrain.core.worker.__all__:
+        assert getattr(rtrain, name) is getattr(rtrain.core, name)
+        assert getattr(rtrain.core, name) is getattr(rtrain.core.worker, name)
