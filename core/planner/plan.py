@@ -1,5 +1,5 @@
 """The work of an iteration, where each piece runs, and Failure Normalization (the
-dependency graph itself is pipeline_index's).
+dependency graph itself is index.py's).
 
 Every micro-batch m of replica r passes every stage s: F(r, m, s), then B(r, m, s) on
 the way back, then W(r, m, s); each worker ends an iteration with its optimizer step,

@@ -9,12 +9,12 @@ only while the worker holds fewer micro-batches than its cap:
 |-----------|---------------------------|--------------------------|--------------|-----------|
 | 1f1b      | own work                  | W right after B, B, F    | min(L, P-s)  | synced    |
 | decoupled | own work                  | B, F, W (W fills gaps)   | min(L, P-s)  | synced    |
-| recycle   | re-routed (pipeline_plan) | B, F, W                  | L            | staggered |
+| recycle   | re-routed (plan.py)       | B, F, W                  | L            | staggered |
 | drop      | failed replicas' work     | as 1f1b                  | min(L, P-s)  | synced    |
 |           | moved whole to survivors  |                          |              |           |
 
 P-s is what 1F1B keeps in flight at stage s; L is the memory limit. The scheduler runs
-on pipeline_index's integer-id graph (10^5 ops plan in about half a second). Without failures
+on index.py's integer-id graph (10^5 ops plan in about half a second). Without failures
 ReCycle runs plain 1F1B (there is nothing to re-route): a choice, not a property. The
 adaptive schedule itself (adaptive_plan) with nothing lost is often faster (W fills
 the bubbles: 29 against 30 for a uniform 4-stage job) but not always (a stage with a

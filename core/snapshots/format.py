@@ -170,7 +170,7 @@ def read_header(buffer: Any) -> ShardHeader | None:
 def read_shard(buffer: Any, copy: bool = True) -> tuple[Any, int]:
     """(state dict, step) from a committed shard. Tensors are copied out of the buffer,
     or with copy=False are views of it (the buffer must then be writable and stay
-    unchanged: snapshot_api hands a private mapping of a file it never writes again)."""
+    unchanged: core/worker/snapshots.py hands a private mapping of a file it never writes again)."""
     import torch
 
     header = read_header(buffer)
