@@ -87,8 +87,7 @@ def plan(
     schedule_used = "1f1b" if schedule == "recycle" and not lost else schedule
     mapping: dict[Worker, Worker] = {}
     if schedule == "recycle" and lost:
-        canonical, mapping = normalize(job, lost)
-        return adaptive_plan(job, canonical, mapping, iterations)
+        return adaptive_plan(job, lost, iterations)
     if schedule == "drop":
         assignment = drop_replicas(job, lost)
         broken = {r for r, _ in lost}
@@ -108,19 +107,15 @@ def plan(
     return Plan(job, lost, schedule, False, iterations, assignment, orders, mapping)
 
 
-def adaptive_plan(
-    job: PipelineJob,
-    lost: frozenset[Worker],
-    mapping: dict[Worker, Worker],
-    iterations: int = 2,
-) -> Plan:
-    """ReCycle's adaptive schedule for a normalized failure set (lost: canonical
-    workers; mapping: physical -> canonical): work re-routed to the survivors, a staggered
-    optimizer, and of a few priority rules and forward caps the best simulated one (one
-    rule only for big jobs, where planning time matters more). plan() uses it only when
-    something failed; with nothing lost it is the fault-free adaptive schedule."""
-    assignment = reroute(job, lost)
-    workers = survivors(job, lost)
+def adaptive_plan(job: PipelineJob, lost: frozenset[Worker], iterations: int = 2) -> Plan:
+    """ReCycle's adaptive schedule for these failed (physical) workers: the failure set
+    normalized, work re-routed to the survivors, a staggered optimizer, and of a few
+    priority rules and forward caps the best simulated one (one rule only for big jobs,
+    where planning time matters more). plan() uses it only when something failed; with
+    nothing lost it is the fault-free adaptive schedule."""
+    canonical, mapping = normalize(job, lost) if lost else (frozenset(), {})
+    assignment = reroute(job, canonical)
+    workers = survivors(job, canonical)
     graph = index_graph(job, assignment, workers, iterations, True)
     variants = RECYCLE_VARIANTS if len(graph.kind) <= PORTFOLIO_OPS else RECYCLE_VARIANTS[:1]
     best: tuple[float, Plan] | None = None

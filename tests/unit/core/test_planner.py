@@ -53,7 +53,7 @@ def test_every_plan_passes_the_simulator_and_runs_each_microbatch_once_per_stage
             continue
         _check_plan(job, p)
     if not failed:  # the adaptive scheduler on the fault-free graph, which plan() never runs
-        _check_plan(job, adaptive_plan(job, frozenset(), {}))
+        _check_plan(job, adaptive_plan(job, frozenset()))
 
 
 def _check_plan(job: PipelineJob, p: Plan) -> None:
@@ -84,7 +84,7 @@ def test_fault_free_recycle_runs_1f1b_by_design() -> None:
     # below: the adaptive schedule is often faster without failures, but not always.
     job = PipelineJob.uniform(2, 4, 8)
     assert plan(job, [], "recycle").orders == plan(job, [], "1f1b").orders
-    assert simulate(adaptive_plan(job, frozenset(), {})).iteration_time == pytest.approx(29.0)
+    assert simulate(adaptive_plan(job, frozenset())).iteration_time == pytest.approx(29.0)
     assert simulate(plan(job, [], "1f1b")).iteration_time == pytest.approx(30.0)
     # Found by hypothesis: a stage whose W is long loses to 1F1B's W right after B.
     slower = PipelineJob(
@@ -96,7 +96,7 @@ def test_fault_free_recycle_runs_1f1b_by_design() -> None:
         backward_weight=(2.0, 1.0, 1.0, 1.0),
         optimizer=(0.0, 0.0, 0.0, 0.0),
     )
-    adaptive = simulate(adaptive_plan(slower, frozenset(), {})).iteration_time
+    adaptive = simulate(adaptive_plan(slower, frozenset())).iteration_time
     assert adaptive == pytest.approx(19.0)
     assert simulate(plan(slower, [], "recycle")).iteration_time == pytest.approx(18.5)
 
@@ -222,3 +222,12 @@ def test_durations_from_a_model_description() -> None:
     assert job.forward[0] == pytest.approx(12 * 7.6289e12 / 300e12, rel=1e-3)
     assert job.backward_weight == job.forward
     assert 0 < job.transfer < 0.01
+
+
+def test_a_recycle_plan_names_the_workers_that_failed_not_their_canonical_stand_ins() -> None:
+    # The timeline and the per-rank action list mark these: (1, 2) and (3, 0), not the
+    # normalized (3, 2) and (3, 0) the schedule is computed for.
+    job = PipelineJob.uniform(4, 4, 8)
+    recycled = plan(job, [(1, 2), (3, 0)], "recycle")
+    assert recycled.failed == frozenset({(1, 2), (3, 0)})
+    assert recycled.mapping[(1, 2)] == (3, 2)
