@@ -93,13 +93,16 @@ class PeerLeases:
         if now < self._next:
             return []
         self._next = now + self._interval
-        for node in self._peers:
-            self._tracker.observe(node, self._read(node), now)
+        # Every peer's lease in one request (one round trip on TCPStore when all are
+        # set), not two per peer: the watch costs each agent O(1) round trips.
+        peers = list(self._peers)
+        payloads = self._store.multi_get([self._keys.lease(self.generation, n) for n in peers])
+        for node, payload in zip(peers, payloads, strict=True):
+            self._tracker.observe(node, self._count(node, payload), now)
         return self._tracker.stale(self._clock())
 
-    def _read(self, node: int) -> int | None:
-        key = self._keys.lease(self.generation, node)
-        payload = self._store.get(key)
+    @staticmethod
+    def _count(node: int, payload: bytes | None) -> int | None:
         if payload is None:
             return None
         try:

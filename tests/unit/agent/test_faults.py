@@ -166,3 +166,13 @@ def test_a_restart_charged_for_a_generation_that_lost_a_node_is_refunded() -> No
     smaller = Membership(1, job.membership.members[:2])
     job.policy.settle(first, Generation(smaller, 0, FailedGroup(), job.peers, None, None))  # type: ignore[arg-type]
     assert job.policy.budget.used == 0
+
+
+def test_watching_the_peers_leases_is_one_request_however_many_peers() -> None:
+    job = Job()
+    peers = PeerLeases(job.store, job.rdzv.keys, 0, list(range(1, 65)), 5.0, 1.0, job.clock.now)
+    for node in range(1, 65):
+        job.renew(node, 1)
+    job.store.calls.clear()
+    assert peers.stale() == []
+    assert job.store.calls == {"multi_get": 1}
