@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from ..core.clock import Clock
 from ..core.config.launch_spec import LaunchSpec
 from ..core.errors import ExitCode
 from ..core.rendezvous.decisions import Charge, charge_for_failure
@@ -29,7 +30,7 @@ from ..core.rendezvous.restart_budget import RestartBudget
 from .generation import Generation, Joined
 from .rendezvous.job import JobRendezvous
 from .rendezvous.lease import PeerLeases
-from .waiting import SYSTEM_CLOCK, Clock, wait_until
+from .waiting import SYSTEM_CLOCK
 from .workers.group import WorkerGroup
 from .workers.hang_watch import HangWatch, capture_stack
 
@@ -188,12 +189,10 @@ class FaultPolicy:
             self.check_peers(gen)
             return bool(self.lost(gen))
 
-        return wait_until(
+        return self._clock.wait_until(
             peer_lost,
             gen.peers.timeout + self._spec.faults.heartbeat_interval,
             self._spec.monitor_interval,
-            self._clock.now,
-            self._clock.sleep,
         )
 
     def settle(self, previous: Generation | None, gen: Generation) -> None:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import time
 
-from ..core.clock import Clock, wait_until
+from ..core.clock import Clock
 
 SYSTEM_CLOCK = Clock(now=time.monotonic, sleep=time.sleep)
-
-__all__ = ["SYSTEM_CLOCK", "Clock", "wait_until"]

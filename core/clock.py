@@ -18,6 +18,10 @@ class Clock:
     now: Callable[[], float]
     sleep: Callable[[float], None]
 
+    def wait_until(self, predicate: Callable[[], bool], timeout: float | None, poll: float) -> bool:
+        """wait_until on this clock."""
+        return wait_until(predicate, timeout, poll, self.now, self.sleep)
+
 
 def wait_until(
     predicate: Callable[[], bool],

@@ -36,8 +36,8 @@ from typing import Any
 
 import pynvml
 
-from ...core.clock import wait_until
 from ...core.errors import UsageError
+from ..waiting import SYSTEM_CLOCK
 
 HEALTHY: dict[str, Any] = {
     "temperature": 40,
@@ -302,12 +302,8 @@ class FakeNvml:
 
     def nvmlEventSetWait_v2(self, event_set: list[_Gpu], timeout_ms: int) -> Any:
         found: list[Any] = []
-        if not wait_until(
-            lambda: self._next_event(event_set, found),
-            timeout_ms / 1000,
-            0.05,
-            time.monotonic,
-            time.sleep,
+        if not SYSTEM_CLOCK.wait_until(
+            lambda: self._next_event(event_set, found), timeout_ms / 1000, 0.05
         ):
             raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
         return found[0]

@@ -18,7 +18,7 @@ from ...core.errors import RendezvousError, RendezvousTimeout, RtrainError
 from ...core.rendezvous.failures import FailureRecord
 from ...core.rendezvous.protocol import AbortRecord, Membership, ProtocolError, StoreKeys
 from ..store.kv import KeyValueStore, increment, wrote
-from ..waiting import SYSTEM_CLOCK, wait_until
+from ..waiting import SYSTEM_CLOCK
 
 if TYPE_CHECKING:
     from ..generation import Generation
@@ -97,9 +97,6 @@ class JobEnd:
         self._check_signal = check_signal
         self._clock = clock
 
-    def _wait(self, predicate: Callable[[], bool], timeout: float | None, poll: float) -> bool:
-        return wait_until(predicate, timeout, poll, self._clock.now, self._clock.sleep)
-
     def exit_barrier(self, membership: Membership) -> bool:
         """Wait for every node to finish; False if the job moved to a new generation instead."""
         rounds, ends = self._rdzv.rounds, self._ends
@@ -116,7 +113,7 @@ class JobEnd:
             moved = rounds.round_moved_past(generation)
             return moved
 
-        self._wait(everyone_done, None, POLL_S)
+        self._clock.wait_until(everyone_done, None, POLL_S)
         if moved:
             return False
         ends.mark_exited(generation)
@@ -150,7 +147,7 @@ class JobEnd:
             return ends.exited_count(current) >= len(membership.members)
 
         try:
-            self._wait(job_over, None, HOST_POLL_S)
+            self._clock.wait_until(job_over, None, HOST_POLL_S)
         except RendezvousError:
             return
         if aborted:
@@ -163,7 +160,7 @@ class JobEnd:
 
     def wait_count(self, read: Callable[[], int], expected: int) -> None:
         with contextlib.suppress(RendezvousError):
-            self._wait(lambda: read() >= expected, self._close_timeout, POLL_S)
+            self._clock.wait_until(lambda: read() >= expected, self._close_timeout, POLL_S)
 
     def end_job(self, gen: Generation | None, code: int, reason: str) -> None:
         """Write the abort record (first writer wins) so every other agent ends too."""

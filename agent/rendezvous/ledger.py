@@ -37,7 +37,7 @@ class FailureLedger:
         for node in range(num_nodes):
             count = self._store.counter(self._keys.failure_count(generation, node))
             keys = [self._keys.failure(generation, node, i) for i in range(1, count + 1)]
-            for payload in self._store.multi_get(keys) if keys else []:
+            for payload in self._store.multi_get(keys):
                 if payload is None:
                     continue
                 try:

@@ -28,7 +28,7 @@ from ...core.rendezvous.protocol import (
     order_members,
 )
 from ..store.kv import KeyValueStore, increment
-from ..waiting import SYSTEM_CLOCK, wait_until
+from ..waiting import SYSTEM_CLOCK
 from .job_end import JobEndRecords
 from .ledger import FailureLedger
 
@@ -156,7 +156,7 @@ class Rounds:
         )
 
     def _wait(self, predicate: Callable[[], bool], timeout: float | None) -> bool:
-        return wait_until(predicate, timeout, POLL_S, self._clock.now, self._clock.sleep)
+        return self._clock.wait_until(predicate, timeout, POLL_S)
 
     def _survivors_in(
         self, target: int, joined: int, expected: Callable[[], set[str]] | None

@@ -38,7 +38,7 @@ from ...core.snapshots.restore_plan import (
     snapshots_existed,
 )
 from ..rendezvous.job import JobRendezvous
-from ..waiting import SYSTEM_CLOCK, wait_until
+from ..waiting import SYSTEM_CLOCK
 from .checksums import verify
 from .disk_checkpoints import load_verified, newest_complete
 from .shard_server import ShardClient, ShardError
@@ -150,7 +150,7 @@ def _wait_for(
         rdzv.rounds.raise_if_ended(generation, watch)
         return False
 
-    if not wait_until(there, timeout, POLL_S, SYSTEM_CLOCK.now, SYSTEM_CLOCK.sleep):
+    if not SYSTEM_CLOCK.wait_until(there, timeout, POLL_S):
         raise RendezvousError(f"{what} for generation {generation}")
 
 

@@ -75,7 +75,3 @@ def wrote(store: KeyValueStore, key: str, value: str | bytes) -> bool:
 
 def as_bytes(value: str | bytes) -> bytes:
     return value.encode() if isinstance(value, str) else value
-
-
-def as_text(value: bytes | str) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else value

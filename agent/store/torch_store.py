@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from ...core.clock import wait_until
+from ...core.clock import Clock
 from ...core.errors import RendezvousError, StoreUnavailable, first_line
 from ...core.rendezvous.protocol import ProtocolError, decode_int
+from ..waiting import SYSTEM_CLOCK
 from .kv import as_bytes
 
 POLL_S = 0.02
@@ -57,8 +57,7 @@ class TorchKeyValueStore:
         store: Any,
         endpoint: str,
         deadline_s: float | None = None,
-        sleep: Callable[[float], None] = time.sleep,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         """store: a torch.distributed Store; deadline_s: the longest a call may take
         (None: called directly, for in-process stores)."""
@@ -67,7 +66,6 @@ class TorchKeyValueStore:
         self._deadline_s = deadline_s
         self._thread = _CallThread() if deadline_s else None
         self._unanswered: str | None = None
-        self._sleep = sleep
         self._clock = clock
 
     def _call(self, op: str, *args: Any) -> Any:
@@ -132,9 +130,7 @@ class TorchKeyValueStore:
 
     def wait(self, keys: Sequence[str], timeout: float) -> bool:
         listed = list(keys)
-        return wait_until(
-            lambda: bool(self._call("check", listed)), timeout, POLL_S, self._clock, self._sleep
-        )
+        return self._clock.wait_until(lambda: bool(self._call("check", listed)), timeout, POLL_S)
 
     def delete(self, key: str) -> bool:
         return bool(self._call("delete_key", key))

@@ -20,10 +20,10 @@ import sys
 import time
 from collections.abc import Callable
 
-from ...core.clock import wait_until
 from ...core.config.worker_env import HEARTBEAT_FILE, HEARTBEAT_FORMAT, HEARTBEAT_SIZE
 from ...core.rendezvous.liveness import StalenessTracker
 from ..runtime_dir import write_small_file
+from ..waiting import SYSTEM_CLOCK
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ def _faulthandler(pid: int, stack_file: str) -> str | None:
         except OSError:
             return False
 
-    if not wait_until(dumped, FAULTHANDLER_WAIT_S, 0.05, time.monotonic, time.sleep):
+    if not SYSTEM_CLOCK.wait_until(dumped, FAULTHANDLER_WAIT_S, 0.05):
         return None
     time.sleep(0.1)  # let the dump finish
     try:

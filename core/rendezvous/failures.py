@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any
 
+from .protocol import json_object
+
 
 class FailureKind(str, Enum):
     """What failed. The value is what failure records carry on the wire and on disk."""
@@ -88,7 +90,7 @@ class FailureRecord:
 
     @classmethod
     def decode(cls, payload: bytes | str) -> FailureRecord:
-        data = _json_object(payload, "failure record")
+        data = json_object(payload, "failure record", RecordError)
         try:
             kind = data["kind"]
             if kind not in FAILURE_KINDS:
@@ -156,7 +158,7 @@ class ErrorFileContent:
 
 def parse_error_file(payload: str) -> ErrorFileContent:
     """Read torch's `@record` error file format (also what rtrain's workers write)."""
-    data = _json_object(payload, "error file")
+    data = json_object(payload, "error file", RecordError)
     message = data.get("message")
     if isinstance(message, str):
         return ErrorFileContent(message=message, traceback="", timestamp=None)
@@ -184,17 +186,6 @@ def error_file_payload(message: str, traceback: str, timestamp: float) -> str:
             }
         }
     )
-
-
-def _json_object(payload: bytes | str, what: str) -> dict[str, Any]:
-    try:
-        text = payload.decode() if isinstance(payload, bytes) else payload
-        data = json.loads(text)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise RecordError(f"{what}: not JSON") from None
-    if not isinstance(data, dict):
-        raise RecordError(f"{what}: expected a JSON object")
-    return data
 
 
 def _int(data: dict[str, Any], key: str) -> int:

@@ -134,7 +134,7 @@ class MemberInfo:
 
     @classmethod
     def decode(cls, payload: bytes | str) -> MemberInfo:
-        data = _object(payload, "member")
+        data = json_object(payload, "member")
         return cls._from_dict(data)
 
     @classmethod
@@ -197,7 +197,7 @@ class Membership:
 
     @classmethod
     def decode(cls, payload: bytes | str, generation: int) -> Membership:
-        data = _object(payload, "membership")
+        data = json_object(payload, "membership")
         if data.get("v") != PROTOCOL_VERSION:
             raise ProtocolError("membership: unknown protocol version")
         if data.get("generation") != generation:
@@ -230,7 +230,7 @@ class AbortRecord:
 
     @classmethod
     def decode(cls, payload: bytes | str) -> AbortRecord:
-        data = _object(payload, "abort record")
+        data = json_object(payload, "abort record")
         gen, node, code = data.get("generation"), data.get("node_rank"), data.get("exit_code")
         if not (_is_int(gen) and _is_int(node) and _is_int(code)):
             raise ProtocolError(
@@ -315,7 +315,7 @@ def encode_master(host: str, port: int) -> str:
 
 
 def decode_master(payload: bytes | str) -> tuple[str, int]:
-    data = _object(payload, "worker store address")
+    data = json_object(payload, "worker store address")
     host, port = data.get("host"), data.get("port")
     if not isinstance(host, str) or not host or not _is_int(port) or not 0 < port < 65536:
         raise ProtocolError("worker store address: expected a host and a port")
@@ -333,14 +333,18 @@ def decode_int(payload: bytes | str, what: str) -> int:
     return value
 
 
-def _object(payload: bytes | str, what: str) -> dict[str, Any]:
+def json_object(
+    payload: bytes | str, what: str, error: type[ValueError] = ProtocolError
+) -> dict[str, Any]:
+    """payload as a JSON object, or `error` naming `what` (read from a store or a file:
+    anything may be there)."""
     try:
         text = payload.decode() if isinstance(payload, bytes) else payload
         data = json.loads(text)
     except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ProtocolError(f"{what}: not JSON") from None
+        raise error(f"{what}: not JSON") from None
     if not isinstance(data, dict):
-        raise ProtocolError(f"{what}: expected a JSON object")
+        raise error(f"{what}: expected a JSON object")
     return data
 
 
