@@ -34,9 +34,10 @@ from .generation import (
 )
 from .health.gpu_monitor import GpuFault
 from .health.guard import HealthGuard
+from .rendezvous.etcd_leases import EtcdLeases
 from .rendezvous.job import JobRendezvous
 from .rendezvous.job_end import JobAborted, JobEnd
-from .rendezvous.lease import LeaseKeeper
+from .rendezvous.lease import Leases, StoreLeases
 from .rendezvous.rounds import GenerationEnded
 from .restart_backoff import RestartBackoff
 from .runtime_dir import (
@@ -47,8 +48,8 @@ from .runtime_dir import (
 from .snapshots.service import SnapshotService
 from .starter import GenerationStarter
 from .state import AgentState, Ended, Interrupted, RunResult
-from .store.opening import connect_store, open_rendezvous_store
-from .store.torch_store import TorchKeyValueStore
+from .store.backends import JobStore, open_job_store
+from .store.etcd_store import EtcdKeyValueStore
 from .workers.log_tail import LogTail
 from .workers.pool import WorkerPool
 from .workers.process_tree import ZombieReaper, become_subreaper, kill_leftovers
@@ -86,7 +87,7 @@ class Agent:
         self._previous_handlers: dict[int, Any] = {}
         self._gen: Generation | None = None
         self._health = health
-        self._lease: LeaseKeeper | None = None
+        self._leases: Leases | None = None
         self._backoff = RestartBackoff(spec.faults.restart_backoff)
         self._reaper = ZombieReaper() if spec.faults.kill_process_tree else None
         # Heartbeat files and snapshot shards: memory-backed where possible.
@@ -130,8 +131,8 @@ class Agent:
             if self.spec.faults.kill_process_tree:
                 self._pool.close()
                 kill_leftovers(keep=())
-            if self._lease is not None:
-                self._lease.close()
+            if self._leases is not None:
+                self._leases.close()
             self._pool.close()
             self._tail.close()
             self._snapshots.close()
@@ -147,35 +148,21 @@ class Agent:
             self.state = state
 
     def _run(self) -> RunResult:
-        rdzv_spec = self.spec.rdzv
         try:
-            opened = open_rendezvous_store(
-                rdzv_spec.host,
-                rdzv_spec.port,
-                rdzv_spec.is_host,
-                self.spec.local_addr,
-                rdzv_spec.join_timeout,
-                rdzv_spec.read_timeout,
-            )
+            job_store = open_job_store(self.spec.rdzv, self.spec.local_addr, self._check_signal)
         except RendezvousError as exc:
             return self._result(AgentState.FAILED, exc.exit_code, str(exc))
-        endpoint = f"{rdzv_spec.host}:{opened.port}"
-        store = TorchKeyValueStore(opened.store, endpoint, rdzv_spec.read_timeout)
-        rdzv = JobRendezvous.over(store, self.spec)
-
-        def lease_store() -> TorchKeyValueStore:  # its own connection: see lease.py
-            own = connect_store(rdzv_spec.host, opened.port, 10.0, rdzv_spec.read_timeout)
-            return TorchKeyValueStore(own.store, endpoint, rdzv_spec.read_timeout)
-
-        self._lease = LeaseKeeper(
-            lease_store,
-            rdzv.keys,
-            self.spec.faults.heartbeat_interval,
-        )
-        end = JobEnd(rdzv, opened.is_host, rdzv_spec.close_timeout, self._check_signal)
+        except Interrupted as exc:
+            name = signal.Signals(exc.signum).name
+            return self._result(
+                AgentState.FAILED, exit_code_for_signal(exc.signum), f"stopped by {name}"
+            )
+        rdzv = JobRendezvous.over(job_store.kv, self.spec)
+        self._leases = leases = self._leases_for(job_store, rdzv)
+        end = JobEnd(rdzv, job_store.is_host, self.spec.rdzv.close_timeout, self._check_signal)
         self._policy = FaultPolicy(rdzv, self.spec, self.addr, self._check_signal)
         try:
-            return self._generations(rdzv, end)
+            return self._generations(rdzv, end, leases)
         except Interrupted as exc:
             name = signal.Signals(exc.signum).name
             if self.spec.slurm is not None and exc.signum in REQUEUE_SIGNALS:
@@ -204,7 +191,22 @@ class Agent:
             message = end.explain(self._gen, exc, self.spec.nodes.min_nodes)
             return self._result(AgentState.FAILED, exc.exit_code, message)
 
-    def _generations(self, rdzv: JobRendezvous, end: JobEnd) -> RunResult:
+    def _leases_for(self, job_store: JobStore, rdzv: JobRendezvous) -> Leases:
+        faults = self.spec.faults
+        if isinstance(job_store.kv, EtcdKeyValueStore):
+            return EtcdLeases(
+                job_store.kv, rdzv.keys, faults.heartbeat_timeout, faults.heartbeat_interval
+            )
+        assert job_store.connect is not None
+        return StoreLeases(
+            job_store.kv,
+            job_store.connect,
+            rdzv.keys,
+            faults.heartbeat_timeout,
+            faults.heartbeat_interval,
+        )
+
+    def _generations(self, rdzv: JobRendezvous, end: JobEnd, leases: Leases) -> RunResult:
         """One pass per generation: join, start, watch; then what core's decisions say."""
         while True:
             self._set_state(AgentState.RENDEZVOUS)
@@ -215,7 +217,7 @@ class Agent:
             previous = self._gen
             membership = self._join(rdzv)
             try:
-                gen = self._starter.start(rdzv, membership, previous, self._policy, self._lease)
+                gen = self._starter.start(rdzv, membership, previous, self._policy, leases)
             except GenerationEnded as exc:
                 logger.info("%s (a member was lost while it started); rejoining", exc)
                 continue
@@ -297,7 +299,9 @@ class Agent:
             # A signal for the whole step (Slurm's) reaches the workers too: act on it
             # before their deaths look like a failure.
             self._check_signal()
-            if rdzv.rounds.round_moved_past(generation):
+            if self._leases is not None:
+                self._leases.raise_if_store_lost()
+            if rdzv.rounds.round_moved_past(generation) or self._lease_lapsed(generation):
                 self._policy.log_fenced(gen)
                 return Ended(Outcome.MEMBERSHIP_CHANGE)
             hung = gen.hangs.hung([w.local_rank for w in group.running])
@@ -318,6 +322,10 @@ class Agent:
             if room_to_grow and rdzv.rounds.waiting_nodes(generation) > 0:
                 logger.info("a new node is waiting to join; restarting to admit it")
                 return Ended(Outcome.MEMBERSHIP_CHANGE)
+
+    def _lease_lapsed(self, generation: int) -> bool:
+        """etcd expired this node's lease in this generation: the others went on without it."""
+        return self._leases is not None and self._leases.lapsed() == generation
 
     def _save_for_requeue(self, end: JobEnd, why: str) -> RunResult:
         """Slurm is about to stop the job (time limit, preemption): stop the workers,

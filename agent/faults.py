@@ -29,7 +29,7 @@ from ..core.rendezvous.protocol import Membership
 from ..core.rendezvous.restart_budget import RestartBudget
 from .generation import Generation, Joined
 from .rendezvous.job import JobRendezvous
-from .rendezvous.lease import PeerLeases
+from .rendezvous.lease import PeerWatch
 from .waiting import SYSTEM_CLOCK
 from .workers.group import WorkerGroup
 from .workers.hang_watch import HangWatch, capture_stack
@@ -71,7 +71,7 @@ class FaultPolicy:
         """Declare every peer whose lease expired; True if any did."""
         return self.check_leases(gen.membership, gen.node_rank, gen.peers)
 
-    def check_leases(self, membership: Membership, node_rank: int, peers: PeerLeases) -> bool:
+    def check_leases(self, membership: Membership, node_rank: int, peers: PeerWatch) -> bool:
         stale = peers.stale()
         for node in stale:
             self._declare_lost(membership, node_rank, peers.timeout, node)

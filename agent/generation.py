@@ -15,7 +15,7 @@ from ..core.errors import RendezvousError
 from ..core.layout.topology import Layout, NodeSlot, Topology, build_grid, recompute_topology
 from ..core.rendezvous.protocol import Membership
 from .rendezvous.job import JobRendezvous
-from .rendezvous.lease import PeerLeases
+from .rendezvous.lease import PeerWatch
 from .workers.group import WorkerGroup
 from .workers.hang_watch import HangWatch
 
@@ -28,7 +28,7 @@ class Joined:
 
     membership: Membership
     node_rank: int
-    peers: PeerLeases
+    peers: PeerWatch
 
 
 @dataclass
@@ -36,7 +36,7 @@ class Generation:
     membership: Membership
     node_rank: int
     group: WorkerGroup
-    peers: PeerLeases
+    peers: PeerWatch
     hangs: HangWatch
     topology: Topology
     recycle_plan: dict[str, Any] | None = None  # with --recycle-profile

@@ -26,7 +26,7 @@ from .generation import (
 )
 from .recycle_plans import plan_generation
 from .rendezvous.job import JobRendezvous
-from .rendezvous.lease import LeaseKeeper, PeerLeases
+from .rendezvous.lease import Leases, PeerWatch
 from .runtime_dir import make_folder
 from .snapshots.service import SnapshotService
 from .store.opening import host_store
@@ -72,12 +72,12 @@ class GenerationStarter:
         membership: Membership,
         previous: Generation | None,
         policy: FaultPolicy,
-        lease: LeaseKeeper | None,
+        leases: Leases,
     ) -> Generation:
         """The new generation, its workers ready to start; GenerationEnded if a member
         was lost meanwhile."""
         generation = membership.generation
-        node_rank, peers = self._take_part(rdzv, membership, lease)
+        node_rank, peers = self._take_part(membership, leases)
 
         def watch() -> bool:  # a member lost while the generation starts ends it
             return policy.check_leases(membership, node_rank, peers)
@@ -124,25 +124,17 @@ class GenerationStarter:
         )
         return Generation(membership, node_rank, group, peers, hangs, topology, plan)
 
-    def _take_part(
-        self, rdzv: JobRendezvous, membership: Membership, lease: LeaseKeeper | None
-    ) -> tuple[int, PeerLeases]:
+    def _take_part(self, membership: Membership, leases: Leases) -> tuple[int, PeerWatch]:
         """This node's rank in the generation, its lease held, its peers' leases watched."""
         generation = membership.generation
         log.set_generation(generation)
         node_rank = membership_rank(membership, self.node_id)
         log.set_node(f"node{node_rank}")
-        peers = PeerLeases(
-            rdzv.store,
-            rdzv.keys,
-            generation,
-            [n for n in range(len(membership.members)) if n != node_rank],
-            self.spec.faults.heartbeat_timeout,
-            self.spec.faults.heartbeat_interval,
+        peers = leases.peers(
+            generation, [n for n in range(len(membership.members)) if n != node_rank]
         )
         self.joined = Joined(membership, node_rank, peers)
-        assert lease is not None
-        lease.hold(generation, node_rank)
+        leases.hold(generation, node_rank)
         return node_rank, peers
 
     def _hang_watch(self, generation: int) -> HangWatch:

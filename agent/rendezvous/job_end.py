@@ -41,6 +41,7 @@ class JobEndRecords:
     the job, the abort record (first writer wins) and its acknowledgements."""
 
     def __init__(self, store: KeyValueStore, keys: StoreKeys) -> None:
+        self._abort_now: Callable[[], bytes | None] | None = None
         self._store = store
         self._keys = keys
 
@@ -76,9 +77,14 @@ class JobEndRecords:
             raise RendezvousError(f"refusing the job's abort key in the store: {exc}") from None
 
     def raise_if_aborted(self) -> None:
-        record = self.read_abort()
-        if record is not None:
-            raise JobAborted(record)
+        """Checked on every pass of every loop: read through the store's watch of the
+        abort key where it has one (etcd), so the check costs no store traffic."""
+        if self._abort_now is None:
+            self._abort_now = self._store.follow(self._keys.abort)
+        if self._abort_now() is not None:
+            record = self.read_abort()
+            if record is not None:
+                raise JobAborted(record)
 
 
 class JobEnd:

@@ -1,5 +1,9 @@
 """Agent leases: this node renews its own, and watches its peers' for expiry.
 
+Leases is the seam: a keeper of this node's lease and a watch of its peers', one per
+backend. StoreLeases is the TCPStore one, here; EtcdLeases (etcd_leases.py) uses
+etcd's own leases, whose expiry etcd decides.
+
 LeaseKeeper renews from its own thread and its own store connection, so a slow
 worker shutdown or a long rendezvous on the main thread never lets the lease lapse;
 only a dead, stopped or cut-off agent stops renewing. PeerLeases runs on the main
@@ -12,6 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 from ...core.errors import first_line
 from ...core.rendezvous.liveness import StalenessTracker
@@ -19,6 +24,73 @@ from ...core.rendezvous.protocol import ProtocolError, StoreKeys, decode_int
 from ..store.kv import KeyValueStore
 
 logger = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class PeerWatch(Protocol):
+    """The peers' leases of one generation; stale() names the node ranks that expired."""
+
+    generation: int
+    timeout: float
+
+    def stale(self) -> list[int]: ...
+
+    def forget(self, node: int) -> None: ...
+
+
+@runtime_checkable
+class Leases(Protocol):
+    def hold(self, generation: int, node_rank: int) -> None:
+        """Keep this node's lease of (generation, node_rank) alive from now on."""
+        ...
+
+    def lapsed(self) -> int | None:
+        """The generation whose lease the store let lapse under this node (it was
+        stopped or cut off past the timeout: fenced), or None."""
+        ...
+
+    def raise_if_store_lost(self) -> None:
+        """Raise StoreUnavailable once renewals found the store gone for good (past its
+        deadline): where the main thread reads only watches, this is how it learns."""
+        ...
+
+    def peers(self, generation: int, peers: list[int]) -> PeerWatch: ...
+
+    def close(self) -> None: ...
+
+
+class StoreLeases:
+    """Leases as counters in the store: each agent renews its own (LeaseKeeper) and
+    judges its peers' by whether theirs moved (PeerLeases)."""
+
+    def __init__(
+        self,
+        store: KeyValueStore,
+        connect: Callable[[], KeyValueStore],
+        keys: StoreKeys,
+        timeout: float,
+        interval: float,
+    ) -> None:
+        self._store = store
+        self._keys = keys
+        self._timeout = timeout
+        self._interval = interval
+        self._keeper = LeaseKeeper(connect, keys, interval)
+
+    def hold(self, generation: int, node_rank: int) -> None:
+        self._keeper.hold(generation, node_rank)
+
+    def lapsed(self) -> int | None:
+        return None  # a counter never lapses: the round counter fences this node
+
+    def raise_if_store_lost(self) -> None:
+        pass  # the main thread reads the TCPStore itself on every pass
+
+    def peers(self, generation: int, peers: list[int]) -> PeerLeases:
+        return PeerLeases(self._store, self._keys, generation, peers, self._timeout, self._interval)
+
+    def close(self) -> None:
+        self._keeper.close()
 
 
 class LeaseKeeper:

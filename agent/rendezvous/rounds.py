@@ -27,7 +27,7 @@ from ...core.rendezvous.protocol import (
     members_to_close,
     order_members,
 )
-from ..store.kv import KeyValueStore, increment
+from ..store.kv import KeyValueStore, decode_counter, increment
 from ..waiting import SYSTEM_CLOCK
 from .job_end import JobEndRecords
 from .ledger import FailureLedger
@@ -59,6 +59,10 @@ class Rounds:
         self._ledger = ledger
         self._ends = ends
         self._clock = clock
+        # What a running generation checks on every pass, read through the store's
+        # watches where it has them (etcd): no store traffic per check.
+        self._round_now: Callable[[], bytes | None] | None = None
+        self._waiting: tuple[int, Callable[[], bytes | None]] | None = None
 
     # -- the round counter --
 
@@ -74,11 +78,18 @@ class Rounds:
         self._store.compare_set(self._keys.round, str(generation), str(generation + 1))
 
     def round_moved_past(self, generation: int) -> bool:
-        return self.current_round() > generation
+        if self._round_now is None:
+            self._round_now = self._store.follow(self._keys.round)
+        payload = self._round_now()
+        if payload is None:  # not created yet: create it, as every reader of it does
+            return self.current_round() > generation
+        return decode_counter(payload, "round counter") > generation
 
     def waiting_nodes(self, generation: int) -> int:
         """Agents that joined the next round while this generation runs."""
-        return self._store.counter(self._keys.joins(generation + 1))
+        if self._waiting is None or self._waiting[0] != generation:
+            self._waiting = (generation, self._store.follow(self._keys.joins(generation + 1)))
+        return decode_counter(self._waiting[1](), "join counter")
 
     # -- joining --
 

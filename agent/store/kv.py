@@ -1,8 +1,8 @@
 """KeyValueStore: the one interface through which the agent uses the rendezvous store.
 
 Every agent module goes through it; nothing outside agent/store names a backend's
-operations. Today it is implemented over torch's TCPStore (torch_store.py); it is the
-seam an etcd backend implements, and tests wrap it in a store that injects faults.
+operations. It is implemented over torch's TCPStore (torch_store.py) and over etcd
+(etcd_store.py), and tests wrap it in a store that injects faults.
 
 The contract every implementation keeps:
 - values are bytes; str values are written as UTF-8;
@@ -14,8 +14,11 @@ The contract every implementation keeps:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
+
+from ...core.errors import RendezvousError
+from ...core.rendezvous.protocol import ProtocolError, decode_int
 
 
 @runtime_checkable
@@ -61,6 +64,11 @@ class KeyValueStore(Protocol):
         """Remove key; whether it was there."""
         ...
 
+    def follow(self, key: str) -> Callable[[], bytes | None]:
+        """A reader of key's latest value, for what is checked many times a second: a
+        watch where the backend has them (no store traffic per read), else a get."""
+        ...
+
 
 def increment(store: KeyValueStore, key: str) -> int:
     """add(key, 1) after checking the key holds a number (counter raises otherwise)."""
@@ -71,6 +79,16 @@ def increment(store: KeyValueStore, key: str) -> int:
 def wrote(store: KeyValueStore, key: str, value: str | bytes) -> bool:
     """set_once, as: did this call's write take?"""
     return store.set_once(key, value) == as_bytes(value)
+
+
+def decode_counter(payload: bytes | None, what: str) -> int:
+    """A counter's value as the store holds it (unset: 0); garbage is a RendezvousError."""
+    if payload is None:
+        return 0
+    try:
+        return decode_int(payload, what)
+    except ProtocolError as exc:
+        raise RendezvousError(f"refusing the job's state in the store: {exc}") from None
 
 
 def as_bytes(value: str | bytes) -> bytes:

@@ -12,17 +12,17 @@ treated as unavailable from then on, like one whose host died.
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
 from ...core.clock import Clock
 from ...core.errors import RendezvousError, StoreUnavailable, first_line
-from ...core.rendezvous.protocol import ProtocolError, decode_int
 from ..waiting import SYSTEM_CLOCK
-from .kv import as_bytes
+from .kv import as_bytes, decode_counter
 
 POLL_S = 0.02
 
@@ -115,13 +115,7 @@ class TorchKeyValueStore:
     def counter(self, key: str) -> int:
         # get, not add(key, 0): the store drops the connection of an add on a value that
         # is not an integer, and garbage must be refused with a clear error instead.
-        value = self.get(key)
-        if value is None:
-            return 0
-        try:
-            return decode_int(value, key)
-        except ProtocolError as exc:
-            raise RendezvousError(f"refusing the job's state in the store: {exc}") from None
+        return decode_counter(self.get(key), key)
 
     def multi_get(self, keys: Sequence[str]) -> list[bytes | None]:
         if keys and self._call("check", list(keys)):
@@ -134,3 +128,6 @@ class TorchKeyValueStore:
 
     def delete(self, key: str) -> bool:
         return bool(self._call("delete_key", key))
+
+    def follow(self, key: str) -> Callable[[], bytes | None]:
+        return functools.partial(self.get, key)

@@ -29,11 +29,15 @@ MAX_SECONDS = 7 * 24 * 3600.0
 MAX_COUNT = 1 << 31
 MAX_NODES = 65536
 MAX_NPROC = 1024
+MAX_ENDPOINTS = 64
 MAX_SIZE = 1 << 60
 _INT = re.compile(r"\+?[0-9]{1,19}")  # ASCII digits only (str.isdigit() takes "²", "١")
 _SIZE = re.compile(r"[0-9]{1,19}(\.[0-9]{1,9})?")
 _HOST = re.compile(r"[A-Za-z0-9_.\-]{1,253}")
-RDZV_CONF_STRINGS = ("store_type",)
+RDZV_CONF_STRINGS = ("store_type", "protocol", "cacert", "cert", "key")
+# torchrun's etcd backends call the join timeout "timeout".
+RDZV_CONF_ALIASES = {"timeout": "join_timeout"}
+ETCD_PROTOCOLS = ("http", "https")
 
 
 @dataclass(frozen=True)
@@ -195,16 +199,37 @@ def parse_rdzv_conf(value: str) -> dict[str, Any]:
         raw = raw.strip()
         if not sep or not key:
             raise UsageError(f"--rdzv-conf: expected key=value pairs, got {item!r}")
+        key = RDZV_CONF_ALIASES.get(key, key)
         if key in RDZV_CONF_DEFAULTS:
             conf[key] = seconds_value(f"--rdzv-conf {key}", raw)
         elif key in RDZV_CONF_FLAGS:
             conf[key] = _parse_bool(f"--rdzv-conf {key}", raw)
         elif key in RDZV_CONF_STRINGS:
+            if not raw:
+                raise UsageError(f"--rdzv-conf {key}: empty value")
             conf[key] = raw
         else:
-            known = ", ".join([*RDZV_CONF_DEFAULTS, *RDZV_CONF_FLAGS, *RDZV_CONF_STRINGS])
+            known = ", ".join(
+                [*RDZV_CONF_DEFAULTS, *RDZV_CONF_FLAGS, *RDZV_CONF_STRINGS, *RDZV_CONF_ALIASES]
+            )
             raise UsageError(f"--rdzv-conf: unknown key {key!r} (known: {known})")
+    protocol = conf.get("protocol", "http")
+    if protocol not in ETCD_PROTOCOLS:
+        raise UsageError(f"--rdzv-conf protocol: expected http or https, got {protocol!r}")
     return conf
+
+
+def parse_endpoints(value: str, default_port: int) -> tuple[tuple[str, int], ...]:
+    """HOST[:PORT],HOST[:PORT],... (an etcd cluster's members)."""
+    items = [item for item in str(value).split(",") if item.strip()]
+    if not items:
+        raise UsageError("--rdzv-endpoint: empty endpoint")
+    if len(items) > MAX_ENDPOINTS:
+        raise UsageError(f"--rdzv-endpoint: more than {MAX_ENDPOINTS} endpoints")
+    endpoints = tuple(parse_endpoint(item, default_port) for item in items)
+    if any(port == 0 for _, port in endpoints):
+        raise UsageError("--rdzv-endpoint: an etcd endpoint needs a real port, not 0")
+    return endpoints
 
 
 def _parse_bool(flag: str, raw: str) -> bool:

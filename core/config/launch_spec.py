@@ -24,6 +24,7 @@ from .flag_values import (
     non_negative_float,
     non_negative_int,
     parse_endpoint,
+    parse_endpoints,
     parse_nnodes,
     parse_preload,
     parse_ranks_filter,
@@ -53,10 +54,12 @@ __all__ = [
     "resolve_nproc",
 ]
 
-RDZV_BACKENDS = ("static", "c10d")
-# torchrun accepts these; rtrain's etcd support is its own issue, so say so clearly.
-UNSUPPORTED_RDZV_BACKENDS = ("etcd", "etcd-v2")
+RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
+# torchrun's two etcd backends are one here: both talk etcd's v3 API (v2 is gone from
+# etcd 3.6), through agent/store/etcd_client.py.
+ETCD_BACKENDS = ("etcd", "etcd-v2")
 DEFAULT_C10D_PORT = 29400
+DEFAULT_ETCD_PORT = 2379
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
 
@@ -76,6 +79,16 @@ class RdzvSpec:
     read_timeout: float
     # None: decide by matching the endpoint against this node's addresses.
     is_host: bool | None
+    # etcd: every member of the cluster (host, port is the first); and TLS.
+    endpoints: tuple[tuple[str, int], ...] = ()
+    protocol: str = "http"
+    cacert: str | None = None
+    cert: str | None = None
+    key: str | None = None
+
+    @property
+    def is_etcd(self) -> bool:
+        return self.backend in ETCD_BACKENDS
 
 
 @dataclass(frozen=True)
@@ -171,10 +184,6 @@ def build_launch_spec(given: Mapping[str, Any]) -> LaunchSpec:
     nodes = parse_nnodes(raw["nnodes"])
     nproc = validate_nproc(raw["nproc_per_node"])
     backend = str(raw["rdzv_backend"]).strip()
-    if backend in UNSUPPORTED_RDZV_BACKENDS:
-        raise UsageError(
-            f"--rdzv-backend={backend}: not supported yet; use c10d (rtrain's TCPStore) or static"
-        )
     if backend not in RDZV_BACKENDS:
         raise UsageError(
             f"--rdzv-backend: unknown backend {backend!r} (choose from {', '.join(RDZV_BACKENDS)})"
@@ -214,10 +223,26 @@ def build_launch_spec(given: Mapping[str, Any]) -> LaunchSpec:
                 f"--node-rank={node_rank_raw} is out of range for --nnodes={nodes.max_nodes}"
             )
         node_rank = node_rank_raw
+    elif backend in ETCD_BACKENDS:
+        if not endpoint:
+            raise UsageError(
+                f"--rdzv-backend={backend} needs --rdzv-endpoint HOST[:PORT][,HOST[:PORT]...]"
+            )
+        endpoints = parse_endpoints(endpoint, DEFAULT_ETCD_PORT)
+        host, port = endpoints[0]
     else:
         if not endpoint:
             raise UsageError("--rdzv-backend=c10d needs --rdzv-endpoint HOST[:PORT]")
         host, port = parse_endpoint(endpoint, DEFAULT_C10D_PORT)
+    if backend not in ETCD_BACKENDS:
+        endpoints = ((host, port),)
+        tls_keys = [k for k in ("protocol", "cacert", "cert", "key") if k in conf]
+        if tls_keys:
+            raise UsageError(
+                f"--rdzv-conf {tls_keys[0]}: for the etcd backends (TCPStore has no TLS)"
+            )
+    elif conf.get("key") and not conf.get("cert"):
+        raise UsageError("--rdzv-conf key: needs cert too")
 
     entry = _entrypoint(raw)
     shutdown = raw["shutdown_timeout"]
@@ -244,6 +269,11 @@ def build_launch_spec(given: Mapping[str, Any]) -> LaunchSpec:
             heartbeat_timeout=conf["heartbeat_timeout"],
             read_timeout=conf["read_timeout"],
             is_host=conf["is_host"],
+            endpoints=endpoints,
+            protocol=conf.get("protocol", "http"),
+            cacert=conf.get("cacert"),
+            cert=conf.get("cert"),
+            key=conf.get("key"),
         ),
         node_rank=node_rank,
         max_restarts=non_negative_int("--max-restarts", raw["max_restarts"]),

@@ -54,14 +54,27 @@ SETTINGS: tuple[Setting, ...] = (
     # -- torchrun's --
     S("nnodes", "1:1", "number of nodes, N or MIN:MAX (elastic)", "N", underscore=False),
     S("nproc-per-node", "1", "workers per node: an integer, auto, cpu or gpu", "N"),
-    S("rdzv-backend", "static", "rendezvous backend: static or c10d", "NAME"),
-    S("rdzv-endpoint", "", "rendezvous store HOST[:PORT] (c10d port 29400)", "HOST:PORT"),
+    S(
+        "rdzv-backend",
+        "static",
+        "rendezvous backend: static, c10d (a TCPStore on one node) or etcd / etcd-v2 "
+        "(an etcd v3 cluster)",
+        "NAME",
+    ),
+    S(
+        "rdzv-endpoint",
+        "",
+        "rendezvous store HOST[:PORT] (c10d port 29400); etcd: HOST[:PORT],... "
+        "(port 2379), every member",
+        "HOST:PORT",
+    ),
     S("rdzv-id", "none", "job id shared by all nodes", "ID"),
     S(
         "rdzv-conf",
         "",
         "k=v,... join_timeout, last_call_timeout, close_timeout, heartbeat_timeout, "
-        "read_timeout (seconds), is_host",
+        "read_timeout (seconds), is_host; etcd: protocol=https, cacert, cert, key "
+        "(files), timeout (= join_timeout)",
         "K=V,...",
     ),
     S(

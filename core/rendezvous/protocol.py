@@ -89,7 +89,11 @@ class StoreKeys:
         return f"{self.prefix}/abort_acks"
 
     def lease(self, generation: int, node_rank: int) -> str:
-        return f"{self.prefix}/r{generation}/lease/{node_rank}"
+        return f"{self.lease_prefix(generation)}{node_rank}"
+
+    def lease_prefix(self, generation: int) -> str:
+        """Every lease key of the generation starts with this."""
+        return f"{self.prefix}/r{generation}/lease/"
 
     def lost(self, generation: int, node_rank: int) -> str:
         return f"{self.prefix}/r{generation}/lost/{node_rank}"

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +38,14 @@ class LocalCluster:
         script: str = RESUMABLE,
         node_env: dict[int, dict[str, str]] | None = None,
         script_args: list[str] | None = None,
+        etcd: str | None = None,
         **env: str,
     ) -> None:
+        """etcd: the endpoints of an etcd cluster to meet through instead of node 0's
+        TCPStore (then no node hosts anything)."""
+        self.etcd = etcd
+        # A run id of its own on etcd, whose keys outlive the cluster's processes.
+        self.run_id = f"recovery-{os.getpid()}-{time.monotonic_ns()}" if etcd else "recovery"
         self.conf = conf
         self.script = script
         self.script_args = script_args or []
@@ -55,14 +62,18 @@ class LocalCluster:
         self, index: int, nnodes: str, flags: list[str], env: dict[str, str] | None = None
     ) -> None:
         log = self.tmp / f"node{index}.log"
+        if self.etcd is not None:
+            rdzv = ["--rdzv-backend=etcd", f"--rdzv-endpoint={self.etcd}"]
+            rdzv.append(f"--rdzv-conf={self.conf}")
+        else:
+            rdzv = ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{self.port}"]
+            rdzv.append(f"--rdzv-conf={self.conf},is_host={'true' if index == 0 else 'false'}")
         cmd = [
             *RTRAIN,
             f"--nnodes={nnodes}",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=127.0.0.1:{self.port}",
+            *rdzv,
             f"--local-addr=127.0.0.{index + 1}",
-            "--rdzv-id=recovery",
-            f"--rdzv-conf={self.conf},is_host={'true' if index == 0 else 'false'}",
+            f"--rdzv-id={self.run_id}",
             *flags,
             self.script,
             *self.script_args,
@@ -166,6 +177,44 @@ class LocalCluster:
                     _signal(pid, signal.SIGCONT)
                     _signal(pid, signal.SIGKILL)
                 proc.wait()
+
+
+def stop_agent_until_gone_on(
+    cluster: LocalCluster, index: int, gone_on: Callable[[], bool]
+) -> tuple[list[int | None], list[int]]:
+    """SIGSTOP node `index`'s agent (its workers run on) once training runs, until
+    gone_on() says the others went on without it; then SIGCONT it. Every node's exit
+    code, and the pids of the stopped node's workers. Closes the cluster."""
+    try:
+        cluster.wait_progress(5)
+        stale_workers = cluster.node_pids(index)[2:]
+        cluster.stop_agent(index)
+        end = time.monotonic() + 30
+        while not gone_on():
+            assert time.monotonic() < end, cluster.log(0)
+            time.sleep(0.1)
+        cluster.cont_agent(index)
+        return cluster.wait(), stale_workers
+    finally:
+        cluster.close()
+
+
+def assert_fenced_and_back(cluster: LocalCluster, stale_workers: list[int], steps: int) -> None:
+    """The stale node's generation-0 workers are gone and none of them finished; it came
+    back at a generation boundary, so the last generation has all 6 workers again."""
+    assert not any(alive(pid) for pid in stale_workers)
+    assert not any(gen == 0 for gen, _ in cluster.records())
+    final = final_records(cluster)
+    assert sorted(final) == list(range(6))
+    for rec in final.values():
+        assert rec["applied"] == steps
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def final_records(cluster: LocalCluster) -> dict[int, dict]:

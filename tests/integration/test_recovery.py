@@ -8,7 +8,14 @@ import time
 
 import pytest
 
-from tests.integration.cluster import STEPS, LocalCluster, assert_same_weights, final_records
+from tests.integration.cluster import (
+    STEPS,
+    LocalCluster,
+    assert_fenced_and_back,
+    assert_same_weights,
+    final_records,
+    stop_agent_until_gone_on,
+)
 
 FAST = ["--heartbeat-interval=0.5", "--heartbeat-timeout=2"]
 
@@ -34,30 +41,14 @@ def test_node_killed_survivors_shrink_and_finish_with_the_same_weights(tmp_path,
 
 def test_stopped_agent_is_fenced_and_rejoins_at_the_next_generation(tmp_path, reference):
     cluster = LocalCluster(tmp_path, 3, "2:3", ["--nproc-per-node=2", *FAST], PROBE_STEPS="60")
-    try:
-        cluster.wait_progress(5)
-        stale_workers = cluster.node_pids(2)[2:]
-        cluster.stop_agent(2)  # its workers run on, its lease lapses
-        # the others go on without it (a generation of 4 workers trains) ...
-        end = time.monotonic() + 30
-        while not any(w == 4 for w in _world_sizes_seen(cluster)):
-            assert time.monotonic() < end, cluster.log(0)
-            time.sleep(0.1)
-        cluster.cont_agent(2)
-        codes = cluster.wait()
-    finally:
-        cluster.close()
+    # the others go on without it: a generation of 4 workers trains
+    codes, stale_workers = stop_agent_until_gone_on(
+        cluster, 2, lambda: any(w == 4 for w in _world_sizes_seen(cluster))
+    )
     assert codes == [0, 0, 0], cluster.log(2)
     stale_log = cluster.log(2)
     assert "fenced: the other nodes found this node's lease expired in generation 0" in stale_log
-    # ... the stale node's generation-0 workers are gone, none of them finished ...
-    assert not any(_alive(pid) for pid in stale_workers)
-    assert not any(gen == 0 for gen, _ in cluster.records())
-    # ... and it came back at a generation boundary: the last one has all 6 workers again.
-    final = final_records(cluster)
-    assert sorted(final) == list(range(6))
-    for rec in final.values():
-        assert rec["applied"] == 60
+    assert_fenced_and_back(cluster, stale_workers, 60)
 
 
 def _world_sizes_seen(cluster: LocalCluster) -> set[int]:
@@ -67,15 +58,6 @@ def _world_sizes_seen(cluster: LocalCluster) -> set[int]:
             if "world size" in line and "generation" in line:
                 sizes.add(int(line.split("world size ")[1].split(",")[0]))
     return sizes
-
-
-def _alive(pid: int) -> bool:
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 @pytest.mark.parametrize(

@@ -123,6 +123,13 @@ class FaultyStore:
         self._enter("delete")
         return self.inner.delete(key)
 
+    def follow(self, key: str) -> Callable[[], bytes | None]:
+        def read() -> bytes | None:
+            self._enter("follow")
+            return self.inner.get(key)
+
+        return read
+
 
 def launch_spec(*flags: str) -> LaunchSpec:
     """The spec `rtrain launch <flags> train.py` makes."""

@@ -52,6 +52,22 @@ def test_c10d_endpoint_default_port_and_conf():
     assert spec.nodes.is_elastic and spec.node_rank is None
 
 
+@pytest.mark.parametrize("backend", ["etcd", "etcd-v2"])
+def test_etcd_endpoints_default_port_and_tls_conf(backend: str) -> None:
+    spec = spec_of(
+        "--nnodes", "2", "--rdzv-backend", backend,
+        "--rdzv-endpoint", "e1,e2:2381,[::1]:2382",
+        "--rdzv-conf", "protocol=https,cacert=/ca.pem,cert=/c.pem,key=/k.pem,timeout=9", "t.py",
+    )  # fmt: skip
+    assert spec.rdzv.is_etcd and spec.rdzv.backend == backend
+    assert spec.rdzv.endpoints == (("e1", 2379), ("e2", 2381), ("::1", 2382))
+    assert (spec.rdzv.host, spec.rdzv.port) == ("e1", 2379)
+    assert (spec.rdzv.protocol, spec.rdzv.cacert, spec.rdzv.cert, spec.rdzv.key) == (
+        "https", "/ca.pem", "/c.pem", "/k.pem",
+    )  # fmt: skip
+    assert spec.rdzv.join_timeout == 9  # torchrun's etcd name for it
+
+
 def test_ipv6_endpoint():
     spec = spec_of(
         "--rdzv-backend", "c10d", "--rdzv-endpoint", "[::1]:1234", "--nnodes", "2", "t.py"
@@ -88,7 +104,22 @@ def test_stream_maps_and_filter():
         (["--nproc-per-node", "0", "t.py"], "--nproc-per-node"),
         (["--nproc-per-node", "many", "t.py"], "--nproc-per-node"),
         (["--rdzv-backend", "zookeeper", "t.py"], "unknown backend"),
-        (["--rdzv-backend", "etcd", "--rdzv-endpoint", "h", "t.py"], "not supported yet"),
+        (["--rdzv-backend", "etcd", "t.py"], "needs --rdzv-endpoint"),
+        (["--rdzv-backend", "etcd", "--rdzv-endpoint", "h:0", "t.py"], "real port"),
+        (["--rdzv-backend", "etcd", "--rdzv-endpoint", "a:1,b:x", "t.py"], "port must be"),
+        (["--rdzv-backend", "etcd-v2", "--rdzv-endpoint", ",", "t.py"], "empty endpoint"),
+        (
+            ["--rdzv-backend=etcd", "--rdzv-endpoint=h", "--rdzv-conf=protocol=ftp", "t.py"],
+            "http or https",
+        ),
+        (
+            ["--rdzv-backend=etcd", "--rdzv-endpoint=h", "--rdzv-conf=key=k.pem", "t.py"],
+            "needs cert",
+        ),
+        (
+            ["--rdzv-backend=c10d", "--rdzv-endpoint=h", "--rdzv-conf=cacert=c", "t.py"],
+            "for the etcd backends",
+        ),
         (["--rdzv-backend", "c10d", "--nnodes", "2", "t.py"], "needs --rdzv-endpoint"),
         (["--rdzv-backend", "c10d", "--rdzv-endpoint", "h:99999", "--nnodes", "2", "t.py"], "port"),
         (["--rdzv-conf", "join_timeout=-1", "t.py"], "positive"),

@@ -1,0 +1,157 @@
+"""EtcdLeases: agent leases as etcd leases.
+
+Each agent holds one etcd lease with TTL = heartbeat_timeout (whole seconds). Its
+keep-alive, every heartbeat_interval from a thread of its own, is the heartbeat; the
+agent's lease key of each generation is bound to it. When an agent stops renewing
+(dead, SIGSTOPped, cut off), etcd itself expires the lease and deletes the key: no peer
+judges another's clock or polls its counter, and one watch per agent (of the
+generation's lease keys) tells every peer at once.
+
+A fenced agent, one whose lease lapsed while it was stopped, learns it from etcd at
+its next keep-alive: the lease is gone, and every write bound to it is refused. It
+reports the lapse (Leases.lapsed), takes a new lease, and binds a key again only
+when it holds a place in a new generation, so it can never revive the old one.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+
+from ...core.errors import RendezvousError, StoreUnavailable, first_line
+from ...core.rendezvous.protocol import StoreKeys
+from ..store.etcd_client import LeaseNotFound
+from ..store.etcd_store import EtcdKeyValueStore
+from ..store.etcd_watch import KeyWatch
+
+logger = logging.getLogger(__name__)
+
+MIN_TTL_S = 2  # etcd refuses shorter leases on default election settings
+
+
+class EtcdLeases:
+    def __init__(
+        self, store: EtcdKeyValueStore, keys: StoreKeys, timeout: float, interval: float
+    ) -> None:
+        self._store = store
+        self._keys = keys
+        self._client = store.client.copy()  # the keeper's own connection
+        self.ttl = max(MIN_TTL_S, math.ceil(timeout))
+        self._interval = interval
+        self._timeout = timeout
+        self._key: str | None = None
+        self._generation: int | None = None
+        self._bound: str | None = None
+        self._lease = 0
+        self._lapsed: int | None = None
+        self._store_lost: StoreUnavailable | None = None
+        self._wake = threading.Event()
+        self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- Leases --
+
+    def hold(self, generation: int, node_rank: int) -> None:
+        self._key = self._keys.lease(generation, node_rank)
+        self._generation = generation
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="rtrain-etcd-lease", daemon=True)
+            self._thread.start()
+        self._wake.set()
+
+    def lapsed(self) -> int | None:
+        return self._lapsed
+
+    def raise_if_store_lost(self) -> None:
+        if self._store_lost is not None:
+            raise self._store_lost
+
+    def peers(self, generation: int, peers: list[int]) -> EtcdPeerLeases:
+        watch = self._store.watch(self._keys.lease_prefix(generation), prefix=True)
+        return EtcdPeerLeases(watch, self._keys, generation, peers, self._timeout)
+
+    def close(self) -> None:
+        # The lease is left to expire rather than revoked: a peer still finishing must
+        # not read this node's clean exit as a loss before the exit barrier.
+        self._closed.set()
+        self._wake.set()
+
+    # -- the keeper thread --
+
+    def _run(self) -> None:
+        while not self._closed.is_set():
+            try:
+                self._renew()
+            except LeaseNotFound:
+                self._on_lapse()
+            except StoreUnavailable as exc:  # past the join timeout: the job cannot go on
+                self._store_lost = exc
+                return
+            except RendezvousError as exc:  # the main thread's own calls report the store
+                logger.warning("lease renewal failed: %s", first_line(exc))
+            self._wake.wait(self._interval)
+            self._wake.clear()
+
+    def _renew(self) -> None:
+        if not self._lease:
+            self._lease = self._client.grant(self.ttl)
+            logger.info("holding etcd lease %x (ttl %ds)", self._lease, self.ttl)
+        key = self._key
+        if key is not None and key != self._bound:
+            self._client.put(key, str(self._lease), lease=self._lease)
+            self._bound = key
+        if self._client.keepalive(self._lease) <= 0:
+            raise LeaseNotFound("the lease expired")
+
+    def _on_lapse(self) -> None:
+        logger.warning(
+            "fenced: etcd expired this node's lease %x in generation %s (not renewed for "
+            "%ds: the agent was stopped or cut off); its lease key is gone and writes under "
+            "the lease are refused; a new lease is taken for the next generation",
+            self._lease,
+            self._generation,
+            self.ttl,
+        )
+        self._lapsed = self._generation
+        self._lease = 0
+        self._bound = self._key  # never bind the lapsed generation's key again
+
+
+class EtcdPeerLeases:
+    """The peers' lease keys of one generation, as one watch sees them: a peer whose key
+    was seen and is gone was expired by etcd (lost now); one whose key never appeared
+    within the timeout never took its place."""
+
+    def __init__(
+        self,
+        watch: KeyWatch,
+        keys: StoreKeys,
+        generation: int,
+        peers: list[int],
+        timeout: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.generation = generation
+        self.timeout = timeout
+        self._watch = watch
+        self._by_key = {keys.lease(generation, n): n for n in peers}
+        self._seen: set[int] = set()
+        self._clock = clock
+        self._since = clock()
+
+    def stale(self) -> list[int]:
+        present = self._watch.items()
+        late = self._clock() - self._since > self.timeout
+        stale = []
+        for key, node in self._by_key.items():
+            if key in present:
+                self._seen.add(node)
+            elif node in self._seen or late:
+                stale.append(node)
+        return sorted(stale)
+
+    def forget(self, node: int) -> None:
+        self._by_key = {k: n for k, n in self._by_key.items() if n != node}

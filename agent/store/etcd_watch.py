@@ -1,0 +1,162 @@
+"""KeyWatch: the latest values of a key, or of every key under a prefix, kept in memory
+by an etcd watch, so that what the agent checks many times a second (the round
+counter, the abort record, its peers' leases) costs no store traffic.
+
+A thread holds one streaming /v3/watch request. It reads a snapshot first (a range,
+which gives the revision), then every change after that revision. A member that dies,
+restarts or stops answering (a frozen one still accepts connections) is left after
+idle_s without a byte, and the watch resumes on the next member from the revision it
+had, so no change is missed; a compacted revision takes a fresh snapshot. Every event
+is validated JSON; one that is not is dropped with a log line, and the watch restarts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import logging
+import ssl
+import threading
+from typing import Any
+
+from ...core.errors import RendezvousError, first_line
+from .etcd_client import EtcdClient, NotEtcd, b64, int_field, prefix_end, revision, unb64
+
+logger = logging.getLogger(__name__)
+
+# A stream quiet for this long is reopened: the cost of noticing a frozen member.
+WATCH_IDLE_S = 5.0
+MAX_EVENT_BYTES = 16 << 20
+RESTART_PAUSE_S = 0.2
+
+
+class KeyWatch:
+    def __init__(
+        self, client: EtcdClient, key: str, prefix: bool = False, idle_s: float = WATCH_IDLE_S
+    ) -> None:
+        """Takes the first snapshot before it returns (errors pass to the caller)."""
+        self.key = key
+        self._prefix = prefix
+        self._client = client.copy()
+        self._idle_s = idle_s
+        self._values: dict[str, bytes] = {}
+        self._revision = 0
+        self._closed = threading.Event()
+        self._changed = threading.Condition()
+        self._connection: http.client.HTTPConnection | None = None
+        self._snapshot()
+        self._thread = threading.Thread(target=self._run, name="rtrain-etcd-watch", daemon=True)
+        self._thread.start()
+
+    # -- readers --
+
+    def value(self, key: str | None = None) -> bytes | None:
+        return self._values.get(self.key if key is None else key)
+
+    def items(self) -> dict[str, bytes]:
+        return dict(self._values)
+
+    def wait_change(self, timeout: float) -> None:
+        """Block until the next change or timeout (for tests and waits)."""
+        with self._changed:
+            self._changed.wait(timeout)
+
+    def close(self) -> None:
+        self._closed.set()
+        connection = self._connection
+        if connection is not None and connection.sock is not None:
+            with contextlib.suppress(OSError):
+                connection.sock.shutdown(2)
+        self._client.close()
+
+    # -- the thread --
+
+    def _snapshot(self) -> None:
+        answer = self._client.range(self.key, prefix=self._prefix)
+        values: dict[str, bytes] = {}
+        kvs = answer.get("kvs", [])
+        if not isinstance(kvs, list):
+            raise NotEtcd("etcd's range answer has no list of kvs")
+        for kv in kvs:
+            if not isinstance(kv, dict):
+                raise NotEtcd("etcd's range answer holds a kv that is not an object")
+            values[unb64(kv.get("key"), "a key").decode("utf-8", "replace")] = unb64(
+                kv.get("value", ""), "a value"
+            )
+        self._values = values
+        self._revision = revision(answer)
+        self._notify()
+
+    def _notify(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
+
+    def _run(self) -> None:
+        resync = False
+        while not self._closed.is_set():
+            try:
+                if resync:
+                    self._snapshot()
+                resync = self._stream()
+            except (RendezvousError, OSError, http.client.HTTPException, ssl.SSLError) as exc:
+                if self._closed.is_set():
+                    return
+                logger.debug("watch of %s restarts: %s", self.key, first_line(exc, 100))
+                self._client.rotate()
+                self._closed.wait(RESTART_PAUSE_S)
+            finally:
+                if self._connection is not None:
+                    self._connection.close()
+                    self._connection = None
+
+    def _stream(self) -> bool:
+        """Follow changes until the stream goes quiet or ends; True if a snapshot is due."""
+        create: dict[str, Any] = {
+            "key": b64(self.key),
+            "start_revision": str(self._revision + 1),
+        }
+        if self._prefix:
+            create["range_end"] = b64(prefix_end(self.key.encode()))
+        connection = self._client.connect(self._client.current, self._idle_s)
+        self._connection = connection
+        connection.request(
+            "POST",
+            "/v3/watch",
+            json.dumps({"create_request": create}).encode(),
+            {"Content-Type": "application/json"},
+        )
+        response = connection.getresponse()
+        if response.status != 200:
+            raise RendezvousError(f"etcd refused a watch (HTTP {response.status})")
+        while not self._closed.is_set():
+            line = response.readline(MAX_EVENT_BYTES)
+            if not line:
+                return False
+            try:
+                message = json.loads(line)
+            except ValueError:
+                raise NotEtcd("a watch event that is not JSON") from None
+            result = message.get("result") if isinstance(message, dict) else None
+            if not isinstance(result, dict):
+                raise NotEtcd("a watch message without a result")
+            if int_field(result, "compact_revision") or result.get("canceled"):
+                return True
+            self._apply(result.get("events", []))
+        return False
+
+    def _apply(self, events: object) -> None:
+        if not isinstance(events, list):
+            raise NotEtcd("watch events that are not a list")
+        for event in events:
+            kv = event.get("kv") if isinstance(event, dict) else None
+            if not isinstance(kv, dict):
+                raise NotEtcd("a watch event without a kv")
+            key = unb64(kv.get("key"), "a watched key").decode("utf-8", "replace")
+            if event.get("type") == "DELETE":
+                self._values.pop(key, None)
+            else:
+                self._values[key] = unb64(kv.get("value", ""), "a watched value")
+            self._revision = max(self._revision, int_field(kv, "mod_revision"))
+        if events:
+            self._notify()

@@ -1,0 +1,201 @@
+"""The etcd backend against a real 3-member etcd cluster: training over it, and the
+faults it exists for. No node hosts the store, so killing any node, the etcd leader
+or one member leaves the job training; losing quorum is waited out within the join
+timeout, and a clear error past it."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+
+import pytest
+
+from tests.integration.cluster import (
+    STEPS,
+    LocalCluster,
+    assert_fenced_and_back,
+    assert_same_weights,
+    final_records,
+    stop_agent_until_gone_on,
+)
+
+FAST = ["--heartbeat-interval=0.5", "--heartbeat-timeout=2"]
+
+
+def _cluster(tmp_path, etcd, nodes: int, nnodes: str, steps: str = STEPS, **kw) -> LocalCluster:
+    return LocalCluster(
+        tmp_path, nodes, nnodes, ["--nproc-per-node=2", *FAST], etcd=etcd.endpoints,
+        PROBE_STEPS=steps, **kw,
+    )  # fmt: skip
+
+
+def _finished_like(cluster: LocalCluster, reference: list[float], world: int) -> None:
+    final = final_records(cluster)
+    assert sorted(final) == list(range(world))
+    for rec in final.values():
+        assert rec["world_size"] == world and rec["applied"] == int(STEPS)
+        assert_same_weights(rec["weights"], reference)
+
+
+def test_two_nodes_train_to_the_reference_weights_over_etcd(tmp_path, etcd, reference):
+    cluster = _cluster(tmp_path, etcd, 2, "2")
+    try:
+        codes = cluster.wait()
+    finally:
+        cluster.close()
+    assert codes == [0, 0], cluster.log(0)
+    _finished_like(cluster, reference, 4)
+    assert "rendezvous over etcd" in cluster.log(0)
+    assert not any("hosting the rendezvous store" in cluster.log(i) for i in range(2))
+
+
+def test_killing_node_0_leaves_three_nodes_training_on_two(tmp_path, etcd, reference):
+    # With TCPStore, node 0's death ends the job (75); over etcd no node is special.
+    cluster = _cluster(tmp_path, etcd, 3, "2:3")
+    codes = cluster.kill_node_at(5, 0)
+    assert codes[1:] == [0, 0], cluster.log(1) + cluster.log(2)
+    _finished_like(cluster, reference, 4)
+    assert "lost: its lease was not renewed" in cluster.log(1) + cluster.log(2)
+
+
+def test_killing_the_etcd_leader_mid_training_changes_nothing(tmp_path, etcd, reference):
+    cluster = _cluster(tmp_path, etcd, 2, "2")
+    try:
+        cluster.wait_progress(5)
+        leader = etcd.leader()
+        assert leader is not None
+        etcd.kill(leader)
+        codes = cluster.wait()
+    finally:
+        cluster.close()
+        etcd.restart(leader)
+    assert codes == [0, 0], cluster.log(0) + cluster.log(1)
+    _finished_like(cluster, reference, 4)
+    assert {gen for gen, _ in cluster.records()} == {0}  # no restart was needed
+
+
+def test_lost_quorum_is_waited_out_and_the_job_trains_through_it(tmp_path, etcd, reference):
+    cluster = _cluster(tmp_path, etcd, 2, "2", steps="400")
+    try:
+        cluster.wait_progress(5)
+        etcd.kill("e1")
+        etcd.kill("e2")  # one member of three: no quorum
+        before = cluster.progress()
+        time.sleep(7.0)  # past the 2 s lease TTL, and past one 5 s request to each member
+        during = cluster.progress()
+        etcd.restart("e1")
+        etcd.restart("e2")
+        codes = cluster.wait()
+    finally:
+        cluster.close()
+        etcd.restart("e1")
+        etcd.restart("e2")
+    assert codes == [0, 0], cluster.log(0) + cluster.log(1)
+    assert during > before  # the workers trained on while etcd had no quorum
+    assert {gen for gen, _ in cluster.records()} == {0}  # and no lease was lost
+    assert "no etcd member answers" in cluster.log(0) + cluster.log(1)
+
+
+def test_quorum_lost_past_the_join_timeout_is_one_clear_error(tmp_path, etcd):
+    cluster = _cluster(tmp_path, etcd, 2, "2", steps="2000", conf="join_timeout=10")
+    try:
+        cluster.wait_progress(3)
+        etcd.kill("e0")
+        etcd.kill("e1")
+        codes = cluster.wait(timeout=60)
+    finally:
+        cluster.close()
+        etcd.restart("e0")
+        etcd.restart("e1")
+    assert codes == [75, 75], cluster.log(0)
+    for index in range(2):
+        last = cluster.log(index).strip().splitlines()[-1]
+        assert last.startswith("rtrain: error: etcd unavailable: none of"), last
+        assert etcd.endpoints in last  # names every endpoint
+
+
+def test_a_stopped_agent_past_its_ttl_is_fenced_by_etcd(tmp_path, etcd):
+    cluster = _cluster(tmp_path, etcd, 3, "2:3", steps="60")
+    codes, stale_workers = stop_agent_until_gone_on(
+        cluster, 2, lambda: "generation 1 without it" in cluster.log(0) + cluster.log(1)
+    )
+    assert codes == [0, 0, 0], cluster.log(2)
+    # etcd expired its lease (its writes under it are refused); it never rejoined the
+    # running collective, and came back at a generation boundary
+    assert "fenced: etcd expired this node's lease" in cluster.log(2)
+    assert_fenced_and_back(cluster, stale_workers, 60)
+
+
+def test_garbage_under_the_jobs_prefix_is_refused_with_one_line(tmp_path, etcd):
+    from rtrain.agent.store.etcd_client import EtcdClient
+
+    cluster = _cluster(tmp_path, etcd, 2, "2", steps="2000")
+    try:
+        cluster.wait_progress(3)
+        client = EtcdClient([("127.0.0.1", m.client_port) for m in etcd.members])
+        prefix = f"/rtrain/{cluster.run_id}"
+        client.put(f"{prefix}/r0/lease/7", "a lease of no member")  # ignored
+        client.put(f"{prefix}/r0/lease/1", "garbage")  # a value is not what keeps a lease
+        time.sleep(1.0)
+        assert all(proc.poll() is None for proc in cluster.procs)
+        client.put(f"{prefix}/round", "not a number")
+        codes = cluster.wait(timeout=30)
+    finally:
+        cluster.close()
+    assert codes == [75, 75]
+    for index in range(2):
+        last = cluster.log(index).strip().splitlines()[-1]
+        assert last.startswith("rtrain: error: refusing the job's state in the store"), last
+        assert "round counter: expected an integer" in last
+
+
+class _NotEtcd(http.server.BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        self.send_response(404)
+        self.end_headers()
+        self.wfile.write(b"<html>not here</html>")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def web_server():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotEtcd)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+def test_an_endpoint_that_is_not_etcd_is_named_and_refused(tmp_path, web_server):
+    import os
+
+    from tests.integration.helpers import RTRAIN, run
+
+    result = run(
+        [
+            *RTRAIN, "--rdzv-backend=etcd", f"--rdzv-endpoint={web_server}", "--nnodes=1",
+            "--rdzv-conf=join_timeout=5", "-m", "json.tool", "--help",
+        ],
+        dict(os.environ),
+        timeout=30,
+    )  # fmt: skip
+    assert result.returncode == 75, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"rtrain: error: no etcd v3 server at --rdzv-endpoint={web_server}")
+    assert "Traceback" not in result.stderr
+
+
+def test_a_foreign_first_endpoint_is_skipped_for_the_real_members(tmp_path, etcd, web_server):
+    cluster = LocalCluster(
+        tmp_path, 1, "1", ["--nproc-per-node=1", *FAST],
+        etcd=f"{web_server},{etcd.endpoints}", PROBE_STEPS="5",
+    )  # fmt: skip
+    try:
+        codes = cluster.wait()
+    finally:
+        cluster.close()
+    assert codes == [0], cluster.log(0)

@@ -1,0 +1,103 @@
+"""What the etcd client makes of answers that are not what etcd sends: every answer
+comes over the network, so a malformed one is a RendezvousError (NotEtcd), never an
+exception of another kind and never trusted; and how peers' leases are judged from
+what a watch holds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rtrain.agent.rendezvous.etcd_leases import EtcdPeerLeases
+from rtrain.agent.store import etcd_store
+from rtrain.agent.store.etcd_client import NotEtcd, int_field, prefix_end, revision
+from rtrain.agent.store.etcd_watch import KeyWatch
+from rtrain.core.errors import RendezvousError
+from rtrain.core.rendezvous.protocol import StoreKeys
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+answers = st.dictionaries(
+    st.sampled_from(["kvs", "responses", "header", "count", "events", "x"]), json_values, max_size=4
+)
+
+
+@pytest.mark.slow
+@settings(max_examples=300, deadline=None)
+@given(answers)
+def test_a_malformed_range_or_txn_answer_is_refused(answer: dict[str, Any]) -> None:
+    for read in (
+        lambda: etcd_store._first_value(answer),
+        lambda: etcd_store._response(answer, 0, "response_range"),
+        lambda: revision(answer),
+    ):
+        try:
+            read()
+        except RendezvousError:  # refused: the one way to fail; any other type fails the test
+            pass
+
+
+class _Watch(KeyWatch):
+    """A KeyWatch without a server: only its event parsing."""
+
+    def __init__(self) -> None:
+        self.key = "/k"
+        self._values = {}
+        self._revision = 0
+        import threading
+
+        self._changed = threading.Condition()
+
+
+@pytest.mark.slow
+@settings(max_examples=300, deadline=None)
+@given(json_values)
+def test_malformed_watch_events_are_refused(events: object) -> None:
+    watch = _Watch()
+    try:
+        watch._apply(events)
+    except RendezvousError:
+        pass
+    assert all(isinstance(v, bytes) for v in watch.items().values())
+
+
+def test_watch_events_put_and_delete_keys() -> None:
+    watch = _Watch()
+    put = {"kv": {"key": "L2E=", "value": "MQ==", "mod_revision": "7"}}
+    watch._apply([put])
+    assert watch.value("/a") == b"1" and watch._revision == 7
+    watch._apply([{"type": "DELETE", "kv": {"key": "L2E=", "mod_revision": "9"}}])
+    assert watch.value("/a") is None and watch._revision == 9
+    with pytest.raises(NotEtcd):
+        watch._apply([{"kv": {"key": "not base64!"}}])
+
+
+def test_int_fields_and_prefix_ends() -> None:
+    assert int_field({"TTL": "5"}, "TTL") == 5 and int_field({}, "TTL") == 0
+    with pytest.raises(NotEtcd):
+        int_field({"TTL": "five"}, "TTL")
+    assert prefix_end(b"/r0/lease/") == b"/r0/lease0"
+    assert prefix_end(b"a\xff") == b"b" and prefix_end(b"\xff") == b"\0"
+
+
+def test_peer_leases_are_lost_when_etcd_deletes_their_key_or_they_never_come() -> None:
+    keys = StoreKeys("job")
+    watch = _Watch()
+    now = [0.0]
+    peers = EtcdPeerLeases(watch, keys, 3, [1, 2, 4], timeout=2.0, clock=lambda: now[0])  # type: ignore[arg-type]
+    watch._values = {keys.lease(3, 1): b"x", keys.lease(3, 2): b"y"}
+    assert peers.stale() == []  # 4 has not written yet, within the timeout
+    del watch._values[keys.lease(3, 2)]  # etcd expired node 2's lease
+    assert peers.stale() == [2]
+    peers.forget(2)
+    now[0] = 2.5
+    assert peers.stale() == [4]  # never took its place
+    watch._values[keys.lease(3, 2)] = b"z"
+    assert peers.stale() == [4]  # a forgotten node is not revived
