@@ -38,18 +38,6 @@ def _finished_like(cluster: LocalCluster, reference: list[float], world: int) ->
         assert_same_weights(rec["weights"], reference)
 
 
-def test_two_nodes_train_to_the_reference_weights_over_etcd(tmp_path, etcd, reference):
-    cluster = _cluster(tmp_path, etcd, 2, "2")
-    try:
-        codes = cluster.wait()
-    finally:
-        cluster.close()
-    assert codes == [0, 0], cluster.log(0)
-    _finished_like(cluster, reference, 4)
-    assert "rendezvous over etcd" in cluster.log(0)
-    assert not any("hosting the rendezvous store" in cluster.log(i) for i in range(2))
-
-
 def test_killing_node_0_leaves_three_nodes_training_on_two(tmp_path, etcd, reference):
     # With TCPStore, node 0's death ends the job (75); over etcd no node is special.
     cluster = _cluster(tmp_path, etcd, 3, "2:3")
@@ -59,8 +47,14 @@ def test_killing_node_0_leaves_three_nodes_training_on_two(tmp_path, etcd, refer
     assert "lost: its lease was not renewed" in cluster.log(1) + cluster.log(2)
 
 
-def test_killing_the_etcd_leader_mid_training_changes_nothing(tmp_path, etcd, reference):
-    cluster = _cluster(tmp_path, etcd, 2, "2")
+def test_two_nodes_train_to_the_reference_weights_through_a_killed_etcd_leader(
+    tmp_path, etcd, web_server, reference
+):
+    # The first endpoint is a web server, not etcd: it is skipped for the real members.
+    cluster = LocalCluster(
+        tmp_path, 2, "2", ["--nproc-per-node=2", *FAST],
+        etcd=f"{web_server},{etcd.endpoints}", PROBE_STEPS=STEPS,
+    )  # fmt: skip
     try:
         cluster.wait_progress(5)
         leader = etcd.leader()
@@ -73,10 +67,11 @@ def test_killing_the_etcd_leader_mid_training_changes_nothing(tmp_path, etcd, re
     assert codes == [0, 0], cluster.log(0) + cluster.log(1)
     _finished_like(cluster, reference, 4)
     assert {gen for gen, _ in cluster.records()} == {0}  # no restart was needed
+    assert not any("hosting the rendezvous store" in cluster.log(i) for i in range(2))
 
 
 def test_lost_quorum_is_waited_out_and_the_job_trains_through_it(tmp_path, etcd, reference):
-    cluster = _cluster(tmp_path, etcd, 2, "2", steps="400")
+    cluster = _cluster(tmp_path, etcd, 2, "2", steps="250")
     try:
         cluster.wait_progress(5)
         etcd.kill("e1")
@@ -187,15 +182,3 @@ def test_an_endpoint_that_is_not_etcd_is_named_and_refused(tmp_path, web_server)
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(f"rtrain: error: no etcd v3 server at --rdzv-endpoint={web_server}")
     assert "Traceback" not in result.stderr
-
-
-def test_a_foreign_first_endpoint_is_skipped_for_the_real_members(tmp_path, etcd, web_server):
-    cluster = LocalCluster(
-        tmp_path, 1, "1", ["--nproc-per-node=1", *FAST],
-        etcd=f"{web_server},{etcd.endpoints}", PROBE_STEPS="5",
-    )  # fmt: skip
-    try:
-        codes = cluster.wait()
-    finally:
-        cluster.close()
-    assert codes == [0], cluster.log(0)
