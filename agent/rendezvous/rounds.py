@@ -35,6 +35,13 @@ from .ledger import FailureLedger
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.02
+# Only the agent in slot 1 of a round (and the one that fills it) checks the closing
+# rules every POLL_S; the others
+# look for the closed membership every FOLLOWER_POLL_S and check the rules themselves
+# only every BACKUP_CLOSE_S (in case slot 1 died), so a round's store traffic is
+# O(1) per agent per second, not O(N) reads of every slot on every poll of every agent.
+FOLLOWER_POLL_S = 0.1
+BACKUP_CLOSE_S = 1.0
 # A joiner takes its slot number and writes its slot a moment later.
 SLOT_WRITE_GRACE_S = 5.0
 
@@ -63,6 +70,7 @@ class Rounds:
         # watches where it has them (etcd): no store traffic per check.
         self._round_now: Callable[[], bytes | None] | None = None
         self._waiting: tuple[int, Callable[[], bytes | None]] | None = None
+        self._slot_ids: dict[int, dict[int, str]] = {}
 
     # -- the round counter --
 
@@ -111,7 +119,7 @@ class Rounds:
             slot = increment(self._store, self._keys.joins(target))
             self._store.set(self._keys.slot(target, slot), member.encode())
             logger.info("joined round %d as slot %d (this node: %s)", target, slot, member.addr)
-            membership = self._await_close(target, member, deadline, check_stop, expected)
+            membership = self._await_close(target, slot, member, deadline, check_stop, expected)
             if membership is not None:
                 return membership
             self._ledger.raise_if_excluded(member.addr)
@@ -120,6 +128,7 @@ class Rounds:
     def _await_close(
         self,
         target: int,
+        slot: int,
         member: MemberInfo,
         deadline: float,
         check_stop: Callable[[], None] | None,
@@ -129,9 +138,12 @@ class Rounds:
         quorum_since: float | None = None
         closed: list[Membership | None] = []
         joined = 0
+        # Slot 1, and the joiner that filled the round (it can close it at once).
+        closer = slot == 1 or slot >= nodes.max_nodes
+        next_check = self._clock.now() + (0.0 if closer else BACKUP_CLOSE_S)
 
         def settled() -> bool:
-            nonlocal quorum_since, joined
+            nonlocal quorum_since, joined, next_check
             self._ends.raise_if_aborted()
             if check_stop is not None:
                 check_stop()
@@ -140,6 +152,10 @@ class Rounds:
                 inside = membership.node_rank_of(member.node_id) is not None
                 closed.append(membership if inside else None)
                 return True
+            if not closer:
+                if self._clock.now() < next_check:
+                    return False
+                next_check = self._clock.now() + BACKUP_CLOSE_S
             joined = self._store.counter(self._keys.joins(target))
             if self.current_round() == target:
                 now = self._clock.now()
@@ -158,7 +174,8 @@ class Rounds:
                     self._try_close(target, size, member.node_id)
             return False
 
-        if self._wait(settled, deadline - self._clock.now()):
+        poll = POLL_S if closer else FOLLOWER_POLL_S
+        if self._clock.wait_until(settled, deadline - self._clock.now(), poll):
             return closed[-1]
         raise RendezvousTimeout(
             f"rendezvous timed out: {joined} of at least {nodes.min_nodes} nodes joined "
@@ -179,14 +196,18 @@ class Rounds:
         return joined >= len(alive) and alive <= self._joined_ids(target, joined)
 
     def _joined_ids(self, target: int, joined: int) -> set[str]:
-        ids = set()
-        keys = [self._keys.slot(target, slot) for slot in range(1, joined + 1)]
-        for payload in self._store.multi_get(keys):
-            # Garbage is refused with a log line when the round closes.
-            if payload is not None:
-                with contextlib.suppress(ProtocolError):
-                    ids.add(MemberInfo.decode(payload).node_id)
-        return ids
+        """The node ids in slots 1..joined; a slot once written never changes, so each
+        is read once (kept per round), not on every pass."""
+        known = self._slot_ids.setdefault(target, {})
+        missing = [slot for slot in range(1, joined + 1) if slot not in known]
+        if missing:
+            payloads = self._store.multi_get([self._keys.slot(target, s) for s in missing])
+            for slot, payload in zip(missing, payloads, strict=True):
+                # Garbage is refused with a log line when the round closes.
+                if payload is not None:
+                    with contextlib.suppress(ProtocolError):
+                        known[slot] = MemberInfo.decode(payload).node_id
+        return set(known.values())
 
     def _try_close(self, target: int, size: int, closer: str) -> None:
         if target > 0:
