@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import time
 import uuid
 from collections.abc import Mapping
 from types import FrameType
@@ -59,6 +60,8 @@ logger = logging.getLogger(__name__)
 # Under Slurm these mean "the job is about to be stopped" (--signal=USR1@T, the time
 # limit's SIGTERM): save and exit 75 to be requeued.
 REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+# A running generation reads the store at most this often (and heartbeat_interval/2).
+STORE_CHECK_S = 0.25
 # Workers of a failed generation get this long after SIGTERM before SIGKILL.
 RESTART_STOP_GRACE_S = 3.0
 
@@ -293,17 +296,27 @@ class Agent:
     def _monitor(self, rdzv: JobRendezvous, gen: Generation) -> Ended:
         group, generation = gen.group, gen.number
         room_to_grow = len(gen.membership.members) < self.spec.nodes.max_nodes
+        # The workers are looked at every monitor_interval; the store only every
+        # STORE_CHECK_S (or at once when a worker failed: was it fenced?), so that an
+        # agent's store traffic is a few requests a second whatever the interval.
+        store_every = min(STORE_CHECK_S, self.spec.faults.heartbeat_interval / 2)
+        next_store_check = 0.0
         while True:
             self._check_signal()
             group.poll(self.spec.monitor_interval)
             # A signal for the whole step (Slurm's) reaches the workers too: act on it
             # before their deaths look like a failure.
             self._check_signal()
-            if self._leases is not None:
-                self._leases.raise_if_store_lost()
-            if rdzv.rounds.round_moved_past(generation) or self._lease_lapsed(generation):
-                self._policy.log_fenced(gen)
-                return Ended(Outcome.MEMBERSHIP_CHANGE)
+            now = time.monotonic()
+            store_due = now >= next_store_check
+            if store_due:
+                next_store_check = now + store_every
+            if store_due or group.failed:
+                if self._leases is not None:
+                    self._leases.raise_if_store_lost()
+                if rdzv.rounds.round_moved_past(generation) or self._lease_lapsed(generation):
+                    self._policy.log_fenced(gen)
+                    return Ended(Outcome.MEMBERSHIP_CHANGE)
             hung = gen.hangs.hung([w.local_rank for w in group.running])
             if hung:
                 kill_hung(group, gen.hangs, hung)
@@ -316,6 +329,8 @@ class Agent:
                 return Ended(Outcome.SUCCEEDED)
             if self._reaper is not None:
                 self._reaper.poll()
+            if not store_due:
+                continue
             rdzv.ends.raise_if_aborted()
             if self._policy.check_peers(gen):
                 return Ended(Outcome.MEMBERSHIP_CHANGE)

@@ -216,10 +216,15 @@ class Rounds:
                 self._ledger.charge_root_cause(target - 1, before, closer)
         members: list[MemberInfo] = []
         grace_end = self._clock.now() + SLOT_WRITE_GRACE_S
-        for slot in range(1, size + 1):
-            key = self._keys.slot(target, slot)
-            self._wait(functools.partial(self._store.exists, key), grace_end - self._clock.now())
-            payload = self._store.get(key)
+        keys = [self._keys.slot(target, slot) for slot in range(1, size + 1)]
+        # Every slot in one request; only a slot not written yet is waited for.
+        payloads = self._store.multi_get(keys)
+        for slot, (key, payload) in enumerate(zip(keys, payloads, strict=True), 1):
+            if payload is None:
+                self._wait(
+                    functools.partial(self._store.exists, key), grace_end - self._clock.now()
+                )
+                payload = self._store.get(key)
             if payload is None:
                 logger.warning(
                     "slot %d of round %d was never written; leaving it out", slot, target

@@ -1,0 +1,292 @@
+"""bench_scale.py sim: many agents per process, the real protocol code, a real store.
+
+Each simulated agent is a thread that does what Agent does around its workers, through
+the same classes: Rounds.join for generation 0, its lease held and its peers' watched
+(StoreLeases or EtcdLeases), then the running generation's store checks at the
+agent's cadence (agent.STORE_CHECK_S: the round, the abort record, its peers' leases,
+the nodes waiting), until one agent dies: it stops renewing its lease and leaves. The
+survivors find it lost (FaultPolicy.check_leases), and join generation 1 expecting
+each other (FaultPolicy.survivors). No workers are started: the figures are the
+coordination's own. Store requests are counted at each agent's client.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+import psutil
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from etcd_cluster import EtcdCluster  # noqa: E402
+from rtrain.agent.agent import STORE_CHECK_S  # noqa: E402
+from rtrain.agent.faults import FaultPolicy  # noqa: E402
+from rtrain.agent.generation import Joined  # noqa: E402
+from rtrain.agent.rendezvous.etcd_leases import EtcdLeases  # noqa: E402
+from rtrain.agent.rendezvous.job import JobRendezvous  # noqa: E402
+from rtrain.agent.rendezvous.lease import Leases, StoreLeases  # noqa: E402
+from rtrain.agent.store.etcd_client import EtcdClient  # noqa: E402
+from rtrain.agent.store.etcd_store import EtcdKeyValueStore  # noqa: E402
+from rtrain.agent.store.opening import connect_store  # noqa: E402
+from rtrain.agent.store.torch_store import TorchKeyValueStore  # noqa: E402
+from rtrain.cli.launch_args import parse_launch_args  # noqa: E402
+from rtrain.core.config.launch_spec import LaunchSpec, build_launch_spec  # noqa: E402
+from rtrain.core.rendezvous.protocol import MemberInfo  # noqa: E402
+
+WINDOW_S = float(os.environ.get("BENCH_SCALE_WINDOW_S", "10"))
+TIMEOUT_S = 5.0  # heartbeat timeout
+ETCD_MAX_AGENTS = int(os.environ.get("BENCH_SCALE_ETCD_MAX", "1024"))
+
+
+def progress(message: str) -> None:
+    print(f"[bench_scale {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+class Requests:
+    """Store requests of every simulated agent, counted at the client."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def add(self) -> None:
+        with self._lock:
+            self.count += 1
+
+
+class CountedTorchStore(TorchKeyValueStore):
+    requests: Requests
+
+    def _call(self, op: str, *args: Any) -> Any:
+        self.requests.add()
+        return super()._call(op, *args)
+
+
+class CountedEtcdClient(EtcdClient):
+    requests: Requests
+
+    def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.requests.add()
+        return super().call(path, body)
+
+    def copy(self) -> EtcdClient:
+        twin = CountedEtcdClient(self.endpoints, self.tls, self.attempt_s, self.deadline_s)
+        twin.requests = self.requests
+        return twin
+
+
+def spec_for(backend: str, nodes: int, endpoint: str, run_id: str) -> LaunchSpec:
+    flags = [
+        f"--nnodes={nodes // 2}:{nodes}", f"--rdzv-backend={backend}",
+        f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}",
+        "--rdzv-conf=join_timeout=600,read_timeout=120,last_call_timeout=30",
+        "--heartbeat-interval=1", f"--heartbeat-timeout={TIMEOUT_S:g}", "train.py",
+    ]  # fmt: skip
+    return build_launch_spec(parse_launch_args(flags, {}))
+
+
+class SimAgent(threading.Thread):
+    def __init__(self, index: int, spec: LaunchSpec, requests: Requests, run: SimRun) -> None:
+        super().__init__(name=f"sim-agent-{index}", daemon=True)
+        self.index = index
+        self.spec = spec
+        self.run_ = run
+        self.requests = requests
+        self.member = MemberInfo(
+            node_id=f"sim{index:05d}", addr=f"10.{index >> 16}.{(index >> 8) & 255}.{index & 255}",
+            local_world_size=1,
+        )  # fmt: skip
+        self.joined_at: float | None = None
+        self.declared_at: float | None = None
+        self.committed_at: float | None = None
+        self.error: str | None = None
+
+    def _open(self) -> tuple[JobRendezvous, Leases]:
+        rdzv_spec, faults = self.spec.rdzv, self.spec.faults
+        if rdzv_spec.is_etcd:
+            client = CountedEtcdClient(rdzv_spec.endpoints, deadline_s=rdzv_spec.join_timeout)
+            client.requests = self.requests
+            store = EtcdKeyValueStore(client)
+            rdzv = JobRendezvous.over(store, self.spec)
+            leases: Leases = EtcdLeases(
+                store, rdzv.keys, faults.heartbeat_timeout, faults.heartbeat_interval
+            )
+            return rdzv, leases
+
+        def connect() -> TorchKeyValueStore:
+            opened = connect_store(rdzv_spec.host, rdzv_spec.port, 60.0, rdzv_spec.read_timeout)
+            # Called directly (no deadline thread): a thread per call would double the
+            # threads of an already crowded process.
+            counted = CountedTorchStore(opened.store, rdzv_spec.host)
+            counted.requests = self.requests
+            return counted
+
+        store = connect()
+        rdzv = JobRendezvous.over(store, self.spec)
+        leases = StoreLeases(
+            store, connect, rdzv.keys, faults.heartbeat_timeout, faults.heartbeat_interval
+        )
+        return rdzv, leases
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except Exception as exc:  # reported in the results
+            self.error = f"{type(exc).__name__}: {exc}"[:300]
+
+    def _run(self) -> None:
+        rdzv, leases = self._open()
+        policy = FaultPolicy(rdzv, self.spec, self.member.addr, lambda: None)
+        self.run_.opened.wait()
+        membership = rdzv.rounds.join(self.member)
+        self.joined_at = time.time()
+        rank = membership.node_rank_of(self.member.node_id)
+        assert rank is not None
+        peers = leases.peers(0, [n for n in range(len(membership.members)) if n != rank])
+        leases.hold(0, rank)
+        while True:  # the running generation's store checks, at the agent's cadence
+            if self.run_.victim is self:
+                leases.close()  # stops renewing: a silent loss
+                return
+            if rdzv.rounds.round_moved_past(0):
+                break
+            rdzv.ends.raise_if_aborted()
+            if policy.check_leases(membership, rank, peers):
+                self.declared_at = time.time()
+                break
+            rdzv.rounds.waiting_nodes(0)
+            time.sleep(STORE_CHECK_S)
+        survivors = policy.survivors(Joined(membership, rank, peers))
+        rdzv.rounds.join(dataclasses.replace(self.member, prev_rank=rank), expected=survivors)
+        self.committed_at = time.time()
+        leases.close()
+        close = getattr(rdzv.store, "close", None)
+        if close is not None:
+            close()
+
+
+class SimRun:
+    def __init__(self) -> None:
+        self.opened = threading.Event()
+        self.victim: SimAgent | None = None
+
+
+def store_server(port: int) -> subprocess.Popen[bytes]:
+    code = (
+        "import datetime, time, torch.distributed as d; "
+        f"s = d.TCPStore('127.0.0.1', {port}, is_master=True, wait_for_workers=False, "
+        "timeout=datetime.timedelta(seconds=600)); time.sleep(10**6)"
+    )
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+def cpu_of(procs: list[psutil.Process]) -> float:
+    total = 0.0
+    for proc in procs:
+        try:
+            times = proc.cpu_times()
+            total += times.user + times.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def run_sim(
+    backend: str, nodes: int, endpoint: str, servers: list[psutil.Process]
+) -> dict[str, object]:
+    requests = Requests()
+    spec = spec_for(backend, nodes, endpoint, f"sim-{os.getpid()}-{time.monotonic_ns()}")
+    run = SimRun()
+    agents = [SimAgent(i, spec, requests, run) for i in range(nodes)]
+    result: dict[str, object] = {"backend": backend, "nodes": nodes}
+    for agent in agents:
+        agent.start()
+    time.sleep(min(0.5 + nodes / 200, 10))  # connections open before the clock starts
+    start = time.time()
+    run.opened.set()
+    deadline = time.monotonic() + 300
+    while any(a.joined_at is None and a.error is None for a in agents):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    errors = [a.error for a in agents if a.error]
+    if errors or any(a.joined_at is None for a in agents):
+        result["error"] = errors[0] if errors else "generation 0 did not close in 300 s"
+        return result
+    result["generation0_s"] = round(max(a.joined_at for a in agents) - start, 3)  # type: ignore[type-var]
+    time.sleep(2.0)  # leases taken, watches open
+    before, cpu_before, t0 = requests.count, cpu_of(servers), time.monotonic()
+    time.sleep(WINDOW_S)
+    elapsed = time.monotonic() - t0
+    result["requests_per_agent_s"] = round((requests.count - before) / elapsed / nodes, 2)
+    result["store_server_cpu_pct"] = round((cpu_of(servers) - cpu_before) / elapsed * 100, 1)
+    run.victim = agents[-1]
+    stopped = time.time()
+    survivors = agents[:-1]
+    deadline = time.monotonic() + 120
+    while any(a.committed_at is None and a.error is None for a in survivors):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    errors = [a.error for a in survivors if a.error]
+    declared = [a.declared_at for a in survivors if a.declared_at is not None]
+    if errors or not declared or any(a.committed_at is None for a in survivors):
+        result["error"] = errors[0] if errors else "generation 1 did not close in 120 s"
+        return result
+    result["detect_s"] = round(min(declared) - stopped, 3)
+    result["commit_after_declared_s"] = round(
+        max(a.committed_at for a in survivors) - min(declared),
+        3,  # type: ignore[type-var]
+    )
+    return result
+
+
+def simulate(nodes_list: list[int], backends: list[str]) -> list[dict[str, object]]:
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    threading.stack_size(512 * 1024)
+    results: list[dict[str, object]] = []
+    for backend in backends:
+        server: subprocess.Popen[bytes] | None = None
+        cluster: EtcdCluster | None = None
+        if backend == "etcd":
+            cluster = EtcdCluster(
+                tempfile.mkdtemp(prefix="sim-etcd-"), 3, 20000 + os.getpid() % 20000
+            )
+            cluster.start()
+            endpoint = cluster.endpoints
+            servers = [psutil.Process(cluster.pid(m)) for m in cluster.members]  # type: ignore[arg-type]
+        else:
+            port = 29000 + os.getpid() % 1000
+            server = store_server(port)
+            time.sleep(5.0)  # torch imports
+            endpoint = f"127.0.0.1:{port}"
+            servers = [psutil.Process(server.pid)]
+        try:
+            for nodes in nodes_list:
+                if backend == "etcd" and nodes > ETCD_MAX_AGENTS:
+                    results.append({"backend": backend, "nodes": nodes, "error": (
+                        f"not run: over {ETCD_MAX_AGENTS} agents (each holds 6 threads and "
+                        "connections in this one process)")})  # fmt: skip
+                    continue
+                print(
+                    f"[bench_scale sim] {backend} with {nodes} agents", file=sys.stderr, flush=True
+                )
+                result = run_sim(backend, nodes, endpoint, servers)
+                print(f"[bench_scale sim]   {result}", file=sys.stderr, flush=True)
+                results.append(result)
+        finally:
+            if server is not None:
+                server.kill()
+            if cluster is not None:
+                cluster.stop()
+    return results
