@@ -96,7 +96,8 @@ def dry_run(console: Console, spec: LaunchSpec, nproc: int, took: list[str] | No
         ("processes per node", str(nproc)),
         (
             "rendezvous",
-            f"{rdzv.backend} {rdzv.host}:{rdzv.port}"
+            f"{rdzv.backend} {','.join(f'{h}:{p}' for h, p in rdzv.endpoints)}"
+            + (f" ({rdzv.protocol})" if rdzv.is_etcd else "")
             + (" (standalone)" if spec.standalone else ""),
         ),
         ("run id", rdzv.run_id),
