@@ -189,6 +189,18 @@ def store_server(port: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", code])
 
 
+def wait_listening(port: int, timeout: float) -> None:
+    import socket
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"no TCPStore on port {port} after {timeout:g}s")
+
+
 def cpu_of(procs: list[psutil.Process]) -> float:
     total = 0.0
     for proc in procs:
@@ -268,7 +280,7 @@ def simulate(nodes_list: list[int], backends: list[str]) -> list[dict[str, objec
         else:
             port = 29000 + os.getpid() % 1000
             server = store_server(port)
-            time.sleep(5.0)  # torch imports
+            wait_listening(port, 300.0)  # torch imports first
             endpoint = f"127.0.0.1:{port}"
             servers = [psutil.Process(server.pid)]
         try:

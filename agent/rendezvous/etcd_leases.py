@@ -15,6 +15,7 @@ when it holds a place in a new generation, so it can never revive the old one.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -25,11 +26,11 @@ from ...core.errors import RendezvousError, StoreUnavailable, first_line
 from ...core.rendezvous.protocol import StoreKeys
 from ..store.etcd_client import LeaseNotFound
 from ..store.etcd_store import EtcdKeyValueStore
-from ..store.etcd_watch import KeyWatch
 
 logger = logging.getLogger(__name__)
 
 MIN_TTL_S = 2  # etcd refuses shorter leases on default election settings
+NEVER_SEEN_TIMEOUTS = 3
 
 
 class EtcdLeases:
@@ -48,6 +49,7 @@ class EtcdLeases:
         self._lease = 0
         self._lapsed: int | None = None
         self._store_lost: StoreUnavailable | None = None
+        self._binding = threading.Lock()
         self._wake = threading.Event()
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
@@ -57,6 +59,10 @@ class EtcdLeases:
     def hold(self, generation: int, node_rank: int) -> None:
         self._key = self._keys.lease(generation, node_rank)
         self._generation = generation
+        # The key is written here, on the caller's thread, so that it exists as soon as
+        # this node takes its place; renewals are the thread's.
+        with contextlib.suppress(RendezvousError):
+            self._bind()
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="rtrain-etcd-lease", daemon=True)
             self._thread.start()
@@ -70,8 +76,14 @@ class EtcdLeases:
             raise self._store_lost
 
     def peers(self, generation: int, peers: list[int]) -> EtcdPeerLeases:
-        watch = self._store.watch(self._keys.lease_prefix(generation), prefix=True)
-        return EtcdPeerLeases(watch, self._keys, generation, peers, self._timeout)
+        prefix = self._keys.lease_prefix(generation)
+        return EtcdPeerLeases(
+            lambda: self._store.watch(prefix, prefix=True).items(),
+            self._keys,
+            generation,
+            peers,
+            self._timeout,
+        )
 
     def close(self) -> None:
         # The lease is left to expire rather than revoked: a peer still finishing must
@@ -95,14 +107,19 @@ class EtcdLeases:
             self._wake.wait(self._interval)
             self._wake.clear()
 
+    def _bind(self) -> None:
+        """Hold a lease, and bind the current generation's key to it once."""
+        with self._binding:
+            if not self._lease:
+                self._lease = self._client.grant(self.ttl)
+                logger.info("holding etcd lease %x (ttl %ds)", self._lease, self.ttl)
+            key = self._key
+            if key is not None and key != self._bound:
+                self._client.put(key, str(self._lease), lease=self._lease)
+                self._bound = key
+
     def _renew(self) -> None:
-        if not self._lease:
-            self._lease = self._client.grant(self.ttl)
-            logger.info("holding etcd lease %x (ttl %ds)", self._lease, self.ttl)
-        key = self._key
-        if key is not None and key != self._bound:
-            self._client.put(key, str(self._lease), lease=self._lease)
-            self._bound = key
+        self._bind()
         if self._client.keepalive(self._lease) <= 0:
             raise LeaseNotFound("the lease expired")
 
@@ -115,19 +132,21 @@ class EtcdLeases:
             self._generation,
             self.ttl,
         )
-        self._lapsed = self._generation
-        self._lease = 0
-        self._bound = self._key  # never bind the lapsed generation's key again
+        with self._binding:
+            self._lapsed = self._generation
+            self._lease = 0
+            self._bound = self._key  # never bind the lapsed generation's key again
 
 
 class EtcdPeerLeases:
     """The peers' lease keys of one generation, as one watch sees them: a peer whose key
     was seen and is gone was expired by etcd (lost now); one whose key never appeared
-    within the timeout never took its place."""
+    within NEVER_SEEN_TIMEOUTS lease timeouts never took its place (the longer wait is
+    for a peer slow to start, e.g. on a loaded machine: only a dead one pays it)."""
 
     def __init__(
         self,
-        watch: KeyWatch,
+        present: Callable[[], dict[str, bytes]],
         keys: StoreKeys,
         generation: int,
         peers: list[int],
@@ -136,15 +155,15 @@ class EtcdPeerLeases:
     ) -> None:
         self.generation = generation
         self.timeout = timeout
-        self._watch = watch
+        self._present = present  # the generation's lease keys, as the watch has them
         self._by_key = {keys.lease(generation, n): n for n in peers}
         self._seen: set[int] = set()
         self._clock = clock
         self._since = clock()
 
     def stale(self) -> list[int]:
-        present = self._watch.items()
-        late = self._clock() - self._since > self.timeout
+        present = self._present()
+        late = self._clock() - self._since > NEVER_SEEN_TIMEOUTS * self.timeout
         stale = []
         for key, node in self._by_key.items():
             if key in present:

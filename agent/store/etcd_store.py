@@ -108,17 +108,20 @@ class EtcdKeyValueStore:
         return self.client.delete(key) > 0
 
     def follow(self, key: str) -> Callable[[], bytes | None]:
-        return self.watch(key).value
+        # Looked up on every read, so that a watch closed to make room is opened again.
+        return lambda: self.watch(key).value()
 
     def watch(self, key: str, prefix: bool = False) -> KeyWatch:
-        """A watch of key (or of every key under it), shared by every follower."""
+        """A watch of key (or of every key under it), shared by every reader. The least
+        recently read of more than MAX_FOLLOWED (past generations' keys) is closed."""
         name = f"{key}*" if prefix else key
-        watch = self._watches.get(name)
+        watch = self._watches.pop(name, None)
         if watch is None:
             if len(self._watches) >= MAX_FOLLOWED:
                 oldest = next(iter(self._watches))
                 self._watches.pop(oldest).close()
-            watch = self._watches[name] = KeyWatch(self.client, key, prefix)
+            watch = KeyWatch(self.client, key, prefix)
+        self._watches[name] = watch  # the most recently read last
         return watch
 
     def close(self) -> None:

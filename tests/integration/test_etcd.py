@@ -182,3 +182,42 @@ def test_an_endpoint_that_is_not_etcd_is_named_and_refused(tmp_path, web_server)
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(f"rtrain: error: no etcd v3 server at --rdzv-endpoint={web_server}")
     assert "Traceback" not in result.stderr
+
+
+def test_the_etcd_store_keeps_the_contract_and_its_followers_outlive_eviction(etcd):
+    from rtrain.agent.store import etcd_store
+    from rtrain.agent.store.etcd_client import EtcdClient
+    from rtrain.agent.store.etcd_store import EtcdKeyValueStore
+    from rtrain.agent.store.kv import KeyValueStore, increment, wrote
+
+    store = EtcdKeyValueStore(EtcdClient([("127.0.0.1", m.client_port) for m in etcd.members]))
+    assert isinstance(store, KeyValueStore)
+    p = f"/contract-{time.monotonic_ns()}/"
+    assert store.get(p + "k") is None and not store.exists(p + "k")
+    store.set(p + "k", "v")
+    assert store.set_once(p + "once", "a") == b"a" and store.set_once(p + "once", "b") == b"a"
+    assert wrote(store, p + "w", "x") and not wrote(store, p + "w", "y")
+    assert store.compare_set(p + "k", "v", "v2") == b"v2"
+    assert store.compare_set(p + "k", "wrong", "v3") == b"v2"
+    assert store.compare_set(p + "unset", "x", "y") == b"x"  # as TCPStore answers
+    assert store.add(p + "n", 3) == 3 and increment(store, p + "n") == 4
+    assert store.multi_get([p + "k", p + "n", p + "missing"]) == [b"v2", b"4", None]
+    assert store.wait([p + "k"], 0.0) and not store.wait([p + "missing"], 0.0)
+    assert store.delete(p + "k") and store.get(p + "k") is None
+    round_now = store.follow(p + "round")
+    store.set(p + "round", "1")
+    assert _eventually(lambda: round_now() == b"1")
+    for i in range(etcd_store.MAX_FOLLOWED + 2):  # later generations' keys push it out
+        store.follow(f"{p}gen{i}")()
+    store.set(p + "round", "2")
+    assert _eventually(lambda: round_now() == b"2")  # reopened, not stale
+    store.close()
+
+
+def _eventually(predicate, timeout: float = 5.0) -> bool:
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.01)
+    return True

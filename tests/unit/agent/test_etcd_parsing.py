@@ -88,13 +88,15 @@ def test_peer_leases_are_lost_when_etcd_deletes_their_key_or_they_never_come() -
     keys = StoreKeys("job")
     watch = _Watch()
     now = [0.0]
-    peers = EtcdPeerLeases(watch, keys, 3, [1, 2, 4], timeout=2.0, clock=lambda: now[0])  # type: ignore[arg-type]
+    peers = EtcdPeerLeases(watch.items, keys, 3, [1, 2, 4], timeout=2.0, clock=lambda: now[0])
     watch._values = {keys.lease(3, 1): b"x", keys.lease(3, 2): b"y"}
     assert peers.stale() == []  # 4 has not written yet, within the timeout
     del watch._values[keys.lease(3, 2)]  # etcd expired node 2's lease
     assert peers.stale() == [2]
     peers.forget(2)
     now[0] = 2.5
+    assert peers.stale() == []  # a slow starter gets three timeouts
+    now[0] = 6.5
     assert peers.stale() == [4]  # never took its place
     watch._values[keys.lease(3, 2)] = b"z"
     assert peers.stale() == [4]  # a forgotten node is not revived
