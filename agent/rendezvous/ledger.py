@@ -12,7 +12,7 @@ import logging
 from ...core.errors import RtrainError
 from ...core.rendezvous.failures import FailureKind, FailureRecord, RecordError, root_cause_first
 from ...core.rendezvous.protocol import StoreKeys
-from ..store.kv import KeyValueStore, increment, wrote
+from ..store.kv import KeyValueStore, decode_counter, increment, wrote
 
 logger = logging.getLogger(__name__)
 
@@ -33,17 +33,27 @@ class FailureLedger:
         )
 
     def failures(self, generation: int, num_nodes: int) -> list[FailureRecord]:
+        """Every node's records of `generation`, in two requests whatever the job's size
+        (every count, then every record), not two per node."""
+        count_keys = [self._keys.failure_count(generation, n) for n in range(num_nodes)]
+        counts = [
+            decode_counter(payload, key)
+            for key, payload in zip(count_keys, self._store.multi_get(count_keys), strict=True)
+        ]
+        owners = [n for n in range(num_nodes) for _ in range(counts[n])]
+        keys = [
+            self._keys.failure(generation, n, i)
+            for n in range(num_nodes)
+            for i in range(1, counts[n] + 1)
+        ]
         records: list[FailureRecord] = []
-        for node in range(num_nodes):
-            count = self._store.counter(self._keys.failure_count(generation, node))
-            keys = [self._keys.failure(generation, node, i) for i in range(1, count + 1)]
-            for payload in self._store.multi_get(keys):
-                if payload is None:
-                    continue
-                try:
-                    records.append(FailureRecord.decode(payload))
-                except RecordError as exc:
-                    logger.error("refusing a failure record of node %d: %s", node, exc)
+        for node, payload in zip(owners, self._store.multi_get(keys), strict=True):
+            if payload is None:
+                continue
+            try:
+                records.append(FailureRecord.decode(payload))
+            except RecordError as exc:
+                logger.error("refusing a failure record of node %d: %s", node, exc)
         return records
 
     def claim_restart(self, generation: int) -> bool:
