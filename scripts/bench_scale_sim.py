@@ -109,6 +109,7 @@ class SimAgent(threading.Thread):
         self.declared_at: float | None = None
         self.committed_at: float | None = None
         self.error: str | None = None
+        self.leases: Leases | None = None
 
     def _open(self) -> tuple[JobRendezvous, Leases]:
         rdzv_spec, faults = self.spec.rdzv, self.spec.faults
@@ -168,10 +169,9 @@ class SimAgent(threading.Thread):
         survivors = policy.survivors(Joined(membership, rank, peers))
         rdzv.rounds.join(dataclasses.replace(self.member, prev_rank=rank), expected=survivors)
         self.committed_at = time.time()
-        leases.close()
-        close = getattr(rdzv.store, "close", None)
-        if close is not None:
-            close()
+        # The lease is renewed on until the run ends (as an agent renews its next
+        # generation's): a slower peer still checking generation 0 must not find it gone.
+        self.leases = leases
 
 
 class SimRun:
@@ -254,6 +254,9 @@ def run_sim(
     if errors or not declared or any(a.committed_at is None for a in survivors):
         result["error"] = errors[0] if errors else "generation 1 did not close in 120 s"
         return result
+    for agent in agents:
+        if agent.leases is not None:
+            agent.leases.close()
     result["detect_s"] = round(min(declared) - stopped, 3)
     result["commit_after_declared_s"] = round(
         max(a.committed_at for a in survivors) - min(declared),

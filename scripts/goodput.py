@@ -111,15 +111,25 @@ def figures(a: Assumptions, sizes: list[int]) -> list[dict[str, float]]:
 
 def from_scale(a: Assumptions, scale: Path) -> Assumptions:
     """Take detection and commit time from bench_scale.py's results where present: the
-    largest simulated run's commit, the real runs' worst detection."""
+    largest simulated run's commit (else the worst commit of the largest real runs),
+    the real runs' worst detection."""
     if not scale.exists():
         return a
     data = json.loads(scale.read_text())
     sims = [r for r in data.get("sim", []) if "commit_after_declared_s" in r]
-    reals = [r for r in data.get("real", []) if "detect_s" in r and r["backend"] != "torchrun"]
+    reals = [
+        r
+        for r in data.get("real", [])
+        if "commit_after_declared_s" in r and r["backend"] != "torchrun"
+    ]
     values = asdict(a)
     if sims:
         values["rtrain_commit_s"] = max(sims, key=lambda r: r["nodes"])["commit_after_declared_s"]
+    elif reals:
+        largest = max(r["nodes"] for r in reals)
+        values["rtrain_commit_s"] = max(
+            r["commit_after_declared_s"] for r in reals if r["nodes"] == largest
+        )
     if reals:
         values["rtrain_detect_s"] = max(r["detect_s"] for r in reals)
     return Assumptions(**values)
