@@ -110,6 +110,7 @@ class SimAgent(threading.Thread):
         self.committed_at: float | None = None
         self.error: str | None = None
         self.leases: Leases | None = None
+        self.ready = False
 
     def _open(self) -> tuple[JobRendezvous, Leases]:
         rdzv_spec, faults = self.spec.rdzv, self.spec.faults
@@ -132,9 +133,16 @@ class SimAgent(threading.Thread):
             return counted
 
         store = connect()
+        # The lease thread's own connection, opened now, before the clock starts: opened
+        # later by many threads at once, connects held renewals up past the timeout.
+        keeper_store = connect()
         rdzv = JobRendezvous.over(store, self.spec)
         leases = StoreLeases(
-            store, connect, rdzv.keys, faults.heartbeat_timeout, faults.heartbeat_interval
+            store,
+            lambda: keeper_store,
+            rdzv.keys,
+            faults.heartbeat_timeout,
+            faults.heartbeat_interval,
         )
         return rdzv, leases
 
@@ -147,6 +155,7 @@ class SimAgent(threading.Thread):
     def _run(self) -> None:
         rdzv, leases = self._open()
         policy = FaultPolicy(rdzv, self.spec, self.member.addr, lambda: None)
+        self.ready = True
         self.run_.opened.wait()
         membership = rdzv.rounds.join(self.member)
         self.joined_at = time.time()
@@ -222,7 +231,9 @@ def run_sim(
     result: dict[str, object] = {"backend": backend, "nodes": nodes}
     for agent in agents:
         agent.start()
-    time.sleep(min(0.5 + nodes / 200, 10))  # connections open before the clock starts
+    ready_by = time.monotonic() + 300  # every connection open before the clock starts
+    while not all(a.ready or a.error for a in agents) and time.monotonic() < ready_by:
+        time.sleep(0.05)
     start = time.time()
     run.opened.set()
     deadline = time.monotonic() + 300
