@@ -20,6 +20,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psutil
@@ -45,10 +46,6 @@ from rtrain.core.rendezvous.protocol import MemberInfo  # noqa: E402
 WINDOW_S = float(os.environ.get("BENCH_SCALE_WINDOW_S", "10"))
 TIMEOUT_S = 5.0  # heartbeat timeout
 ETCD_MAX_AGENTS = int(os.environ.get("BENCH_SCALE_ETCD_MAX", "1024"))
-
-
-def progress(message: str) -> None:
-    print(f"[bench_scale {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 class Requests:
@@ -198,6 +195,13 @@ def store_server(port: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", code])
 
 
+def _wait_all(agents: list[SimAgent], done: Callable[[SimAgent], bool], timeout: float) -> None:
+    """Until every agent is done or failed, or timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while not all(done(a) or a.error for a in agents) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def wait_listening(port: int, timeout: float) -> None:
     import socket
 
@@ -231,16 +235,10 @@ def run_sim(
     result: dict[str, object] = {"backend": backend, "nodes": nodes}
     for agent in agents:
         agent.start()
-    ready_by = time.monotonic() + 300  # every connection open before the clock starts
-    while not all(a.ready or a.error for a in agents) and time.monotonic() < ready_by:
-        time.sleep(0.05)
+    _wait_all(agents, lambda a: a.ready, 300)  # every connection open before the clock
     start = time.time()
     run.opened.set()
-    deadline = time.monotonic() + 300
-    while any(a.joined_at is None and a.error is None for a in agents):
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+    _wait_all(agents, lambda a: a.joined_at is not None, 300)
     errors = [a.error for a in agents if a.error]
     if errors or any(a.joined_at is None for a in agents):
         result["error"] = errors[0] if errors else "generation 0 did not close in 300 s"
@@ -255,11 +253,7 @@ def run_sim(
     run.victim = agents[-1]
     stopped = time.time()
     survivors = agents[:-1]
-    deadline = time.monotonic() + 120
-    while any(a.committed_at is None and a.error is None for a in survivors):
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+    _wait_all(survivors, lambda a: a.committed_at is not None, 120)
     errors = [a.error for a in survivors if a.error]
     declared = [a.declared_at for a in survivors if a.declared_at is not None]
     if errors or not declared or any(a.committed_at is None for a in survivors):
