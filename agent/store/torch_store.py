@@ -25,6 +25,10 @@ from ..waiting import SYSTEM_CLOCK
 from .kv import as_bytes, decode_counter
 
 POLL_S = 0.02
+# compare_set(key, UNSET, UNSET) reads key in one round trip and never writes: the store
+# answers a missing key with the expected value (UNSET) and a set one with its value. A
+# plain get would block on a missing key, so it took a check first: two round trips.
+UNSET = b"\x00rtrain:unset\x00"
 
 
 class _CallThread:
@@ -93,9 +97,8 @@ class TorchKeyValueStore:
             ) from None
 
     def get(self, key: str) -> bytes | None:
-        if not self.exists(key):
-            return None
-        return as_bytes(self._call("get", key))
+        value = as_bytes(self._call("compare_set", key, UNSET, UNSET))
+        return None if value == UNSET else value
 
     def set(self, key: str, value: str | bytes) -> None:
         self._call("set", key, value)
