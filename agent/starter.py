@@ -130,9 +130,7 @@ class GenerationStarter:
         log.set_generation(generation)
         node_rank = membership_rank(membership, self.node_id)
         log.set_node(f"node{node_rank}")
-        peers = leases.peers(
-            generation, [n for n in range(len(membership.members)) if n != node_rank]
-        )
+        peers = leases.peers(generation, node_rank, len(membership.members))
         self.joined = Joined(membership, node_rank, peers)
         leases.hold(generation, node_rank)
         return node_rank, peers

@@ -75,13 +75,15 @@ class EtcdLeases:
         if self._store_lost is not None:
             raise self._store_lost
 
-    def peers(self, generation: int, peers: list[int]) -> EtcdPeerLeases:
+    def peers(self, generation: int, node_rank: int, num_nodes: int) -> EtcdPeerLeases:
+        # Every peer: etcd decides expiry and one prefix watch delivers every deletion,
+        # so watching all costs nothing per check (unlike StoreLeases' reads).
         prefix = self._keys.lease_prefix(generation)
         return EtcdPeerLeases(
             lambda: self._store.watch(prefix, prefix=True).items(),
             self._keys,
             generation,
-            peers,
+            [n for n in range(num_nodes) if n != node_rank],
             self._timeout,
         )
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from ...core.errors import first_line
-from ...core.rendezvous.liveness import StalenessTracker
+from ...core.rendezvous.liveness import StalenessTracker, watched_peers
 from ...core.rendezvous.protocol import ProtocolError, StoreKeys, decode_int
 from ..store.kv import KeyValueStore
 
@@ -54,7 +54,9 @@ class Leases(Protocol):
         deadline): where the main thread reads only watches, this is how it learns."""
         ...
 
-    def peers(self, generation: int, peers: list[int]) -> PeerWatch: ...
+    def peers(self, generation: int, node_rank: int, num_nodes: int) -> PeerWatch:
+        """A watch of the generation's peers' leases, as node_rank of num_nodes."""
+        ...
 
     def close(self) -> None: ...
 
@@ -86,8 +88,13 @@ class StoreLeases:
     def raise_if_store_lost(self) -> None:
         pass  # the main thread reads the TCPStore itself on every pass
 
-    def peers(self, generation: int, peers: list[int]) -> PeerLeases:
-        return PeerLeases(self._store, self._keys, generation, peers, self._timeout, self._interval)
+    def peers(self, generation: int, node_rank: int, num_nodes: int) -> PeerLeases:
+        # Each read costs the store a lookup per lease: a spread few peers each, and
+        # whoever finds one expired records it in the ledger for everyone.
+        watched = watched_peers(node_rank, num_nodes)
+        return PeerLeases(
+            self._store, self._keys, generation, watched, self._timeout, self._interval
+        )
 
     def close(self) -> None:
         self._keeper.close()

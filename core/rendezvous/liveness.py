@@ -69,3 +69,25 @@ class StalenessTracker(Generic[Key]):
     def forget(self, key: Key) -> None:
         self._seen.pop(key, None)
         self._armed.discard(key)
+
+
+# Each node's lease is judged by this many peers. Three, spread a third of the ring
+# apart, so that no block of consecutive ranks smaller than a third of the job (a
+# rack, a switch: ranks follow hosts) takes out every watcher of one of its own nodes.
+LEASE_WATCHERS = 3
+
+
+def watched_peers(node_rank: int, num_nodes: int, watchers: int = LEASE_WATCHERS) -> list[int]:
+    """The peers whose leases node_rank judges, when judging costs a read per lease.
+
+    Node r watches r + 1 + i * num_nodes // watchers (mod num_nodes) for each i, so
+    every node has `watchers` watchers and each node reads `watchers` leases: O(1) per
+    node and O(N) for the job, not O(N) per node. A small job (watchers + 1 nodes or
+    fewer) watches everyone. Whoever finds a lease expired records the loss for all.
+    """
+    if not 0 <= node_rank < num_nodes:
+        raise ValueError(f"node rank {node_rank} is not in a job of {num_nodes} nodes")
+    if num_nodes <= watchers + 1:
+        return [n for n in range(num_nodes) if n != node_rank]
+    offsets = sorted({1 + i * num_nodes // watchers for i in range(watchers)})
+    return [(node_rank + offset) % num_nodes for offset in offsets]

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import collections
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from rtrain.core.errors import UsageError
-from rtrain.core.rendezvous.liveness import StalenessTracker
+from rtrain.core.rendezvous.liveness import LEASE_WATCHERS, StalenessTracker, watched_peers
 from rtrain.core.rendezvous.restart_budget import RestartBudget
 
 from tests.unit.core.test_launch_spec import spec_of
@@ -89,3 +93,35 @@ def test_restart_delay_is_immediate_once_then_doubles_to_the_cap():
 
     assert [restart_delay(n, 1.0) for n in (1, 2, 3, 4)] == [0.0, 1.0, 2.0, 4.0]
     assert restart_delay(50, 1.0) == RESTART_BACKOFF_CAP_S and restart_delay(5, 0.0) == 0.0
+
+
+def test_a_small_job_watches_every_peer():
+    assert watched_peers(1, 4) == [0, 2, 3]
+    assert watched_peers(0, 2) == [1] and watched_peers(0, 1) == []
+
+
+@given(st.integers(LEASE_WATCHERS + 2, 5000), st.data())
+def test_every_node_has_its_watchers_and_watches_as_many(num_nodes, data):
+    watchers = collections.Counter(
+        peer for node in range(num_nodes) for peer in watched_peers(node, num_nodes)
+    )
+    assert set(watchers) == set(range(num_nodes))
+    assert set(watchers.values()) == {LEASE_WATCHERS}
+    node = data.draw(st.integers(0, num_nodes - 1))
+    assert node not in watched_peers(node, num_nodes)
+
+
+@given(st.integers(LEASE_WATCHERS + 2, 3000), st.data())
+def test_a_block_of_consecutive_ranks_under_a_third_leaves_each_a_live_watcher(num_nodes, data):
+    """A rack or a switch (ranks follow hosts): every node lost in it is still seen."""
+    size = data.draw(st.integers(1, max(1, num_nodes // LEASE_WATCHERS - 1)))
+    start = data.draw(st.integers(0, num_nodes - 1))
+    block = {(start + i) % num_nodes for i in range(size)}
+    live = [n for n in range(num_nodes) if n not in block]
+    seen = {peer for node in live for peer in watched_peers(node, num_nodes)}
+    assert block <= seen
+
+
+def test_a_rank_outside_the_job_is_refused():
+    with pytest.raises(ValueError, match="not in a job of 3"):
+        watched_peers(3, 3)
