@@ -1,8 +1,9 @@
 """FailureLedger: what failed in each generation, who was charged, who is excluded.
 
 Failure records per (generation, node), the first-reporter restart claim, lost-node
-marks (first declarer wins), and each node address's failure count, which excludes a
-flapping node at --max-node-failures.
+marks (first declarer wins) with a list of them that is read in one request while it
+is empty, and each node address's failure count, which excludes a flapping node at
+--max-node-failures.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import logging
 
 from ...core.errors import RtrainError
 from ...core.rendezvous.failures import FailureKind, FailureRecord, RecordError, root_cause_first
-from ...core.rendezvous.protocol import StoreKeys
+from ...core.rendezvous.protocol import ProtocolError, StoreKeys, decode_int
 from ..store.kv import KeyValueStore, decode_counter, increment, wrote
 
 logger = logging.getLogger(__name__)
@@ -22,6 +23,9 @@ class FailureLedger:
         self._store = store
         self._keys = keys
         self._limit = max_node_failures
+        # Entries of the lost lists read so far, per generation: an entry once written
+        # never changes, so each is read once.
+        self._lost_read: dict[int, dict[int, int | None]] = {}
 
     # -- records --
 
@@ -84,12 +88,44 @@ class FailureLedger:
     # -- lost nodes --
 
     def mark_lost(self, generation: int, node_rank: int, by_node: int) -> bool:
-        """Declare node_rank's lease expired; True for the first agent to declare it."""
-        return wrote(self._store, self._keys.lost(generation, node_rank), str(by_node))
+        """Declare node_rank's lease expired; True for the first agent to declare it.
+
+        Every declarer also makes sure the node is on the generation's list, so that a
+        first declarer that died between its mark and its entry leaves no loss unlisted
+        (an entry twice is harmless: the list is read as a set)."""
+        first = wrote(self._store, self._keys.lost(generation, node_rank), str(by_node))
+        if node_rank not in self._lost_list(generation):
+            index = increment(self._store, self._keys.lost_count(generation))
+            self._store.set(self._keys.lost_entry(generation, index), str(node_rank))
+            self._lost_read.setdefault(generation, {})[index] = node_rank
+        return first
 
     def lost_nodes(self, generation: int, num_nodes: int) -> list[int]:
-        keys = [self._keys.lost(generation, n) for n in range(num_nodes)]
-        return [n for n, value in enumerate(self._store.multi_get(keys)) if value is not None]
+        """The node ranks declared lost in the generation, in ascending order: one request
+        while none is (the list's length), whatever the job's size."""
+        return sorted(n for n in self._lost_list(generation) if 0 <= n < num_nodes)
+
+    def _lost_list(self, generation: int) -> set[int]:
+        count = self._store.counter(self._keys.lost_count(generation))
+        known = self._lost_read.setdefault(generation, {})
+        # An entry counted but not written yet (its writer is between the two requests)
+        # is read again on the next call.
+        missing = [i for i in range(1, count + 1) if known.get(i) is None]
+        if missing:
+            keys = [self._keys.lost_entry(generation, i) for i in missing]
+            for index, payload in zip(missing, self._store.multi_get(keys), strict=True):
+                known[index] = self._lost_entry(payload)
+        return {node for node in known.values() if node is not None}
+
+    @staticmethod
+    def _lost_entry(payload: bytes | None) -> int | None:
+        if payload is None:
+            return None
+        try:
+            return decode_int(payload, "entry of the lost-node list")
+        except ProtocolError as exc:
+            logger.error("refusing %s", exc)
+            return -1  # read once, and never a node rank
 
     # -- flapping nodes --
 

@@ -36,10 +36,12 @@ logger = logging.getLogger(__name__)
 
 POLL_S = 0.02
 # Only the agent in slot 1 of a round (and the one that fills it) checks the closing
-# rules every POLL_S; the others
-# look for the closed membership every FOLLOWER_POLL_S and check the rules themselves
-# only every BACKUP_CLOSE_S (in case slot 1 died), so a round's store traffic is
-# O(1) per agent per second, not O(N) reads of every slot on every poll of every agent.
+# rules every POLL_S; the others look for the closed membership every FOLLOWER_POLL_S
+# and check the rules themselves only every BACKUP_CLOSE_S, closing the round only if
+# it was already closable at their previous check (slot 1 died): a round's store
+# traffic is O(1) per agent per second, not O(N) reads of every slot on every poll of
+# every agent, and a full round is closed by its filler alone, not by every follower
+# whose check came before the filler's close.
 FOLLOWER_POLL_S = 0.1
 BACKUP_CLOSE_S = 1.0
 # A joiner takes its slot number and writes its slot a moment later.
@@ -141,9 +143,10 @@ class Rounds:
         # Slot 1, and the joiner that filled the round (it can close it at once).
         closer = slot == 1 or slot >= nodes.max_nodes
         next_check = self._clock.now() + (0.0 if closer else BACKUP_CLOSE_S)
+        closable_before = False  # a follower's previous check found the round closable
 
         def settled() -> bool:
-            nonlocal quorum_since, joined, next_check
+            nonlocal quorum_since, joined, next_check, closable_before
             self._ends.raise_if_aborted()
             if check_stop is not None:
                 check_stop()
@@ -170,8 +173,9 @@ class Rounds:
                     self._spec.rdzv.last_call_timeout,
                     self._survivors_in(target, joined, expected),
                 )
-                if size is not None:
+                if size is not None and (closer or closable_before):
                     self._try_close(target, size, member.node_id)
+                closable_before = size is not None
             return False
 
         poll = POLL_S if closer else FOLLOWER_POLL_S

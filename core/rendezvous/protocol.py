@@ -98,6 +98,14 @@ class StoreKeys:
     def lost(self, generation: int, node_rank: int) -> str:
         return f"{self.prefix}/r{generation}/lost/{node_rank}"
 
+    def lost_count(self, generation: int) -> str:
+        """How many entries the generation's list of lost nodes has."""
+        return f"{self.prefix}/r{generation}/lost_list"
+
+    def lost_entry(self, generation: int, index: int) -> str:
+        """Entry index (from 1) of that list: a node rank."""
+        return f"{self.prefix}/r{generation}/lost_list/{index}"
+
     def inventory(self, generation: int, node_rank: int) -> str:
         return f"{self.prefix}/r{generation}/inv/{node_rank}"
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from rtrain.agent.rendezvous.job import JobRendezvous
 from rtrain.agent.rendezvous.job_end import JobAborted, JobEnd
+from rtrain.agent.rendezvous.rounds import BACKUP_CLOSE_S
 from rtrain.core.errors import RendezvousTimeout, RtrainError, StoreUnavailable
 from rtrain.core.rendezvous.failures import FailureKind, FailureRecord
 from rtrain.core.rendezvous.protocol import AbortRecord, MemberInfo, Membership, StoreKeys
@@ -164,6 +165,36 @@ def test_only_the_first_reporter_claims_the_restart_and_the_first_declarer_the_l
     assert rdzv.ledger.lost_nodes(3, 3) == [1]
 
 
+def test_the_lost_nodes_of_a_big_job_are_one_request_while_none_is_lost(job) -> None:
+    rdzv, store, _ = job
+    store.calls.clear()
+    assert rdzv.ledger.lost_nodes(0, 2048) == []
+    assert sum(store.calls.values()) == 1
+    rdzv.ledger.mark_lost(0, 1500, by_node=7)
+    store.calls.clear()
+    assert rdzv.ledger.lost_nodes(0, 2048) == [1500]
+    assert sum(store.calls.values()) == 1  # the entry, once read, is kept
+
+
+def test_a_loss_whose_first_declarer_died_before_listing_it_is_listed_by_the_next(job) -> None:
+    rdzv, store, _ = job
+    store.plant(rdzv.keys.lost(2, 4), "0")  # node 0 marked it, then died
+    assert not rdzv.ledger.mark_lost(2, 4, by_node=1)
+    assert rdzv.ledger.lost_nodes(2, 8) == [4]
+
+
+def test_garbage_in_the_lost_list_is_refused(job, caplog) -> None:
+    rdzv, store, _ = job
+    store.plant(rdzv.keys.lost_count(1), "2")
+    store.plant(rdzv.keys.lost_entry(1, 1), "rm -rf")
+    store.plant(rdzv.keys.lost_entry(1, 2), "9")  # not a node of a 4-node job
+    assert rdzv.ledger.lost_nodes(1, 4) == []
+    assert "refusing entry of the lost-node list" in caplog.text
+    store.plant(rdzv.keys.lost_count(1), "many")
+    with pytest.raises(RtrainError, match="refusing the job's state"):
+        rdzv.ledger.lost_nodes(1, 4)
+
+
 def test_the_root_cause_is_charged_once_however_many_close(job) -> None:
     rdzv, _, _ = job
     rdzv.ledger.record_failure(record(0, 5.0, host="victim"))
@@ -217,3 +248,38 @@ def test_a_waiting_round_costs_each_agent_o1_requests_a_second() -> None:
     assert requests / 10.0 < 60, store.calls  # was 214 a second (all 64 slots each pass)
     # the slots were read once each, in one request per backup check at most
     assert store.calls["multi_get"] <= 11
+
+
+def _waiting_follower(clock: FakeClock) -> tuple[JobRendezvous, set[str]]:
+    """63 others in a round of up to 128; this node (id1) joins as slot 64, a follower;
+    every expected survivor is in once it has joined: the round is closable at once."""
+    store = FaultyStore(memory_store())
+    flags = ("--nnodes=2:128", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:29400")
+    rdzv = JobRendezvous.over(store, launch_spec(*flags), clock.clock)
+    for n in range(63):
+        other_joins(store, rdzv.keys, 0, member(100 + n))
+    return rdzv, {f"id{100 + n}" for n in range(63)} | {"id1"}
+
+
+def test_a_follower_closes_a_round_slot_1_left_closable_one_check_later() -> None:
+    clock = FakeClock()
+    rdzv, survivors = _waiting_follower(clock)  # slot 1 (id100) died after joining
+    membership = rdzv.rounds.join(member(1), expected=lambda: survivors)
+    assert len(membership.members) == 64
+    assert clock.slept == pytest.approx(2 * BACKUP_CLOSE_S, abs=0.2)
+
+
+def test_a_follower_leaves_the_closing_to_slot_1_while_it_lives() -> None:
+    clock = FakeClock()
+    rdzv, survivors = _waiting_follower(clock)
+    tries: list[str] = []
+    close = rdzv.rounds._try_close
+
+    def recorded(target: int, size: int, closer: str) -> None:
+        tries.append(closer)
+        close(target, size, closer)
+
+    rdzv.rounds._try_close = recorded  # type: ignore[method-assign]
+    clock.at(1.5, lambda: recorded(0, 64, "id100"))  # slot 1 closes between two checks
+    membership = rdzv.rounds.join(member(1), expected=lambda: survivors)
+    assert len(membership.members) == 64 and tries == ["id100"]
