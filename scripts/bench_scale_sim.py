@@ -12,7 +12,10 @@ coordination's own. Store requests are counted at each agent's client.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import functools
+import json
 import os
 import resource
 import subprocess
@@ -41,7 +44,21 @@ from rtrain.agent.store.opening import connect_store  # noqa: E402
 from rtrain.agent.store.torch_store import TorchKeyValueStore  # noqa: E402
 from rtrain.cli.launch_args import parse_launch_args  # noqa: E402
 from rtrain.core.config.launch_spec import LaunchSpec, build_launch_spec  # noqa: E402
-from rtrain.core.rendezvous.protocol import MemberInfo  # noqa: E402
+from rtrain.core.rendezvous.protocol import MemberInfo, Membership  # noqa: E402
+
+# Every simulated agent reads the same closed membership; decoding it is each real
+# agent's own CPU, spent in parallel on its own machine (13.5 ms at 2,048 members), but
+# 2,048 threads of one process would spend 28 s of one core on it. So identical
+# payloads are decoded once here: the store reads (bytes and requests) are unchanged.
+_decode_membership = Membership.decode.__func__  # type: ignore[attr-defined]
+
+
+@functools.lru_cache(maxsize=16)
+def _decoded_once(cls: type, payload: bytes | str, generation: int) -> Membership:
+    return _decode_membership(cls, payload, generation)  # type: ignore[no-any-return]
+
+
+Membership.decode = classmethod(_decoded_once)  # type: ignore[method-assign, assignment]
 
 WINDOW_S = float(os.environ.get("BENCH_SCALE_WINDOW_S", "10"))
 TIMEOUT_S = 5.0  # heartbeat timeout
@@ -53,18 +70,20 @@ class Requests:
 
     def __init__(self) -> None:
         self.count = 0
+        self.by_op: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
 
-    def add(self) -> None:
+    def add(self, op: str) -> None:
         with self._lock:
             self.count += 1
+            self.by_op[op] += 1
 
 
 class CountedTorchStore(TorchKeyValueStore):
     requests: Requests
 
     def _call(self, op: str, *args: Any) -> Any:
-        self.requests.add()
+        self.requests.add(op)
         return super()._call(op, *args)
 
 
@@ -72,7 +91,7 @@ class CountedEtcdClient(EtcdClient):
     requests: Requests
 
     def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        self.requests.add()
+        self.requests.add(path)
         return super().call(path, body)
 
     def copy(self) -> EtcdClient:
@@ -108,6 +127,7 @@ class SimAgent(threading.Thread):
         self.error: str | None = None
         self.leases: Leases | None = None
         self.ready = False
+        self._opened: tuple[JobRendezvous, Leases] | None = None
 
     def _open(self) -> tuple[JobRendezvous, Leases]:
         rdzv_spec, faults = self.spec.rdzv, self.spec.faults
@@ -143,6 +163,11 @@ class SimAgent(threading.Thread):
         )
         return rdzv, leases
 
+    def prepare(self) -> None:
+        """Open this agent's store connections (called one agent at a time: thousands
+        of connects at once overflow the server's accept queue)."""
+        self._opened = self._open()
+
     def run(self) -> None:
         try:
             self._run()
@@ -150,7 +175,8 @@ class SimAgent(threading.Thread):
             self.error = f"{type(exc).__name__}: {exc}"[:300]
 
     def _run(self) -> None:
-        rdzv, leases = self._open()
+        assert self._opened is not None, "prepare() first"
+        rdzv, leases = self._opened
         policy = FaultPolicy(rdzv, self.spec, self.member.addr, lambda: None)
         self.ready = True
         self.run_.opened.wait()
@@ -158,7 +184,7 @@ class SimAgent(threading.Thread):
         self.joined_at = time.time()
         rank = membership.node_rank_of(self.member.node_id)
         assert rank is not None
-        peers = leases.peers(0, [n for n in range(len(membership.members)) if n != rank])
+        peers = leases.peers(0, rank, len(membership.members))
         leases.hold(0, rank)
         while True:  # the running generation's store checks, at the agent's cadence
             if self.run_.victim is self:
@@ -234,8 +260,10 @@ def run_sim(
     agents = [SimAgent(i, spec, requests, run) for i in range(nodes)]
     result: dict[str, object] = {"backend": backend, "nodes": nodes}
     for agent in agents:
+        agent.prepare()
+    for agent in agents:
         agent.start()
-    _wait_all(agents, lambda a: a.ready, 300)  # every connection open before the clock
+    _wait_all(agents, lambda a: a.ready, 300)  # every agent waiting before the clock
     start = time.time()
     run.opened.set()
     _wait_all(agents, lambda a: a.joined_at is not None, 300)
@@ -246,9 +274,13 @@ def run_sim(
     result["generation0_s"] = round(max(a.joined_at for a in agents) - start, 3)  # type: ignore[type-var]
     time.sleep(2.0)  # leases taken, watches open
     before, cpu_before, t0 = requests.count, cpu_of(servers), time.monotonic()
+    ops_before = collections.Counter(requests.by_op)
     time.sleep(WINDOW_S)
     elapsed = time.monotonic() - t0
     result["requests_per_agent_s"] = round((requests.count - before) / elapsed / nodes, 2)
+    result["requests_per_agent_s_by_op"] = {
+        op: round(n / elapsed / nodes, 2) for op, n in (requests.by_op - ops_before).items()
+    }
     result["store_server_cpu_pct"] = round((cpu_of(servers) - cpu_before) / elapsed * 100, 1)
     run.victim = agents[-1]
     stopped = time.time()
@@ -271,9 +303,8 @@ def run_sim(
 
 
 def simulate(nodes_list: list[int], backends: list[str]) -> list[dict[str, object]]:
-    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    threading.stack_size(512 * 1024)
+    """Every size in a process of its own (one()), against servers started here: no
+    thread or connection of one size lingers into the next."""
     results: list[dict[str, object]] = []
     for backend in backends:
         server: subprocess.Popen[bytes] | None = None
@@ -284,13 +315,13 @@ def simulate(nodes_list: list[int], backends: list[str]) -> list[dict[str, objec
             )
             cluster.start()
             endpoint = cluster.endpoints
-            servers = [psutil.Process(cluster.pid(m)) for m in cluster.members]  # type: ignore[arg-type]
+            pids = [cluster.pid(m) for m in cluster.members]
         else:
             port = 29000 + os.getpid() % 1000
             server = store_server(port)
             wait_listening(port, 300.0)  # torch imports first
             endpoint = f"127.0.0.1:{port}"
-            servers = [psutil.Process(server.pid)]
+            pids = [server.pid]
         try:
             for nodes in nodes_list:
                 if backend == "etcd" and nodes > ETCD_MAX_AGENTS:
@@ -301,7 +332,7 @@ def simulate(nodes_list: list[int], backends: list[str]) -> list[dict[str, objec
                 print(
                     f"[bench_scale sim] {backend} with {nodes} agents", file=sys.stderr, flush=True
                 )
-                result = run_sim(backend, nodes, endpoint, servers)
+                result = _one_in_a_process(backend, nodes, endpoint, pids)
                 print(f"[bench_scale sim]   {result}", file=sys.stderr, flush=True)
                 results.append(result)
         finally:
@@ -310,3 +341,36 @@ def simulate(nodes_list: list[int], backends: list[str]) -> list[dict[str, objec
             if cluster is not None:
                 cluster.stop()
     return results
+
+
+def _one_in_a_process(
+    backend: str, nodes: int, endpoint: str, pids: list[Any]
+) -> dict[str, object]:
+    command = [sys.executable, __file__, backend, str(nodes), endpoint, *map(str, pids)]
+    try:
+        done = subprocess.run(command, stdout=subprocess.PIPE, text=True, timeout=1200)
+    except subprocess.TimeoutExpired:
+        return {"backend": backend, "nodes": nodes, "error": "the run took over 1200 s"}
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        return {"backend": backend, "nodes": nodes, "error": f"exit {done.returncode}"}
+    result: dict[str, object] = json.loads(lines[-1])
+    return result
+
+
+def one(argv: list[str]) -> None:
+    """One size: backend nodes endpoint server-pid...; prints its result as JSON."""
+    backend, nodes, endpoint, *pids = argv
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    threading.stack_size(512 * 1024)
+    servers = [psutil.Process(int(pid)) for pid in pids]
+    result = run_sim(backend, int(nodes), endpoint, servers)
+    print(json.dumps(result), flush=True)
+    # Thousands of daemon threads, some inside TCPStore's C++ calls: interpreter
+    # teardown under them aborts, so this process ends without it (all is flushed).
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    one(sys.argv[1:])
