@@ -39,7 +39,7 @@ class JobRendezvous:
     ) -> JobRendezvous:
         keys = StoreKeys(spec.rdzv.run_id)
         ledger = FailureLedger(store, keys, spec.faults.max_node_failures)
-        ends = JobEndRecords(store, keys)
+        ends = JobEndRecords(store, keys, clock)
         return cls(store, keys, Rounds(store, spec, ledger, ends, clock), ledger, ends)
 
     def history(self, generations: int) -> list[FailureRecord]:

@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 
 POLL_S = 0.02
 HOST_POLL_S = 0.2
+# The abort record is read at most this often: every loop checks it on every pass (a
+# waiting round at 20-100 ms), and an abort, the end of the job, can wait a second;
+# on TCPStore each read is a request to the one store of the whole job.
+ABORT_CHECK_S = 1.0
 
 logger = logging.getLogger(__name__)
 
@@ -40,10 +44,12 @@ class JobEndRecords:
     """The store's side of a job's end: per generation, the nodes done and exited; for
     the job, the abort record (first writer wins) and its acknowledgements."""
 
-    def __init__(self, store: KeyValueStore, keys: StoreKeys) -> None:
+    def __init__(self, store: KeyValueStore, keys: StoreKeys, clock: Clock = SYSTEM_CLOCK) -> None:
         self._abort_now: Callable[[], bytes | None] | None = None
         self._store = store
         self._keys = keys
+        self._clock = clock
+        self._next_abort_read = float("-inf")
 
     def mark_done(self, generation: int) -> None:
         increment(self._store, self._keys.done(generation))
@@ -77,8 +83,11 @@ class JobEndRecords:
             raise RendezvousError(f"refusing the job's abort key in the store: {exc}") from None
 
     def raise_if_aborted(self) -> None:
-        """Checked on every pass of every loop: read through the store's watch of the
-        abort key where it has one (etcd), so the check costs no store traffic."""
+        """Checked on every pass of every loop, read at most every ABORT_CHECK_S: through
+        the store's watch of the abort key where it has one (etcd: no store traffic)."""
+        if self._clock.now() < self._next_abort_read:
+            return
+        self._next_abort_read = self._clock.now() + ABORT_CHECK_S
         if self._abort_now is None:
             self._abort_now = self._store.follow(self._keys.abort)
         if self._abort_now() is not None:

@@ -44,6 +44,7 @@ POLL_S = 0.02
 # whose check came before the filler's close.
 FOLLOWER_POLL_S = 0.1
 BACKUP_CLOSE_S = 1.0
+WAITING_CHECK_S = 1.0
 # A joiner takes its slot number and writes its slot a moment later.
 SLOT_WRITE_GRACE_S = 5.0
 
@@ -72,6 +73,7 @@ class Rounds:
         # watches where it has them (etcd): no store traffic per check.
         self._round_now: Callable[[], bytes | None] | None = None
         self._waiting: tuple[int, Callable[[], bytes | None]] | None = None
+        self._waiting_seen: tuple[int, float] = (0, float("-inf"))  # count, next read
         self._slot_ids: dict[int, dict[int, str]] = {}
 
     # -- the round counter --
@@ -96,10 +98,17 @@ class Rounds:
         return decode_counter(payload, "round counter") > generation
 
     def waiting_nodes(self, generation: int) -> int:
-        """Agents that joined the next round while this generation runs."""
+        """Agents that joined the next round while this generation runs; read at most
+        every WAITING_CHECK_S (a node waiting to be admitted can wait a second)."""
+        now = self._clock.now()
         if self._waiting is None or self._waiting[0] != generation:
             self._waiting = (generation, self._store.follow(self._keys.joins(generation + 1)))
-        return decode_counter(self._waiting[1](), "join counter")
+            self._waiting_seen = (0, float("-inf"))
+        count, next_read = self._waiting_seen
+        if now >= next_read:
+            count = decode_counter(self._waiting[1](), "join counter")
+            self._waiting_seen = (count, now + WAITING_CHECK_S)
+        return count
 
     # -- joining --
 

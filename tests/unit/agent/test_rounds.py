@@ -283,3 +283,19 @@ def test_a_follower_leaves_the_closing_to_slot_1_while_it_lives() -> None:
     clock.at(1.5, lambda: recorded(0, 64, "id100"))  # slot 1 closes between two checks
     membership = rdzv.rounds.join(member(1), expected=lambda: survivors)
     assert len(membership.members) == 64 and tries == ["id100"]
+
+
+def test_the_abort_record_and_the_nodes_waiting_are_read_once_a_second(job) -> None:
+    rdzv, store, clock = job
+    store.calls.clear()
+    for _ in range(50):  # 50 passes of a 20 ms loop: one second
+        rdzv.ends.raise_if_aborted()
+        assert rdzv.rounds.waiting_nodes(0) == 0
+        clock.sleep(0.02)
+    assert sum(store.calls.values()) == 2, store.calls
+    other_joins(store, rdzv.keys, 1, member(3))  # a node waits; the abort comes
+    rdzv.ends.abort(AbortRecord(0, 1, "restarts exhausted", 1))
+    clock.sleep(0.02)
+    assert rdzv.rounds.waiting_nodes(0) == 1
+    with pytest.raises(JobAborted):
+        rdzv.ends.raise_if_aborted()
