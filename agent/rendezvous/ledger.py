@@ -1,19 +1,23 @@
 """FailureLedger: what failed in each generation, who was charged, who is excluded.
 
 Failure records per (generation, node), the first-reporter restart claim, lost-node
-marks (first declarer wins) with a list of them that is read in one request while it
-is empty, and each node address's failure count, which excludes a flapping node at
---max-node-failures.
+marks (first declarer wins), and each node address's failure count, which excludes a
+flapping node at --max-node-failures. Who lost a node, who reported a failure and who
+was ever charged one are also kept as StoreLists, so that a reader of a big job that
+is mostly healthy pays one request, not one per node.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable, Collection
 
 from ...core.errors import RtrainError
 from ...core.rendezvous.failures import FailureKind, FailureRecord, RecordError, root_cause_first
 from ...core.rendezvous.protocol import ProtocolError, StoreKeys, decode_int
 from ..store.kv import KeyValueStore, decode_counter, increment, wrote
+from .store_list import StoreList
 
 logger = logging.getLogger(__name__)
 
@@ -23,9 +27,39 @@ class FailureLedger:
         self._store = store
         self._keys = keys
         self._limit = max_node_failures
-        # Entries of the lost lists read so far, per generation: an entry once written
-        # never changes, so each is read once.
-        self._lost_read: dict[int, dict[int, int | None]] = {}
+        self._lists: dict[str, StoreList] = {}  # kept: each keeps the entries it read
+        self._refused: set[str] = set()
+        self._failed_addrs = self._list(keys.failed_addrs_count, keys.failed_addr)
+
+    def _list(self, count_key: str, entry_key: Callable[[int], str]) -> StoreList:
+        if count_key not in self._lists:
+            self._lists[count_key] = StoreList(self._store, count_key, entry_key)
+        return self._lists[count_key]
+
+    def _lost(self, generation: int) -> StoreList:
+        return self._list(
+            self._keys.lost_count(generation), functools.partial(self._keys.lost_entry, generation)
+        )
+
+    def _reporters(self, generation: int) -> StoreList:
+        return self._list(
+            self._keys.reporters_count(generation),
+            functools.partial(self._keys.reporter, generation),
+        )
+
+    def _nodes_in(self, entries: StoreList, num_nodes: int, what: str) -> list[int]:
+        nodes: set[int] = set()
+        for entry in entries.entries():
+            try:
+                node = decode_int(entry.encode(), what)
+            except ProtocolError as exc:
+                if entry not in self._refused:  # once, not on every read of the list
+                    self._refused.add(entry)
+                    logger.error("refusing %s", exc)
+                continue
+            if 0 <= node < num_nodes:
+                nodes.add(node)
+        return sorted(nodes)
 
     # -- records --
 
@@ -35,20 +69,25 @@ class FailureLedger:
         self._store.set(
             self._keys.failure(record.generation, record.node_rank, index), record.encode()
         )
+        if index == 1:
+            self._reporters(record.generation).append(str(record.node_rank))
 
     def failures(self, generation: int, num_nodes: int) -> list[FailureRecord]:
-        """Every node's records of `generation`, in two requests whatever the job's size
-        (every count, then every record), not two per node."""
-        count_keys = [self._keys.failure_count(generation, n) for n in range(num_nodes)]
+        """Every node's records of `generation`: the nodes that reported (one request while
+        none did), their counts, then their records; not two requests per node."""
+        nodes = self._nodes_in(self._reporters(generation), num_nodes, "entry of the reporters")
+        if not nodes:
+            return []
+        count_keys = [self._keys.failure_count(generation, n) for n in nodes]
         counts = [
             decode_counter(payload, key)
             for key, payload in zip(count_keys, self._store.multi_get(count_keys), strict=True)
         ]
-        owners = [n for n in range(num_nodes) for _ in range(counts[n])]
+        owners = [n for n, count in zip(nodes, counts, strict=True) for _ in range(count)]
         keys = [
             self._keys.failure(generation, n, i)
-            for n in range(num_nodes)
-            for i in range(1, counts[n] + 1)
+            for n, count in zip(nodes, counts, strict=True)
+            for i in range(1, count + 1)
         ]
         records: list[FailureRecord] = []
         for node, payload in zip(owners, self._store.multi_get(keys), strict=True):
@@ -94,43 +133,22 @@ class FailureLedger:
         first declarer that died between its mark and its entry leaves no loss unlisted
         (an entry twice is harmless: the list is read as a set)."""
         first = wrote(self._store, self._keys.lost(generation, node_rank), str(by_node))
-        if node_rank not in self._lost_list(generation):
-            index = increment(self._store, self._keys.lost_count(generation))
-            self._store.set(self._keys.lost_entry(generation, index), str(node_rank))
-            self._lost_read.setdefault(generation, {})[index] = node_rank
+        if node_rank not in self.lost_nodes(generation, node_rank + 1):
+            self._lost(generation).append(str(node_rank))
         return first
 
     def lost_nodes(self, generation: int, num_nodes: int) -> list[int]:
         """The node ranks declared lost in the generation, in ascending order: one request
-        while none is (the list's length), whatever the job's size."""
-        return sorted(n for n in self._lost_list(generation) if 0 <= n < num_nodes)
-
-    def _lost_list(self, generation: int) -> set[int]:
-        count = self._store.counter(self._keys.lost_count(generation))
-        known = self._lost_read.setdefault(generation, {})
-        # An entry counted but not written yet (its writer is between the two requests)
-        # is read again on the next call.
-        missing = [i for i in range(1, count + 1) if known.get(i) is None]
-        if missing:
-            keys = [self._keys.lost_entry(generation, i) for i in missing]
-            for index, payload in zip(missing, self._store.multi_get(keys), strict=True):
-                known[index] = self._lost_entry(payload)
-        return {node for node in known.values() if node is not None}
-
-    @staticmethod
-    def _lost_entry(payload: bytes | None) -> int | None:
-        if payload is None:
-            return None
-        try:
-            return decode_int(payload, "entry of the lost-node list")
-        except ProtocolError as exc:
-            logger.error("refusing %s", exc)
-            return -1  # read once, and never a node rank
+        while none is, whatever the job's size."""
+        return self._nodes_in(self._lost(generation), num_nodes, "entry of the lost-node list")
 
     # -- flapping nodes --
 
     def count_node_failure(self, addr: str) -> int:
-        return increment(self._store, self._keys.node_failures(addr))
+        count = increment(self._store, self._keys.node_failures(addr))
+        if count == 1:
+            self._failed_addrs.append(addr)
+        return count
 
     def node_failures(self, addr: str) -> int:
         return self._store.counter(self._keys.node_failures(addr))
@@ -138,6 +156,21 @@ class FailureLedger:
     def is_excluded(self, addr: str) -> bool:
         """A flapping node: charged --max-node-failures failures (0 means never excluded)."""
         return self._limit > 0 and self.node_failures(addr) >= self._limit
+
+    def excluded(self, addrs: Collection[str]) -> set[str]:
+        """Which of addrs are excluded: one request while no node was ever charged a
+        failure, two otherwise, however many addresses (a round's closer asks for all)."""
+        if self._limit <= 0:
+            return set()
+        failed = sorted(set(self._failed_addrs.entries()) & set(addrs))
+        if not failed:
+            return set()
+        keys = [self._keys.node_failures(addr) for addr in failed]
+        return {
+            addr
+            for addr, key, payload in zip(failed, keys, self._store.multi_get(keys), strict=True)
+            if decode_counter(payload, key) >= self._limit
+        }
 
     def raise_if_excluded(self, addr: str) -> None:
         if self.is_excluded(addr):

@@ -248,10 +248,12 @@ class Rounds:
             except ProtocolError as exc:
                 logger.error("refusing slot %d of round %d: %s", slot, target, exc)
                 continue
-            if self._ledger.is_excluded(member.addr):
-                logger.warning("leaving out %s: excluded for failing too often", member.addr)
-                continue
             members.append(member)
+        # Every address at once, not a request per member.
+        excluded = self._ledger.excluded([m.addr for m in members])
+        for addr in sorted(excluded):
+            logger.warning("leaving out %s: excluded for failing too often", addr)
+        members = [m for m in members if m.addr not in excluded]
         if len(members) < self._spec.nodes.min_nodes:
             return
         static = self._spec.rdzv.backend == "static"

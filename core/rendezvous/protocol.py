@@ -75,6 +75,13 @@ class StoreKeys:
     def failure_count(self, generation: int, node_rank: int) -> str:
         return f"{self.prefix}/r{generation}/fail/{node_rank}/count"
 
+    def reporters_count(self, generation: int) -> str:
+        """How many entries the list of nodes with failure records has."""
+        return f"{self.prefix}/r{generation}/reporters"
+
+    def reporter(self, generation: int, index: int) -> str:
+        return f"{self.prefix}/r{generation}/reporters/{index}"
+
     def restart_claim(self, generation: int) -> str:
         return f"{self.prefix}/r{generation}/restart_claim"
 
@@ -127,6 +134,14 @@ class StoreKeys:
 
     def node_failures(self, addr: str) -> str:
         return f"{self.prefix}/node_failures/{addr}"
+
+    @property
+    def failed_addrs_count(self) -> str:
+        """How many entries the list of addresses ever charged a failure has."""
+        return f"{self.prefix}/failed_addrs"
+
+    def failed_addr(self, index: int) -> str:
+        return f"{self.prefix}/failed_addrs/{index}"
 
 
 @dataclass(frozen=True)

@@ -299,3 +299,22 @@ def test_the_abort_record_and_the_nodes_waiting_are_read_once_a_second(job) -> N
     assert rdzv.rounds.waiting_nodes(0) == 1
     with pytest.raises(JobAborted):
         rdzv.ends.raise_if_aborted()
+
+
+def test_a_healthy_big_job_reads_its_failures_and_exclusions_in_one_request_each() -> None:
+    clock = FakeClock()
+    store = FaultyStore(memory_store())
+    flags = ("--nnodes=2:2048", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:29400")
+    rdzv = JobRendezvous.over(store, launch_spec(*flags, "--max-node-failures=2"), clock.clock)
+    addrs = [f"10.0.{n >> 8}.{n & 255}" for n in range(2048)]
+    store.calls.clear()
+    assert rdzv.ledger.failures(0, 2048) == [] and rdzv.ledger.excluded(addrs) == set()
+    assert sum(store.calls.values()) == 2, store.calls
+    rdzv.ledger.count_node_failure(addrs[7])
+    rdzv.ledger.count_node_failure(addrs[7])
+    rdzv.ledger.count_node_failure(addrs[9])
+    rdzv.ledger.record_failure(record(1500, 3.0))
+    store.calls.clear()
+    assert rdzv.ledger.excluded(addrs) == {addrs[7]}
+    assert [r.node_rank for r in rdzv.ledger.failures(0, 2048)] == [1500]
+    assert sum(store.calls.values()) <= 2 + 3, store.calls  # entries kept once read
