@@ -13,6 +13,7 @@ coordination's own. Store requests are counted at each agent's client.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import functools
 import json
@@ -60,6 +61,7 @@ def _decoded_once(cls: type, payload: bytes | str, generation: int) -> Membershi
 
 Membership.decode = classmethod(_decoded_once)  # type: ignore[method-assign, assignment]
 
+CONNECTS_AT_ONCE = 16
 WINDOW_S = float(os.environ.get("BENCH_SCALE_WINDOW_S", "10"))
 TIMEOUT_S = 5.0  # heartbeat timeout
 ETCD_MAX_AGENTS = int(os.environ.get("BENCH_SCALE_ETCD_MAX", "1024"))
@@ -164,8 +166,7 @@ class SimAgent(threading.Thread):
         return rdzv, leases
 
     def prepare(self) -> None:
-        """Open this agent's store connections (called one agent at a time: thousands
-        of connects at once overflow the server's accept queue)."""
+        """Open this agent's store connections, before the clock starts."""
         self._opened = self._open()
 
     def run(self) -> None:
@@ -259,8 +260,18 @@ def run_sim(
     run = SimRun()
     agents = [SimAgent(i, spec, requests, run) for i in range(nodes)]
     result: dict[str, object] = {"backend": backend, "nodes": nodes}
-    for agent in agents:
-        agent.prepare()
+    # A few connects at a time: thousands at once overflow the server's accept queue,
+    # one at a time waits out each connect's reverse name lookup (no DNS here).
+    opened_at = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(CONNECTS_AT_ONCE) as pool:
+        for done, _ in enumerate(pool.map(SimAgent.prepare, agents), 1):
+            if done % 256 == 0:
+                print(f"[bench_scale sim]   {done} agents connected", file=sys.stderr, flush=True)
+    print(
+        f"[bench_scale sim]   connections open in {time.monotonic() - opened_at:.0f} s",
+        file=sys.stderr,
+        flush=True,
+    )
     for agent in agents:
         agent.start()
     _wait_all(agents, lambda a: a.ready, 300)  # every agent waiting before the clock
@@ -305,6 +316,11 @@ def run_sim(
 def simulate(nodes_list: list[int], backends: list[str]) -> list[dict[str, object]]:
     """Every size in a process of its own (one()), against servers started here: no
     thread or connection of one size lingers into the next."""
+    # No DNS answers on this machine, and TCPStore looks up the name of every
+    # connection's peer for a log line: each lookup waited out glibc's 5 s timeout and,
+    # in the server, held every other client's requests for as long (measured: one
+    # connect in 25 stalled 5 s). One second, one try, for the server and the agents.
+    os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
     results: list[dict[str, object]] = []
     for backend in backends:
         server: subprocess.Popen[bytes] | None = None

@@ -37,13 +37,17 @@ logger = logging.getLogger(__name__)
 POLL_S = 0.02
 # Only the agent in slot 1 of a round (and the one that fills it) checks the closing
 # rules every POLL_S; the others look for the closed membership every FOLLOWER_POLL_S
-# and check the rules themselves only every BACKUP_CLOSE_S, closing the round only if
-# it was already closable at their previous check (slot 1 died): a round's store
-# traffic is O(1) per agent per second, not O(N) reads of every slot on every poll of
-# every agent, and a full round is closed by its filler alone, not by every follower
-# whose check came before the filler's close.
-FOLLOWER_POLL_S = 0.1
+# and check the rules themselves only every BACKUP_CLOSE_S, so a round's store traffic
+# is O(1) per agent per second, not O(N) reads of every slot on every poll of every
+# agent. A follower closes the round only once it has found it closable for a while
+# (slot 1 died): slots 2 to 1 + BACKUP_CLOSERS after BACKUP_CLOSE_S, every other after
+# LAST_RESORT_CLOSE_S. A full round is then closed by its filler alone, not by every
+# follower whose check came before the filler's close (at 1,024 nodes, hundreds of
+# followers each read and decoded every slot at once).
+FOLLOWER_POLL_S = 0.25
 BACKUP_CLOSE_S = 1.0
+BACKUP_CLOSERS = 3
+LAST_RESORT_CLOSE_S = 10.0
 WAITING_CHECK_S = 1.0
 # A joiner takes its slot number and writes its slot a moment later.
 SLOT_WRITE_GRACE_S = 5.0
@@ -152,10 +156,11 @@ class Rounds:
         # Slot 1, and the joiner that filled the round (it can close it at once).
         closer = slot == 1 or slot >= nodes.max_nodes
         next_check = self._clock.now() + (0.0 if closer else BACKUP_CLOSE_S)
-        closable_before = False  # a follower's previous check found the round closable
+        closable_since: float | None = None  # when a follower first found it closable
+        patience = BACKUP_CLOSE_S if slot <= 1 + BACKUP_CLOSERS else LAST_RESORT_CLOSE_S
 
         def settled() -> bool:
-            nonlocal quorum_since, joined, next_check, closable_before
+            nonlocal quorum_since, joined, next_check, closable_since
             self._ends.raise_if_aborted()
             if check_stop is not None:
                 check_stop()
@@ -182,9 +187,12 @@ class Rounds:
                     self._spec.rdzv.last_call_timeout,
                     self._survivors_in(target, joined, expected),
                 )
-                if size is not None and (closer or closable_before):
-                    self._try_close(target, size, member.node_id)
-                closable_before = size is not None
+                if size is None:
+                    closable_since = None
+                else:
+                    closable_since = now if closable_since is None else closable_since
+                    if closer or now - closable_since >= patience:
+                        self._try_close(target, size, member.node_id)
             return False
 
         poll = POLL_S if closer else FOLLOWER_POLL_S

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from rtrain.agent.rendezvous.job import JobRendezvous
 from rtrain.agent.rendezvous.job_end import JobAborted, JobEnd
-from rtrain.agent.rendezvous.rounds import BACKUP_CLOSE_S
+from rtrain.agent.rendezvous.rounds import BACKUP_CLOSE_S, LAST_RESORT_CLOSE_S
 from rtrain.core.errors import RendezvousTimeout, RtrainError, StoreUnavailable
 from rtrain.core.rendezvous.failures import FailureKind, FailureRecord
 from rtrain.core.rendezvous.protocol import AbortRecord, MemberInfo, Membership, StoreKeys
@@ -261,12 +261,23 @@ def _waiting_follower(clock: FakeClock) -> tuple[JobRendezvous, set[str]]:
     return rdzv, {f"id{100 + n}" for n in range(63)} | {"id1"}
 
 
-def test_a_follower_closes_a_round_slot_1_left_closable_one_check_later() -> None:
+def test_a_late_follower_closes_a_round_slot_1_left_closable_as_a_last_resort() -> None:
     clock = FakeClock()
-    rdzv, survivors = _waiting_follower(clock)  # slot 1 (id100) died after joining
+    rdzv, survivors = _waiting_follower(clock)  # slots 1-4 died after joining
     membership = rdzv.rounds.join(member(1), expected=lambda: survivors)
     assert len(membership.members) == 64
-    assert clock.slept == pytest.approx(2 * BACKUP_CLOSE_S, abs=0.2)
+    assert clock.slept == pytest.approx(BACKUP_CLOSE_S + LAST_RESORT_CLOSE_S, abs=0.3)
+
+
+def test_slot_2_closes_a_round_slot_1_left_closable_one_check_later() -> None:
+    clock = FakeClock()
+    store = FaultyStore(memory_store())
+    flags = ("--nnodes=2:128", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:29400")
+    rdzv = JobRendezvous.over(store, launch_spec(*flags), clock.clock)
+    other_joins(store, rdzv.keys, 0, member(100))  # slot 1, then it died
+    membership = rdzv.rounds.join(member(1), expected=lambda: {"id100", "id1"})
+    assert len(membership.members) == 2
+    assert clock.slept == pytest.approx(2 * BACKUP_CLOSE_S, abs=0.3)
 
 
 def test_a_follower_leaves_the_closing_to_slot_1_while_it_lives() -> None:
