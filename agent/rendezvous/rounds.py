@@ -41,13 +41,15 @@ POLL_S = 0.02
 # is O(1) per agent per second, not O(N) reads of every slot on every poll of every
 # agent. A follower closes the round only once it has found it closable for a while
 # (slot 1 died): slots 2 to 1 + BACKUP_CLOSERS after BACKUP_CLOSE_S, every other after
-# LAST_RESORT_CLOSE_S. A full round is then closed by its filler alone, not by every
-# follower whose check came before the filler's close (at 1,024 nodes, hundreds of
-# followers each read and decoded every slot at once).
+# LAST_RESORT_CLOSE_S plus up to LAST_RESORT_GROUPS seconds by slot. A full round is
+# then closed by its filler alone, not by every follower whose check came before the
+# filler's close (at 1,024 nodes, hundreds of followers each read and decoded every
+# slot at once).
 FOLLOWER_POLL_S = 0.25
 BACKUP_CLOSE_S = 1.0
 BACKUP_CLOSERS = 3
 LAST_RESORT_CLOSE_S = 10.0
+LAST_RESORT_GROUPS = 32
 WAITING_CHECK_S = 1.0
 # A joiner takes its slot number and writes its slot a moment later.
 SLOT_WRITE_GRACE_S = 5.0
@@ -157,7 +159,13 @@ class Rounds:
         closer = slot == 1 or slot >= nodes.max_nodes
         next_check = self._clock.now() + (0.0 if closer else BACKUP_CLOSE_S)
         closable_since: float | None = None  # when a follower first found it closable
-        patience = BACKUP_CLOSE_S if slot <= 1 + BACKUP_CLOSERS else LAST_RESORT_CLOSE_S
+        # The last resorts are spread over LAST_RESORT_GROUPS seconds by slot, so that
+        # they do not all read every slot from the store in the same second.
+        patience = (
+            BACKUP_CLOSE_S
+            if slot <= 1 + BACKUP_CLOSERS
+            else LAST_RESORT_CLOSE_S + (slot % LAST_RESORT_GROUPS) * BACKUP_CLOSE_S
+        )
 
         def settled() -> bool:
             nonlocal quorum_since, joined, next_check, closable_since
