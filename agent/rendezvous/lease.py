@@ -72,11 +72,13 @@ class StoreLeases:
         keys: StoreKeys,
         timeout: float,
         interval: float,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
         self._keys = keys
         self._timeout = timeout
         self._interval = interval
+        self._clock = clock
         self._keeper = LeaseKeeper(connect, keys, interval)
 
     def hold(self, generation: int, node_rank: int) -> None:
@@ -93,7 +95,7 @@ class StoreLeases:
         # whoever finds one expired records it in the ledger for everyone.
         watched = watched_peers(node_rank, num_nodes)
         return PeerLeases(
-            self._store, self._keys, generation, watched, self._timeout, self._interval
+            self._store, self._keys, generation, watched, self._timeout, self._interval, self._clock
         )
 
     def close(self) -> None:
@@ -190,6 +192,11 @@ class PeerLeases:
             # Not trusted: counts as not renewed, so garbage cannot keep a dead node alive.
             logger.error("refusing %s", exc)
             return None
+
+    @property
+    def watched(self) -> list[int]:
+        """The node ranks whose leases this watch reads."""
+        return list(self._peers)
 
     def forget(self, node: int) -> None:
         if node in self._peers:

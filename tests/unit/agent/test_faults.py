@@ -9,7 +9,7 @@ import pytest
 from rtrain.agent.faults import FaultPolicy
 from rtrain.agent.generation import Generation, Joined
 from rtrain.agent.rendezvous.job import JobRendezvous
-from rtrain.agent.rendezvous.lease import PeerLeases
+from rtrain.agent.rendezvous.lease import PeerLeases, StoreLeases
 from rtrain.core.rendezvous.failures import FailureKind, FailureRecord
 from rtrain.core.rendezvous.protocol import MemberInfo, Membership
 
@@ -176,3 +176,28 @@ def test_watching_the_peers_leases_is_one_request_however_many_peers() -> None:
     job.store.calls.clear()
     assert peers.stale() == []
     assert job.store.calls == {"multi_get": 1}
+
+
+def test_in_a_big_job_a_loss_found_by_its_watchers_reaches_every_node() -> None:
+    """Node 0 of 12 does not watch node 3; node 2 does. Node 3 stops renewing: node 2
+    declares it, and node 0's survivors for the next round leave it out."""
+    job = Job()
+    members = [MemberInfo(f"id{n}", f"10.0.0.{n}", 1) for n in range(12)]
+    membership = Membership(0, members)
+    leases = StoreLeases(job.store, lambda: job.store, job.rdzv.keys, 5.0, 1.0, job.clock.now)
+    watch_0, watch_2 = leases.peers(0, 0, 12), leases.peers(0, 2, 12)
+    assert 3 not in watch_0.watched and 3 in watch_2.watched
+    for node in range(12):
+        if node != 3:
+            job.keep_renewing(node)
+    job.renew(3, 1)
+    as_node_2 = FaultPolicy(job.rdzv, job.spec, "10.0.0.2", lambda: None, job.clock.clock)
+    alive = job.policy.survivors(Joined(membership, 0, watch_0))
+    assert alive is not None
+    declared = False
+    for _ in range(80):  # 8 s, checked every 0.1 s, as the agents do
+        assert not job.policy.check_leases(membership, 0, watch_0)
+        declared = declared or as_node_2.check_leases(membership, 2, watch_2)
+        job.clock.sleep(0.1)
+    assert declared and job.rdzv.ledger.lost_nodes(0, 12) == [3]
+    assert alive() == {f"id{n}" for n in range(12) if n != 3}
