@@ -47,19 +47,21 @@ from rtrain.cli.launch_args import parse_launch_args  # noqa: E402
 from rtrain.core.config.launch_spec import LaunchSpec, build_launch_spec  # noqa: E402
 from rtrain.core.rendezvous.protocol import MemberInfo, Membership  # noqa: E402
 
-# Every simulated agent reads the same closed membership; decoding it is each real
-# agent's own CPU, spent in parallel on its own machine (13.5 ms at 2,048 members), but
-# 2,048 threads of one process would spend 28 s of one core on it. So identical
-# payloads are decoded once here: the store reads (bytes and requests) are unchanged.
-_decode_membership = Membership.decode.__func__  # type: ignore[attr-defined]
 
+def decode_memberships_once() -> None:
+    """Every simulated agent reads the same closed membership; decoding it is each real
+    agent's own CPU, spent in parallel on its own machine (13.5 ms at 2,048 members), but
+    2,048 threads of one process would spend 28 s of one core on it. So, in the process
+    of one size only (one()), identical payloads are decoded once: the store reads
+    (bytes and requests) are unchanged."""
+    decode = Membership.decode.__func__  # type: ignore[attr-defined]
 
-@functools.lru_cache(maxsize=16)
-def _decoded_once(cls: type, payload: bytes | str, generation: int) -> Membership:
-    return _decode_membership(cls, payload, generation)  # type: ignore[no-any-return]
+    @functools.lru_cache(maxsize=16)
+    def decoded_once(cls: type, payload: bytes | str, generation: int) -> Membership:
+        return decode(cls, payload, generation)  # type: ignore[no-any-return]
 
+    Membership.decode = classmethod(decoded_once)  # type: ignore[method-assign, assignment]
 
-Membership.decode = classmethod(_decoded_once)  # type: ignore[method-assign, assignment]
 
 CONNECTS_AT_ONCE = 16
 WINDOW_S = float(os.environ.get("BENCH_SCALE_WINDOW_S", "10"))
@@ -381,6 +383,7 @@ def one(argv: list[str]) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     threading.stack_size(512 * 1024)
     servers = [psutil.Process(int(pid)) for pid in pids]
+    decode_memberships_once()
     result = run_sim(backend, int(nodes), endpoint, servers)
     print(json.dumps(result), flush=True)
     # Thousands of daemon threads, some inside TCPStore's C++ calls: interpreter
