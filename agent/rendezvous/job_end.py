@@ -70,8 +70,12 @@ class JobEndRecords:
         return self._store.counter(self._keys.abort_acks)
 
     def abort(self, record: AbortRecord) -> bool:
-        """Write the abort record unless one exists; True if this call wrote it."""
-        return wrote(self._store, self._keys.abort, record.encode())
+        """Write the abort record unless one exists; True if this call wrote it. The
+        generation's news wakes its members, who would otherwise read the record only
+        on their next sweep."""
+        first = wrote(self._store, self._keys.abort, record.encode())
+        self._store.set(self._keys.news(record.generation), "abort")
+        return first
 
     def read_abort(self) -> AbortRecord | None:
         payload = self._store.get(self._keys.abort)

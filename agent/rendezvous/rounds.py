@@ -36,15 +36,15 @@ logger = logging.getLogger(__name__)
 
 POLL_S = 0.02
 # Only the agent in slot 1 of a round (and the one that fills it) checks the closing
-# rules every POLL_S; the others look for the closed membership every FOLLOWER_POLL_S
-# and check the rules themselves only every BACKUP_CLOSE_S, so a round's store traffic
-# is O(1) per agent per second, not O(N) reads of every slot on every poll of every
-# agent. A follower closes the round only once it has found it closable for a while
-# (slot 1 died): slots 2 to 1 + BACKUP_CLOSERS after BACKUP_CLOSE_S, every other after
-# LAST_RESORT_CLOSE_S plus up to LAST_RESORT_GROUPS seconds by slot. A full round is
-# then closed by its filler alone, not by every follower whose check came before the
-# filler's close (at 1,024 nodes, hundreds of followers each read and decoded every
-# slot at once).
+# rules every POLL_S. The others learn that the round closed from a wait on its closed
+# key (KeyValueStore.notice: no request per check on TCPStore or etcd) and look at the
+# rules themselves only in case slot 1 died: slots 2 to 1 + BACKUP_CLOSERS every
+# BACKUP_CLOSE_S, every other slot only from LAST_RESORT_CLOSE_S on, plus up to
+# LAST_RESORT_GROUPS seconds by slot. A follower closes the round once it has found it
+# closable for BACKUP_CLOSE_S. So a round's store traffic is O(1) per agent per second,
+# and a full round is closed by its filler alone, not by every follower whose check
+# came before the filler's close (at 1,024 nodes, hundreds of followers each read and
+# decoded every slot at once).
 FOLLOWER_POLL_S = 0.25
 BACKUP_CLOSE_S = 1.0
 BACKUP_CLOSERS = 3
@@ -94,6 +94,13 @@ class Rounds:
     def open_next_round(self, generation: int) -> None:
         """Advance the job from `generation` to the next one (idempotent across agents)."""
         self._store.compare_set(self._keys.round, str(generation), str(generation + 1))
+        self._store.set(self._keys.news(generation), "round")
+
+    def news(self, generation: int) -> Callable[[], bool]:
+        """Whether the generation's news key is set (StoreKeys.news): a running
+        generation checks it every pass and reads the round, the abort record and the
+        waiting nodes only once it is set, or on a slow sweep."""
+        return self._store.notice(self._keys.news(generation))
 
     def round_moved_past(self, generation: int) -> bool:
         if self._round_now is None:
@@ -135,12 +142,21 @@ class Rounds:
             target = current + 1 if self._store.exists(self._keys.closed(current)) else current
             slot = increment(self._store, self._keys.joins(target))
             self._store.set(self._keys.slot(target, slot), member.encode())
+            if target > current:
+                self._announce_waiting(current)
             logger.info("joined round %d as slot %d (this node: %s)", target, slot, member.addr)
             membership = self._await_close(target, slot, member, deadline, check_stop, expected)
             if membership is not None:
                 return membership
             self._ledger.raise_if_excluded(member.addr)
             logger.info("round %d closed without this node; waiting for the next", target)
+
+    def _announce_waiting(self, running: int) -> None:
+        """Wake the running generation's members if they have room to admit this node;
+        with none (hot spares at max_nodes) they are left alone, not polling for it."""
+        membership = self.closed_membership(running)
+        if membership is not None and len(membership.members) < self._spec.nodes.max_nodes:
+            self._store.set(self._keys.news(running), "waiting")
 
     def _await_close(
         self,
@@ -157,22 +173,27 @@ class Rounds:
         joined = 0
         # Slot 1, and the joiner that filled the round (it can close it at once).
         closer = slot == 1 or slot >= nodes.max_nodes
-        next_check = self._clock.now() + (0.0 if closer else BACKUP_CLOSE_S)
-        closable_since: float | None = None  # when a follower first found it closable
-        # The last resorts are spread over LAST_RESORT_GROUPS seconds by slot, so that
-        # they do not all read every slot from the store in the same second.
-        patience = (
-            BACKUP_CLOSE_S
-            if slot <= 1 + BACKUP_CLOSERS
+        backup = not closer and slot <= 1 + BACKUP_CLOSERS
+        # A last resort first looks at the closing rules after LAST_RESORT_CLOSE_S, spread
+        # over LAST_RESORT_GROUPS seconds by slot, so that the last resorts do not all
+        # read the round in the same second; a backup after BACKUP_CLOSE_S.
+        first_look = (
+            0.0
+            if closer
+            else BACKUP_CLOSE_S
+            if backup
             else LAST_RESORT_CLOSE_S + (slot % LAST_RESORT_GROUPS) * BACKUP_CLOSE_S
         )
+        next_check = self._clock.now() + first_look
+        closable_since: float | None = None  # when a follower first found it closable
+        is_closed = self._store.notice(self._keys.closed(target))
 
         def settled() -> bool:
             nonlocal quorum_since, joined, next_check, closable_since
             self._ends.raise_if_aborted()
             if check_stop is not None:
                 check_stop()
-            if self._store.exists(self._keys.closed(target)):
+            if is_closed():
                 membership = self.read_membership(target)
                 inside = membership.node_rank_of(member.node_id) is not None
                 closed.append(membership if inside else None)
@@ -199,7 +220,7 @@ class Rounds:
                     closable_since = None
                 else:
                     closable_since = now if closable_since is None else closable_since
-                    if closer or now - closable_since >= patience:
+                    if closer or now - closable_since >= BACKUP_CLOSE_S:
                         self._try_close(target, size, member.node_id)
             return False
 

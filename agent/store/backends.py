@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ...core.config.launch_spec import RdzvSpec
 from ...core.errors import RendezvousError, first_line
@@ -23,6 +24,8 @@ logger = logging.getLogger(__name__)
 
 # One etcd request waits this long for a member before trying the next.
 ETCD_ATTEMPT_S = 5.0
+# A second connection to a TCPStore that already answered the first.
+CONNECT_S = 10.0
 
 
 @dataclass
@@ -46,11 +49,14 @@ def open_job_store(
     )
     endpoint = f"{rdzv.host}:{opened.port}"
 
-    def connect() -> KeyValueStore:
-        own = connect_store(rdzv.host, opened.port, 10.0, rdzv.read_timeout)
-        return TorchKeyValueStore(own.store, endpoint, rdzv.read_timeout)
+    def connect_raw() -> Any:
+        return connect_store(rdzv.host, opened.port, CONNECT_S, rdzv.read_timeout).store
 
-    kv = TorchKeyValueStore(opened.store, endpoint, rdzv.read_timeout)
+    def connect() -> KeyValueStore:
+        return TorchKeyValueStore(connect_raw(), endpoint, rdzv.read_timeout)
+
+    # notice() waits on a connection of its own (agent/store/torch_notices.py).
+    kv = TorchKeyValueStore(opened.store, endpoint, rdzv.read_timeout, connect=connect_raw)
     return JobStore(kv, opened.is_host, connect)
 
 

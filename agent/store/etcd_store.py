@@ -111,6 +111,10 @@ class EtcdKeyValueStore:
         # Looked up on every read, so that a watch closed to make room is opened again.
         return lambda: self.watch(key).value()
 
+    def notice(self, key: str) -> Callable[[], bool]:
+        follow = self.follow(key)
+        return lambda: follow() is not None
+
     def watch(self, key: str, prefix: bool = False) -> KeyWatch:
         """A watch of key (or of every key under it), shared by every reader. The least
         recently read of more than MAX_FOLLOWED (past generations' keys) is closed."""

@@ -69,6 +69,12 @@ class KeyValueStore(Protocol):
         watch where the backend has them (no store traffic per read), else a get."""
         ...
 
+    def notice(self, key: str) -> Callable[[], bool]:
+        """A check of whether key is set, for a key written once and checked many times a
+        second: answered from a blocking wait on a connection of its own (TCPStore) or a
+        watch (etcd), so that a check costs no request while the key stays unset."""
+        ...
+
 
 def increment(store: KeyValueStore, key: str) -> int:
     """add(key, 1) after checking the key holds a number (counter raises otherwise)."""

@@ -23,6 +23,7 @@ from ...core.clock import Clock
 from ...core.errors import RendezvousError, StoreUnavailable, first_line
 from ..waiting import SYSTEM_CLOCK
 from .kv import as_bytes, decode_counter
+from .torch_notices import KeyNotices
 
 POLL_S = 0.02
 # compare_set(key, UNSET, UNSET) reads key in one round trip and never writes: the store
@@ -62,15 +63,18 @@ class TorchKeyValueStore:
         endpoint: str,
         deadline_s: float | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        connect: Callable[[], Any] | None = None,
     ) -> None:
         """store: a torch.distributed Store; deadline_s: the longest a call may take
-        (None: called directly, for in-process stores)."""
+        (None: called directly, for in-process stores); connect: opens another
+        connection to the same store, on which notice() waits (None: notice() polls)."""
         self.endpoint = endpoint
         self._store = store
         self._deadline_s = deadline_s
         self._thread = _CallThread() if deadline_s else None
         self._unanswered: str | None = None
         self._clock = clock
+        self._notices = KeyNotices(connect, endpoint) if connect is not None else None
 
     def _call(self, op: str, *args: Any) -> Any:
         if self._unanswered is not None:
@@ -134,3 +138,16 @@ class TorchKeyValueStore:
 
     def follow(self, key: str) -> Callable[[], bytes | None]:
         return functools.partial(self.get, key)
+
+    def notice(self, key: str) -> Callable[[], bool]:
+        read = functools.partial(self.exists, key)
+        notices = self._notices
+        if notices is None:
+            return read
+
+        def check() -> bool:
+            if self._unanswered is not None:
+                raise StoreUnavailable(self._unanswered)
+            return notices.check(key, read)
+
+        return check

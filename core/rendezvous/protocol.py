@@ -66,6 +66,12 @@ class StoreKeys:
     def closed(self, generation: int) -> str:
         return f"{self.prefix}/r{generation}/closed"
 
+    def news(self, generation: int) -> str:
+        """Set once something needs the running generation's members to look: the round
+        moved past it, the job was aborted, a node waits to be admitted. They wait on this
+        one key instead of polling each of those."""
+        return f"{self.prefix}/r{generation}/news"
+
     def master(self, generation: int) -> str:
         return f"{self.prefix}/r{generation}/master"
 

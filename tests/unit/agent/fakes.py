@@ -130,6 +130,13 @@ class FaultyStore:
 
         return read
 
+    def notice(self, key: str) -> Callable[[], bool]:
+        def check() -> bool:
+            self._enter("notice")
+            return self.inner.exists(key)
+
+        return check
+
 
 def launch_spec(*flags: str) -> LaunchSpec:
     """The spec `rtrain launch <flags> train.py` makes."""

@@ -329,3 +329,36 @@ def test_a_healthy_big_job_reads_its_failures_and_exclusions_in_one_request_each
     assert rdzv.ledger.excluded(addrs) == {addrs[7]}
     assert [r.node_rank for r in rdzv.ledger.failures(0, 2048)] == [1500]
     assert sum(store.calls.values()) <= 2 + 3, store.calls  # entries kept once read
+
+
+def test_every_change_a_running_generation_must_see_sets_its_news(job) -> None:
+    rdzv, store, _ = job
+    other_joins(store, rdzv.keys, 0, member(2))
+    rdzv.rounds.join(member(1))  # generation 0, at max_nodes=2
+    news0 = rdzv.rounds.news(0)
+    assert not news0()
+    rdzv.rounds.open_next_round(0)
+    assert news0() and store.inner.get(rdzv.keys.news(0)) == b"round"
+    # an abort wakes the generation it names
+    news1 = rdzv.rounds.news(1)
+    rdzv.ends.abort(AbortRecord(1, 0, "layout", 65))
+    assert news1() and store.inner.get(rdzv.keys.news(1)) == b"abort"
+
+
+@pytest.mark.parametrize(("max_nodes", "news"), [(3, b"waiting"), (2, None)])
+def test_a_waiting_node_wakes_only_a_generation_with_room_for_it(
+    max_nodes: int, news: bytes | None
+) -> None:
+    # generation 0 runs with 2 nodes; a third joins and waits for round 1. With
+    # max_nodes=2 it is a hot spare: the running nodes could not admit it anyway.
+    clock = FakeClock()
+    store = FaultyStore(memory_store())
+    flags = (f"--nnodes=1:{max_nodes}", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:29400")
+    rdzv = JobRendezvous.over(store, launch_spec(*flags), clock.clock)
+    other_joins(store, rdzv.keys, 0, member(2))
+    other_joins(store, rdzv.keys, 0, member(3))
+    rdzv.rounds._try_close(0, 2, "id2")
+    clock.at(1.0, lambda: rdzv.rounds._try_close(1, 1, "id1"))
+    membership = rdzv.rounds.join(member(1))
+    assert membership.generation == 1
+    assert store.inner.get(rdzv.keys.news(0)) == news
