@@ -36,6 +36,7 @@ from .generation import (
 from .health.gpu_monitor import GpuFault
 from .health.guard import HealthGuard
 from .rendezvous.etcd_leases import EtcdLeases
+from .rendezvous.generation_watch import GenerationWatch
 from .rendezvous.job import JobRendezvous
 from .rendezvous.job_end import JobAborted, JobEnd
 from .rendezvous.lease import Leases, StoreLeases
@@ -60,12 +61,9 @@ logger = logging.getLogger(__name__)
 # Under Slurm these mean "the job is about to be stopped" (--signal=USR1@T, the time
 # limit's SIGTERM): save and exit 75 to be requeued.
 REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
-# A running generation looks at its news and its peers' leases at most this often (and
-# heartbeat_interval/2); the news costs no request until it is set (a wait on its key).
+# A running generation looks at the store at most this often (and heartbeat_interval/2):
+# its peers' leases, and its news (rendezvous/generation_watch.py).
 STORE_CHECK_S = 0.25
-# and reads the round, the abort record and the waiting nodes itself this often, in
-# case a writer died between its change and the news.
-SWEEP_S = 5.0
 # Workers of a failed generation get this long after SIGTERM before SIGKILL.
 RESTART_STOP_GRACE_S = 3.0
 
@@ -300,12 +298,12 @@ class Agent:
     def _monitor(self, rdzv: JobRendezvous, gen: Generation) -> Ended:
         group, generation = gen.group, gen.number
         room_to_grow = len(gen.membership.members) < self.spec.nodes.max_nodes
+        watch = GenerationWatch(rdzv.rounds, rdzv.ends, generation, room_to_grow)
         # The workers are looked at every monitor_interval; the store only every
         # STORE_CHECK_S (or at once when a worker failed: was it fenced?), so that an
         # agent's store traffic is a few requests a second whatever the interval.
         store_every = min(STORE_CHECK_S, self.spec.faults.heartbeat_interval / 2)
-        next_store_check = next_sweep = 0.0
-        news = rdzv.rounds.news(generation)
+        next_store_check = 0.0
         while True:
             self._check_signal()
             group.poll(self.spec.monitor_interval)
@@ -320,11 +318,8 @@ class Agent:
             if store_due or group.failed:
                 if self._leases is not None:
                     self._leases.raise_if_store_lost()
-                look = bool(group.failed) or now >= next_sweep or news()
-                if look and now >= next_sweep:
-                    next_sweep = now + SWEEP_S
-                moved = look and rdzv.rounds.round_moved_past(generation)
-                if moved or self._lease_lapsed(generation):
+                look = watch.due(force=bool(group.failed))
+                if (look and watch.fenced()) or self._lease_lapsed(generation):
                     self._policy.log_fenced(gen)
                     return Ended(Outcome.MEMBERSHIP_CHANGE)
             hung = gen.hangs.hung([w.local_rank for w in group.running])
@@ -341,11 +336,9 @@ class Agent:
                 self._reaper.poll()
             if not store_due:
                 continue
-            if look:
-                rdzv.ends.raise_if_aborted()
             if self._policy.check_peers(gen):
                 return Ended(Outcome.MEMBERSHIP_CHANGE)
-            if look and room_to_grow and rdzv.rounds.waiting_nodes(generation) > 0:
+            if look and watch.admits_waiting():
                 logger.info("a new node is waiting to join; restarting to admit it")
                 return Ended(Outcome.MEMBERSHIP_CHANGE)
 

@@ -5,6 +5,7 @@ are played by writing what they would write, at the fake time they would write i
 from __future__ import annotations
 
 import pytest
+from rtrain.agent.rendezvous.generation_watch import SWEEP_S, GenerationWatch
 from rtrain.agent.rendezvous.job import JobRendezvous
 from rtrain.agent.rendezvous.job_end import JobAborted, JobEnd
 from rtrain.agent.rendezvous.rounds import BACKUP_CLOSE_S, LAST_RESORT_CLOSE_S
@@ -362,3 +363,36 @@ def test_a_waiting_node_wakes_only_a_generation_with_room_for_it(
     membership = rdzv.rounds.join(member(1))
     assert membership.generation == 1
     assert store.inner.get(rdzv.keys.news(0)) == news
+
+
+def test_a_running_generation_reads_the_round_only_on_news_or_a_sweep(job) -> None:
+    rdzv, store, clock = job
+    other_joins(store, rdzv.keys, 0, member(2))
+    rdzv.rounds.join(member(1))
+    watch = GenerationWatch(rdzv.rounds, rdzv.ends, 0, room_to_grow=False, clock=clock.clock)
+    assert watch.due() and not watch.fenced()  # the first pass sweeps
+    store.calls.clear()
+    looks = 0
+    for _ in range(int(SWEEP_S / 0.25) - 1):  # a healthy generation, just under a sweep
+        clock.sleep(0.25)
+        looks += watch.due()
+    assert looks == 0 and set(store.calls) == {"notice"}  # the news key only (a wait on TCPStore)
+    clock.sleep(0.25)
+    assert watch.due() and not watch.due()  # the sweep, once
+    assert watch.due(force=True)  # a local failure looks at once
+    rdzv.rounds.open_next_round(0)  # another node ended the generation
+    assert watch.due() and watch.fenced()
+
+
+def test_an_abort_reaches_a_running_generation_through_its_news(job) -> None:
+    rdzv, store, clock = job
+    other_joins(store, rdzv.keys, 0, member(2))
+    rdzv.rounds.join(member(1))
+    watch = GenerationWatch(rdzv.rounds, rdzv.ends, 0, room_to_grow=True, clock=clock.clock)
+    assert watch.due() and not watch.admits_waiting()
+    clock.sleep(1.0)
+    assert not watch.due()
+    rdzv.ends.abort(AbortRecord(0, 1, "layout", 65))
+    assert watch.due()
+    with pytest.raises(JobAborted):
+        watch.admits_waiting()
