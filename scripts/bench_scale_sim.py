@@ -3,8 +3,9 @@
 Each simulated agent is a thread that does what Agent does around its workers, through
 the same classes: Rounds.join for generation 0, its lease held and its peers' watched
 (StoreLeases or EtcdLeases), then the running generation's store checks at the
-agent's cadence (agent.STORE_CHECK_S: the round, the abort record, its peers' leases,
-the nodes waiting), until one agent dies: it stops renewing its lease and leaves. The
+agent's cadence (agent.STORE_CHECK_S: its peers' leases, and GenerationWatch: the
+news, and the round, the abort record and the nodes waiting when it is set or on a
+sweep), until one agent dies: it stops renewing its lease and leaves. The
 survivors find it lost (FaultPolicy.check_leases), and join generation 1 expecting
 each other (FaultPolicy.survivors). No workers are started: the figures are the
 coordination's own. Store requests are counted at each agent's client.
@@ -37,6 +38,7 @@ from rtrain.agent.agent import STORE_CHECK_S  # noqa: E402
 from rtrain.agent.faults import FaultPolicy  # noqa: E402
 from rtrain.agent.generation import Joined  # noqa: E402
 from rtrain.agent.rendezvous.etcd_leases import EtcdLeases  # noqa: E402
+from rtrain.agent.rendezvous.generation_watch import GenerationWatch  # noqa: E402
 from rtrain.agent.rendezvous.job import JobRendezvous  # noqa: E402
 from rtrain.agent.rendezvous.lease import Leases, StoreLeases  # noqa: E402
 from rtrain.agent.store.etcd_client import EtcdClient  # noqa: E402
@@ -89,6 +91,18 @@ class CountedTorchStore(TorchKeyValueStore):
     def _call(self, op: str, *args: Any) -> Any:
         self.requests.add(op)
         return super()._call(op, *args)
+
+
+class CountedWaits:
+    """A torch Store connection whose waits (KeyNotices') are counted as requests."""
+
+    def __init__(self, store: Any, requests: Requests) -> None:
+        self._store = store
+        self._requests = requests
+
+    def wait(self, keys: list[str], timeout: Any) -> None:
+        self._requests.add("wait")
+        self._store.wait(keys, timeout)
 
 
 class CountedEtcdClient(EtcdClient):
@@ -145,17 +159,22 @@ class SimAgent(threading.Thread):
             )
             return rdzv, leases
 
-        def connect() -> TorchKeyValueStore:
-            opened = connect_store(rdzv_spec.host, rdzv_spec.port, 60.0, rdzv_spec.read_timeout)
+        def connect_raw() -> Any:
+            return connect_store(rdzv_spec.host, rdzv_spec.port, 60.0, rdzv_spec.read_timeout).store
+
+        def connect(waits: Any = None) -> TorchKeyValueStore:
             # Called directly (no deadline thread): a thread per call would double the
             # threads of an already crowded process.
-            counted = CountedTorchStore(opened.store, rdzv_spec.host)
+            counted = CountedTorchStore(
+                connect_raw(), rdzv_spec.host, connect=(lambda: waits) if waits else None
+            )
             counted.requests = self.requests
             return counted
 
-        store = connect()
-        # The lease thread's own connection, opened now, before the clock starts: opened
-        # later by many threads at once, connects held renewals up past the timeout.
+        # The lease thread's and the waits' own connections, opened now, before the
+        # clock starts: opened later by many threads at once, connects held renewals up
+        # past the timeout.
+        store = connect(CountedWaits(connect_raw(), self.requests))
         keeper_store = connect()
         rdzv = JobRendezvous.over(store, self.spec)
         leases = StoreLeases(
@@ -189,17 +208,20 @@ class SimAgent(threading.Thread):
         assert rank is not None
         peers = leases.peers(0, rank, len(membership.members))
         leases.hold(0, rank)
+        room = len(membership.members) < self.spec.nodes.max_nodes
+        watch = GenerationWatch(rdzv.rounds, rdzv.ends, 0, room)
         while True:  # the running generation's store checks, at the agent's cadence
             if self.run_.victim is self:
                 leases.close()  # stops renewing: a silent loss
                 return
-            if rdzv.rounds.round_moved_past(0):
+            look = watch.due()
+            if look and watch.fenced():
                 break
-            rdzv.ends.raise_if_aborted()
             if policy.check_leases(membership, rank, peers):
                 self.declared_at = time.time()
                 break
-            rdzv.rounds.waiting_nodes(0)
+            if look:
+                watch.admits_waiting()
             time.sleep(STORE_CHECK_S)
         survivors = policy.survivors(Joined(membership, rank, peers))
         rdzv.rounds.join(dataclasses.replace(self.member, prev_rank=rank), expected=survivors)
