@@ -1,240 +1,41 @@
 """bench_scale.py sim: many agents per process, the real protocol code, a real store.
 
-Each simulated agent is a thread that does what Agent does around its workers, through
-the same classes: Rounds.join for generation 0, its lease held and its peers' watched
-(StoreLeases or EtcdLeases), then the running generation's store checks at the
-agent's cadence (agent.STORE_CHECK_S: its peers' leases, and GenerationWatch: the
-news, and the round, the abort record and the nodes waiting when it is set or on a
-sweep), until one agent dies: it stops renewing its lease and leaves. The
-survivors find it lost (FaultPolicy.check_leases), and join generation 1 expecting
-each other (FaultPolicy.survivors). No workers are started: the figures are the
-coordination's own. Store requests are counted at each agent's client.
+A job of N simulated agents runs as processes of up to AGENTS_PER_SHARD agents each
+(sim_shard.py, which says what an agent does), against one store server (TCPStore)
+or a 3-member etcd cluster started here; this process drives the shards through the
+run (start generation 0, count requests over a window, silence one agent, wait for
+generation 1) and measures the store server's CPU. One process of 1,024 agents spent
+its two cores in the kernel (3,000 threads contending for one interpreter lock), not
+in the protocol: shards keep each interpreter's threads to what a node's agent has,
+times AGENTS_PER_SHARD.
 """
 
 from __future__ import annotations
 
 import collections
-import concurrent.futures
-import dataclasses
-import functools
+import contextlib
+import itertools
 import json
 import os
-import resource
+import queue
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psutil
 
-ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from etcd_cluster import EtcdCluster  # noqa: E402
-from rtrain.agent.agent import STORE_CHECK_S  # noqa: E402
-from rtrain.agent.faults import FaultPolicy  # noqa: E402
-from rtrain.agent.generation import Joined  # noqa: E402
-from rtrain.agent.rendezvous.etcd_leases import EtcdLeases  # noqa: E402
-from rtrain.agent.rendezvous.generation_watch import GenerationWatch  # noqa: E402
-from rtrain.agent.rendezvous.job import JobRendezvous  # noqa: E402
-from rtrain.agent.rendezvous.lease import Leases, StoreLeases  # noqa: E402
-from rtrain.agent.store.etcd_client import EtcdClient  # noqa: E402
-from rtrain.agent.store.etcd_store import EtcdKeyValueStore  # noqa: E402
-from rtrain.agent.store.opening import connect_store  # noqa: E402
-from rtrain.agent.store.torch_store import TorchKeyValueStore  # noqa: E402
-from rtrain.cli.launch_args import parse_launch_args  # noqa: E402
-from rtrain.core.config.launch_spec import LaunchSpec, build_launch_spec  # noqa: E402
-from rtrain.core.rendezvous.protocol import MemberInfo, Membership  # noqa: E402
+from etcd_cluster import EtcdCluster
 
-
-def decode_memberships_once() -> None:
-    """Every simulated agent reads the same closed membership; decoding it is each real
-    agent's own CPU, spent in parallel on its own machine (13.5 ms at 2,048 members), but
-    2,048 threads of one process would spend 28 s of one core on it. So, in the process
-    of one size only (one()), identical payloads are decoded once: the store reads
-    (bytes and requests) are unchanged."""
-    decode = Membership.decode.__func__  # type: ignore[attr-defined]
-
-    @functools.lru_cache(maxsize=16)
-    def decoded_once(cls: type, payload: bytes | str, generation: int) -> Membership:
-        return decode(cls, payload, generation)  # type: ignore[no-any-return]
-
-    Membership.decode = classmethod(decoded_once)  # type: ignore[method-assign, assignment]
-
-
-CONNECTS_AT_ONCE = 16
+SHARD = Path(__file__).resolve().parent / "sim_shard.py"
+AGENTS_PER_SHARD = int(os.environ.get("BENCH_SCALE_SHARD", "256"))
 WINDOW_S = float(os.environ.get("BENCH_SCALE_WINDOW_S", "10"))
-TIMEOUT_S = 5.0  # heartbeat timeout
 ETCD_MAX_AGENTS = int(os.environ.get("BENCH_SCALE_ETCD_MAX", "1024"))
-
-
-class Requests:
-    """Store requests of every simulated agent, counted at the client."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.by_op: collections.Counter[str] = collections.Counter()
-        self._lock = threading.Lock()
-
-    def add(self, op: str) -> None:
-        with self._lock:
-            self.count += 1
-            self.by_op[op] += 1
-
-
-class CountedTorchStore(TorchKeyValueStore):
-    requests: Requests
-
-    def _call(self, op: str, *args: Any) -> Any:
-        self.requests.add(op)
-        return super()._call(op, *args)
-
-
-class CountedWaits:
-    """A torch Store connection whose waits (KeyNotices') are counted as requests."""
-
-    def __init__(self, store: Any, requests: Requests) -> None:
-        self._store = store
-        self._requests = requests
-
-    def wait(self, keys: list[str], timeout: Any) -> None:
-        self._requests.add("wait")
-        self._store.wait(keys, timeout)
-
-
-class CountedEtcdClient(EtcdClient):
-    requests: Requests
-
-    def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        self.requests.add(path)
-        return super().call(path, body)
-
-    def copy(self) -> EtcdClient:
-        twin = CountedEtcdClient(self.endpoints, self.tls, self.attempt_s, self.deadline_s)
-        twin.requests = self.requests
-        return twin
-
-
-def spec_for(backend: str, nodes: int, endpoint: str, run_id: str) -> LaunchSpec:
-    flags = [
-        f"--nnodes={nodes // 2}:{nodes}", f"--rdzv-backend={backend}",
-        f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}",
-        "--rdzv-conf=join_timeout=600,read_timeout=120,last_call_timeout=30",
-        "--heartbeat-interval=1", f"--heartbeat-timeout={TIMEOUT_S:g}", "train.py",
-    ]  # fmt: skip
-    return build_launch_spec(parse_launch_args(flags, {}))
-
-
-class SimAgent(threading.Thread):
-    def __init__(self, index: int, spec: LaunchSpec, requests: Requests, run: SimRun) -> None:
-        super().__init__(name=f"sim-agent-{index}", daemon=True)
-        self.index = index
-        self.spec = spec
-        self.run_ = run
-        self.requests = requests
-        self.member = MemberInfo(
-            node_id=f"sim{index:05d}", addr=f"10.{index >> 16}.{(index >> 8) & 255}.{index & 255}",
-            local_world_size=1,
-        )  # fmt: skip
-        self.joined_at: float | None = None
-        self.declared_at: float | None = None
-        self.committed_at: float | None = None
-        self.error: str | None = None
-        self.leases: Leases | None = None
-        self.ready = False
-        self._opened: tuple[JobRendezvous, Leases] | None = None
-
-    def _open(self) -> tuple[JobRendezvous, Leases]:
-        rdzv_spec, faults = self.spec.rdzv, self.spec.faults
-        if rdzv_spec.is_etcd:
-            client = CountedEtcdClient(rdzv_spec.endpoints, deadline_s=rdzv_spec.join_timeout)
-            client.requests = self.requests
-            store = EtcdKeyValueStore(client)
-            rdzv = JobRendezvous.over(store, self.spec)
-            leases: Leases = EtcdLeases(
-                store, rdzv.keys, faults.heartbeat_timeout, faults.heartbeat_interval
-            )
-            return rdzv, leases
-
-        def connect_raw() -> Any:
-            return connect_store(rdzv_spec.host, rdzv_spec.port, 60.0, rdzv_spec.read_timeout).store
-
-        def connect(waits: Any = None) -> TorchKeyValueStore:
-            # Called directly (no deadline thread): a thread per call would double the
-            # threads of an already crowded process.
-            counted = CountedTorchStore(
-                connect_raw(), rdzv_spec.host, connect=(lambda: waits) if waits else None
-            )
-            counted.requests = self.requests
-            return counted
-
-        # The lease thread's and the waits' own connections, opened now, before the
-        # clock starts: opened later by many threads at once, connects held renewals up
-        # past the timeout.
-        store = connect(CountedWaits(connect_raw(), self.requests))
-        keeper_store = connect()
-        rdzv = JobRendezvous.over(store, self.spec)
-        leases = StoreLeases(
-            store,
-            lambda: keeper_store,
-            rdzv.keys,
-            faults.heartbeat_timeout,
-            faults.heartbeat_interval,
-        )
-        return rdzv, leases
-
-    def prepare(self) -> None:
-        """Open this agent's store connections, before the clock starts."""
-        self._opened = self._open()
-
-    def run(self) -> None:
-        try:
-            self._run()
-        except Exception as exc:  # reported in the results
-            self.error = f"{type(exc).__name__}: {exc}"[:300]
-
-    def _run(self) -> None:
-        assert self._opened is not None, "prepare() first"
-        rdzv, leases = self._opened
-        policy = FaultPolicy(rdzv, self.spec, self.member.addr, lambda: None)
-        self.ready = True
-        self.run_.opened.wait()
-        membership = rdzv.rounds.join(self.member)
-        self.joined_at = time.time()
-        rank = membership.node_rank_of(self.member.node_id)
-        assert rank is not None
-        peers = leases.peers(0, rank, len(membership.members))
-        leases.hold(0, rank)
-        room = len(membership.members) < self.spec.nodes.max_nodes
-        watch = GenerationWatch(rdzv.rounds, rdzv.ends, 0, room)
-        while True:  # the running generation's store checks, at the agent's cadence
-            if self.run_.victim is self:
-                leases.close()  # stops renewing: a silent loss
-                return
-            look = watch.due()
-            if look and watch.fenced():
-                break
-            if policy.check_leases(membership, rank, peers):
-                self.declared_at = time.time()
-                break
-            if look:
-                watch.admits_waiting()
-            time.sleep(STORE_CHECK_S)
-        survivors = policy.survivors(Joined(membership, rank, peers))
-        rdzv.rounds.join(dataclasses.replace(self.member, prev_rank=rank), expected=survivors)
-        self.committed_at = time.time()
-        # The lease is renewed on until the run ends (as an agent renews its next
-        # generation's): a slower peer still checking generation 0 must not find it gone.
-        self.leases = leases
-
-
-class SimRun:
-    def __init__(self) -> None:
-        self.opened = threading.Event()
-        self.victim: SimAgent | None = None
 
 
 def store_server(port: int) -> subprocess.Popen[bytes]:
@@ -244,13 +45,6 @@ def store_server(port: int) -> subprocess.Popen[bytes]:
         "timeout=datetime.timedelta(seconds=600)); time.sleep(10**6)"
     )
     return subprocess.Popen([sys.executable, "-c", code])
-
-
-def _wait_all(agents: list[SimAgent], done: Callable[[SimAgent], bool], timeout: float) -> None:
-    """Until every agent is done or failed, or timeout seconds."""
-    deadline = time.monotonic() + timeout
-    while not all(done(a) or a.error for a in agents) and time.monotonic() < deadline:
-        time.sleep(0.05)
 
 
 def wait_listening(port: int, timeout: float) -> None:
@@ -276,69 +70,140 @@ def cpu_of(procs: list[psutil.Process]) -> float:
     return total
 
 
+class Shard:
+    """One sim_shard.py process: commands in, one JSON line back for each."""
+
+    def __init__(
+        self, backend: str, nodes: int, endpoint: str, run_id: str, first: int, end: int
+    ) -> None:
+        command = [
+            sys.executable,
+            str(SHARD),
+            backend,
+            str(nodes),
+            endpoint,
+            run_id,
+            str(first),
+            str(end),
+        ]
+        self.proc = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        self._lines: queue.SimpleQueue[str] = queue.SimpleQueue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put("")  # the shard ended
+
+    def send(self, command: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+
+    def answer(self, timeout: float) -> dict[str, Any]:
+        try:
+            line = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            return {"error": f"no answer within {timeout:g} s"}
+        if not line:
+            return {"error": f"the shard exited ({self.proc.poll()})"}
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+
+def ask(shards: list[Shard], command: str | None, timeout: float) -> list[dict[str, Any]]:
+    """Send command to every shard (None: nothing), then each one's answer."""
+    if command is not None:
+        for shard in shards:
+            shard.send(command)
+    return [shard.answer(timeout) for shard in shards]
+
+
+def _first_error(answers: list[dict[str, Any]]) -> str | None:
+    return next((str(a["error"]) for a in answers if a.get("error")), None)
+
+
 def run_sim(
     backend: str, nodes: int, endpoint: str, servers: list[psutil.Process]
 ) -> dict[str, object]:
-    requests = Requests()
-    spec = spec_for(backend, nodes, endpoint, f"sim-{os.getpid()}-{time.monotonic_ns()}")
-    run = SimRun()
-    agents = [SimAgent(i, spec, requests, run) for i in range(nodes)]
-    result: dict[str, object] = {"backend": backend, "nodes": nodes}
-    # A few connects at a time: thousands at once overflow the server's accept queue,
-    # one at a time waits out each connect's reverse name lookup (no DNS here).
+    """One job of `nodes` agents, AGENTS_PER_SHARD to a process."""
+    run_id = f"sim-{os.getpid()}-{time.monotonic_ns()}"
+    bounds = [*range(0, nodes, AGENTS_PER_SHARD), nodes]
     opened_at = time.monotonic()
-    with concurrent.futures.ThreadPoolExecutor(CONNECTS_AT_ONCE) as pool:
-        for done, _ in enumerate(pool.map(SimAgent.prepare, agents), 1):
-            if done % 256 == 0:
-                print(f"[bench_scale sim]   {done} agents connected", file=sys.stderr, flush=True)
-    print(
-        f"[bench_scale sim]   connections open in {time.monotonic() - opened_at:.0f} s",
-        file=sys.stderr,
-        flush=True,
-    )
-    for agent in agents:
-        agent.start()
-    _wait_all(agents, lambda a: a.ready, 300)  # every agent waiting before the clock
-    start = time.time()
-    run.opened.set()
-    _wait_all(agents, lambda a: a.joined_at is not None, 300)
-    errors = [a.error for a in agents if a.error]
-    if errors or any(a.joined_at is None for a in agents):
-        result["error"] = errors[0] if errors else "generation 0 did not close in 300 s"
+    shards = [
+        Shard(backend, nodes, endpoint, run_id, lo, hi) for lo, hi in itertools.pairwise(bounds)
+    ]
+    result: dict[str, object] = {"backend": backend, "nodes": nodes, "processes": len(shards)}
+    try:
+        return _measure(shards, nodes, servers, result, opened_at)
+    finally:
+        for shard in shards:
+            with contextlib.suppress(OSError):
+                shard.send("exit")
+        for shard in shards:
+            try:
+                shard.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                shard.proc.kill()
+
+
+def _measure(
+    shards: list[Shard],
+    nodes: int,
+    servers: list[psutil.Process],
+    result: dict[str, object],
+    opened_at: float,
+) -> dict[str, object]:
+    ready = ask(shards, None, 600)
+    if (error := _first_error(ready)) is not None:
+        result["error"] = f"connecting: {error}"
         return result
-    result["generation0_s"] = round(max(a.joined_at for a in agents) - start, 3)  # type: ignore[type-var]
+    _progress(f"  {nodes} agents connected in {time.monotonic() - opened_at:.0f} s")
+    start = time.time()
+    joined = ask(shards, "go", 330)
+    error = _first_error(joined)
+    if error is not None or any(a.get("joined_at") is None for a in joined):
+        result["error"] = error or "generation 0 did not close in 300 s"
+        return result
+    result["generation0_s"] = round(max(a["joined_at"] for a in joined) - start, 3)
     time.sleep(2.0)  # leases taken, watches open
-    before, cpu_before, t0 = requests.count, cpu_of(servers), time.monotonic()
-    ops_before = collections.Counter(requests.by_op)
+    counts, cpu_before, t0 = ask(shards, "count", 30), cpu_of(servers), time.monotonic()
     time.sleep(WINDOW_S)
+    counts_after = ask(shards, "count", 30)
     elapsed = time.monotonic() - t0
-    result["requests_per_agent_s"] = round((requests.count - before) / elapsed / nodes, 2)
+    total = sum(a["count"] for a in counts_after) - sum(a["count"] for a in counts)
+    by_op: collections.Counter[str] = collections.Counter()
+    for after, before in zip(counts_after, counts, strict=True):
+        by_op.update(collections.Counter(after["by_op"]) - collections.Counter(before["by_op"]))
+    result["requests_per_agent_s"] = round(total / elapsed / nodes, 2)
     result["requests_per_agent_s_by_op"] = {
-        op: round(n / elapsed / nodes, 2) for op, n in (requests.by_op - ops_before).items()
+        op: round(n / elapsed / nodes, 2) for op, n in by_op.items()
     }
     result["store_server_cpu_pct"] = round((cpu_of(servers) - cpu_before) / elapsed * 100, 1)
-    run.victim = agents[-1]
     stopped = time.time()
-    survivors = agents[:-1]
-    _wait_all(survivors, lambda a: a.committed_at is not None, 120)
-    errors = [a.error for a in survivors if a.error]
-    declared = [a.declared_at for a in survivors if a.declared_at is not None]
-    if errors or not declared or any(a.committed_at is None for a in survivors):
-        result["error"] = errors[0] if errors else "generation 1 did not close in 120 s"
+    ask(shards[-1:], "kill", 30)
+    finished = ask(shards, "finish", 150)
+    declared = [a["declared_at"] for a in finished if a.get("declared_at") is not None]
+    error = _first_error(finished)
+    if error is not None or not declared or any(a.get("committed_at") is None for a in finished):
+        result["error"] = error or "generation 1 did not close in 120 s"
         return result
-    for agent in agents:
-        if agent.leases is not None:
-            agent.leases.close()
     result["detect_s"] = round(min(declared) - stopped, 3)
     result["commit_after_declared_s"] = round(
-        max(a.committed_at for a in survivors) - min(declared),
-        3,  # type: ignore[type-var]
+        max(a["committed_at"] for a in finished) - min(declared), 3
     )
     return result
 
 
+def _progress(message: str) -> None:
+    print(f"[bench_scale sim] {message}", file=sys.stderr, flush=True)
+
+
 def simulate(nodes_list: list[int], backends: list[str]) -> list[dict[str, object]]:
-    """Every size in a process of its own (one()), against servers started here: no
+    """Every size in processes of its own (run_sim), against servers started here: no
     thread or connection of one size lingers into the next."""
     # No DNS answers on this machine, and TCPStore looks up the name of every
     # connection's peer for a log line: each lookup waited out glibc's 5 s timeout and,
@@ -362,18 +227,17 @@ def simulate(nodes_list: list[int], backends: list[str]) -> list[dict[str, objec
             wait_listening(port, 300.0)  # torch imports first
             endpoint = f"127.0.0.1:{port}"
             pids = [server.pid]
+        servers = [psutil.Process(pid) for pid in pids]
         try:
             for nodes in nodes_list:
                 if backend == "etcd" and nodes > ETCD_MAX_AGENTS:
                     results.append({"backend": backend, "nodes": nodes, "error": (
                         f"not run: over {ETCD_MAX_AGENTS} agents (each holds 6 threads and "
-                        "connections in this one process)")})  # fmt: skip
+                        "connections)")})  # fmt: skip
                     continue
-                print(
-                    f"[bench_scale sim] {backend} with {nodes} agents", file=sys.stderr, flush=True
-                )
-                result = _one_in_a_process(backend, nodes, endpoint, pids)
-                print(f"[bench_scale sim]   {result}", file=sys.stderr, flush=True)
+                _progress(f"{backend} with {nodes} agents")
+                result = run_sim(backend, nodes, endpoint, servers)
+                _progress(f"  {result}")
                 results.append(result)
         finally:
             if server is not None:
@@ -381,37 +245,3 @@ def simulate(nodes_list: list[int], backends: list[str]) -> list[dict[str, objec
             if cluster is not None:
                 cluster.stop()
     return results
-
-
-def _one_in_a_process(
-    backend: str, nodes: int, endpoint: str, pids: list[Any]
-) -> dict[str, object]:
-    command = [sys.executable, __file__, backend, str(nodes), endpoint, *map(str, pids)]
-    try:
-        done = subprocess.run(command, stdout=subprocess.PIPE, text=True, timeout=1200)
-    except subprocess.TimeoutExpired:
-        return {"backend": backend, "nodes": nodes, "error": "the run took over 1200 s"}
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        return {"backend": backend, "nodes": nodes, "error": f"exit {done.returncode}"}
-    result: dict[str, object] = json.loads(lines[-1])
-    return result
-
-
-def one(argv: list[str]) -> None:
-    """One size: backend nodes endpoint server-pid...; prints its result as JSON."""
-    backend, nodes, endpoint, *pids = argv
-    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    threading.stack_size(512 * 1024)
-    servers = [psutil.Process(int(pid)) for pid in pids]
-    decode_memberships_once()
-    result = run_sim(backend, int(nodes), endpoint, servers)
-    print(json.dumps(result), flush=True)
-    # Thousands of daemon threads, some inside TCPStore's C++ calls: interpreter
-    # teardown under them aborts, so this process ends without it (all is flushed).
-    os._exit(0)
-
-
-if __name__ == "__main__":
-    one(sys.argv[1:])

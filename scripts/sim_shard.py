@@ -1,0 +1,311 @@
+"""One shard of bench_scale.py sim: simulated agents, threads of one process, running
+the real protocol code against a real store; bench_scale_sim.py runs a job's agents
+as several shards and drives them.
+
+Each simulated agent is a thread that does what Agent does around its workers, through
+the same classes: Rounds.join for generation 0, its lease held and its peers' watched
+(StoreLeases or EtcdLeases), then the running generation's store checks at the
+agent's cadence (agent.STORE_CHECK_S: its peers' leases, and GenerationWatch: the
+news, and the round, the abort record and the nodes waiting when it is set or on a
+sweep), until one agent dies: it stops renewing its lease and leaves. The
+survivors find it lost (FaultPolicy.check_leases), and join generation 1 expecting
+each other (FaultPolicy.survivors). No workers are started: the figures are the
+coordination's own. Store requests are counted at each agent's client.
+
+    sim_shard.py BACKEND NODES ENDPOINT RUN_ID FIRST END
+
+runs agents FIRST..END-1 of a job of NODES agents. It prints {"ready": ...} once
+they are connected and waiting, then answers each command read from stdin with one
+JSON line: go (generation 0 starts; answered once every agent here joined it), count
+(the requests so far), kill (its last agent goes silent), finish (answered once every
+survivor here joined generation 1), exit.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import functools
+import json
+import os
+import resource
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from rtrain.agent.agent import STORE_CHECK_S  # noqa: E402
+from rtrain.agent.faults import FaultPolicy  # noqa: E402
+from rtrain.agent.generation import Joined  # noqa: E402
+from rtrain.agent.rendezvous.etcd_leases import EtcdLeases  # noqa: E402
+from rtrain.agent.rendezvous.generation_watch import GenerationWatch  # noqa: E402
+from rtrain.agent.rendezvous.job import JobRendezvous  # noqa: E402
+from rtrain.agent.rendezvous.lease import Leases, StoreLeases  # noqa: E402
+from rtrain.agent.store.etcd_client import EtcdClient  # noqa: E402
+from rtrain.agent.store.etcd_store import EtcdKeyValueStore  # noqa: E402
+from rtrain.agent.store.opening import connect_store  # noqa: E402
+from rtrain.agent.store.torch_store import TorchKeyValueStore  # noqa: E402
+from rtrain.cli.launch_args import parse_launch_args  # noqa: E402
+from rtrain.core.config.launch_spec import LaunchSpec, build_launch_spec  # noqa: E402
+from rtrain.core.rendezvous.protocol import MemberInfo, Membership  # noqa: E402
+
+
+def decode_memberships_once() -> None:
+    """Every simulated agent reads the same closed membership; decoding it is each real
+    agent's own CPU, spent in parallel on its own machine (13.5 ms at 2,048 members), but
+    2,048 threads of one process would spend 28 s of one core on it. So, in the process
+    of one size only (one()), identical payloads are decoded once: the store reads
+    (bytes and requests) are unchanged."""
+    decode = Membership.decode.__func__  # type: ignore[attr-defined]
+
+    @functools.lru_cache(maxsize=16)
+    def decoded_once(cls: type, payload: bytes | str, generation: int) -> Membership:
+        return decode(cls, payload, generation)  # type: ignore[no-any-return]
+
+    Membership.decode = classmethod(decoded_once)  # type: ignore[method-assign, assignment]
+
+
+CONNECTS_AT_ONCE = 16
+TIMEOUT_S = 5.0  # heartbeat timeout
+
+
+class Requests:
+    """Store requests of every simulated agent, counted at the client."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.by_op: collections.Counter[str] = collections.Counter()
+        self._lock = threading.Lock()
+
+    def add(self, op: str) -> None:
+        with self._lock:
+            self.count += 1
+            self.by_op[op] += 1
+
+
+class CountedTorchStore(TorchKeyValueStore):
+    requests: Requests
+
+    def _call(self, op: str, *args: Any) -> Any:
+        self.requests.add(op)
+        return super()._call(op, *args)
+
+
+class CountedWaits:
+    """A torch Store connection whose waits (KeyNotices') are counted as requests."""
+
+    def __init__(self, store: Any, requests: Requests) -> None:
+        self._store = store
+        self._requests = requests
+
+    def wait(self, keys: list[str], timeout: Any) -> None:
+        self._requests.add("wait")
+        self._store.wait(keys, timeout)
+
+
+class CountedEtcdClient(EtcdClient):
+    requests: Requests
+
+    def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.requests.add(path)
+        return super().call(path, body)
+
+    def copy(self) -> EtcdClient:
+        twin = CountedEtcdClient(self.endpoints, self.tls, self.attempt_s, self.deadline_s)
+        twin.requests = self.requests
+        return twin
+
+
+def spec_for(backend: str, nodes: int, endpoint: str, run_id: str) -> LaunchSpec:
+    flags = [
+        f"--nnodes={nodes // 2}:{nodes}", f"--rdzv-backend={backend}",
+        f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}",
+        "--rdzv-conf=join_timeout=600,read_timeout=120,last_call_timeout=30",
+        "--heartbeat-interval=1", f"--heartbeat-timeout={TIMEOUT_S:g}", "train.py",
+    ]  # fmt: skip
+    return build_launch_spec(parse_launch_args(flags, {}))
+
+
+class SimAgent(threading.Thread):
+    def __init__(self, index: int, spec: LaunchSpec, requests: Requests, run: SimRun) -> None:
+        super().__init__(name=f"sim-agent-{index}", daemon=True)
+        self.index = index
+        self.spec = spec
+        self.run_ = run
+        self.requests = requests
+        self.member = MemberInfo(
+            node_id=f"sim{index:05d}", addr=f"10.{index >> 16}.{(index >> 8) & 255}.{index & 255}",
+            local_world_size=1,
+        )  # fmt: skip
+        self.joined_at: float | None = None
+        self.declared_at: float | None = None
+        self.committed_at: float | None = None
+        self.error: str | None = None
+        self.leases: Leases | None = None
+        self.ready = False
+        self._opened: tuple[JobRendezvous, Leases] | None = None
+
+    def _open(self) -> tuple[JobRendezvous, Leases]:
+        rdzv_spec, faults = self.spec.rdzv, self.spec.faults
+        if rdzv_spec.is_etcd:
+            client = CountedEtcdClient(rdzv_spec.endpoints, deadline_s=rdzv_spec.join_timeout)
+            client.requests = self.requests
+            store = EtcdKeyValueStore(client)
+            rdzv = JobRendezvous.over(store, self.spec)
+            leases: Leases = EtcdLeases(
+                store, rdzv.keys, faults.heartbeat_timeout, faults.heartbeat_interval
+            )
+            return rdzv, leases
+
+        def connect_raw() -> Any:
+            return connect_store(rdzv_spec.host, rdzv_spec.port, 60.0, rdzv_spec.read_timeout).store
+
+        def connect(waits: Any = None) -> TorchKeyValueStore:
+            # Called directly (no deadline thread): a thread per call would double the
+            # threads of an already crowded process.
+            counted = CountedTorchStore(
+                connect_raw(), rdzv_spec.host, connect=(lambda: waits) if waits else None
+            )
+            counted.requests = self.requests
+            return counted
+
+        # The lease thread's and the waits' own connections, opened now, before the
+        # clock starts: opened later by many threads at once, connects held renewals up
+        # past the timeout.
+        store = connect(CountedWaits(connect_raw(), self.requests))
+        keeper_store = connect()
+        rdzv = JobRendezvous.over(store, self.spec)
+        leases = StoreLeases(
+            store,
+            lambda: keeper_store,
+            rdzv.keys,
+            faults.heartbeat_timeout,
+            faults.heartbeat_interval,
+        )
+        return rdzv, leases
+
+    def prepare(self) -> None:
+        """Open this agent's store connections, before the clock starts."""
+        self._opened = self._open()
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except Exception as exc:  # reported in the results
+            self.error = f"{type(exc).__name__}: {exc}"[:300]
+
+    def _run(self) -> None:
+        assert self._opened is not None, "prepare() first"
+        rdzv, leases = self._opened
+        policy = FaultPolicy(rdzv, self.spec, self.member.addr, lambda: None)
+        self.ready = True
+        self.run_.opened.wait()
+        membership = rdzv.rounds.join(self.member)
+        self.joined_at = time.time()
+        rank = membership.node_rank_of(self.member.node_id)
+        assert rank is not None
+        peers = leases.peers(0, rank, len(membership.members))
+        leases.hold(0, rank)
+        room = len(membership.members) < self.spec.nodes.max_nodes
+        watch = GenerationWatch(rdzv.rounds, rdzv.ends, 0, room)
+        while True:  # the running generation's store checks, at the agent's cadence
+            if self.run_.victim is self:
+                leases.close()  # stops renewing: a silent loss
+                return
+            look = watch.due()
+            if look and watch.fenced():
+                break
+            if policy.check_leases(membership, rank, peers):
+                self.declared_at = time.time()
+                break
+            if look:
+                watch.admits_waiting()
+            time.sleep(STORE_CHECK_S)
+        survivors = policy.survivors(Joined(membership, rank, peers))
+        rdzv.rounds.join(dataclasses.replace(self.member, prev_rank=rank), expected=survivors)
+        self.committed_at = time.time()
+        # The lease is renewed on until the run ends (as an agent renews its next
+        # generation's): a slower peer still checking generation 0 must not find it gone.
+        self.leases = leases
+
+
+class SimRun:
+    def __init__(self) -> None:
+        self.opened = threading.Event()
+        self.victim: SimAgent | None = None
+
+
+def _wait_all(agents: list[SimAgent], done: Callable[[SimAgent], bool], timeout: float) -> None:
+    """Until every agent is done or failed, or timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while not all(done(a) or a.error for a in agents) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _reply(message: dict[str, object]) -> None:
+    print(json.dumps(message), flush=True)
+
+
+def shard(argv: list[str]) -> None:
+    backend, nodes, endpoint, run_id, first, end = argv
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    threading.stack_size(512 * 1024)
+    decode_memberships_once()
+    requests = Requests()
+    spec = spec_for(backend, int(nodes), endpoint, run_id)
+    run = SimRun()
+    agents = [SimAgent(i, spec, requests, run) for i in range(int(first), int(end))]
+    # A few connects at a time: thousands at once overflow the server's accept queue,
+    # one at a time waits out each connect's reverse name lookup (no DNS here).
+    with concurrent.futures.ThreadPoolExecutor(CONNECTS_AT_ONCE) as pool:
+        list(pool.map(SimAgent.prepare, agents))
+    for agent in agents:
+        agent.start()
+    _wait_all(agents, lambda a: a.ready, 300)  # every agent waiting before the clock
+    _reply({"ready": len(agents)})
+    survivors = agents
+    for line in sys.stdin:
+        command = line.strip()
+        if command == "go":
+            run.opened.set()
+            _wait_all(agents, lambda a: a.joined_at is not None, 300)
+            joined = [a.joined_at for a in agents]
+            _reply({"joined_at": None if None in joined else max(joined), **_errors(agents)})  # type: ignore[type-var]
+        elif command == "count":
+            _reply({"count": requests.count, "by_op": dict(requests.by_op)})
+        elif command == "kill":
+            run.victim = agents[-1]
+            survivors = agents[:-1]
+            _reply({"killed": agents[-1].index})
+        elif command == "finish":
+            _wait_all(survivors, lambda a: a.committed_at is not None, 120)
+            declared = [a.declared_at for a in survivors if a.declared_at is not None]
+            committed = [a.committed_at for a in survivors]
+            _reply({
+                "declared_at": min(declared, default=None),
+                "committed_at": None if None in committed else max(committed),  # type: ignore[type-var]
+                **_errors(survivors),
+            })  # fmt: skip
+        elif command == "exit":
+            break
+    for agent in agents:
+        if agent.leases is not None:
+            agent.leases.close()
+    # Hundreds of daemon threads, some inside TCPStore's C++ calls: interpreter
+    # teardown under them aborts, so this process ends without it (all is flushed).
+    os._exit(0)
+
+
+def _errors(agents: list[SimAgent]) -> dict[str, object]:
+    errors = [a.error for a in agents if a.error]
+    return {"error": errors[0]} if errors else {}
+
+
+if __name__ == "__main__":
+    shard(sys.argv[1:])
