@@ -26,7 +26,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-import functools
 import json
 import os
 import resource
@@ -58,14 +57,22 @@ from rtrain.core.rendezvous.protocol import MemberInfo, Membership  # noqa: E402
 def decode_memberships_once() -> None:
     """Every simulated agent reads the same closed membership; decoding it is each real
     agent's own CPU, spent in parallel on its own machine (13.5 ms at 2,048 members), but
-    2,048 threads of one process would spend 28 s of one core on it. So, in the process
-    of one size only (one()), identical payloads are decoded once: the store reads
-    (bytes and requests) are unchanged."""
+    2,048 threads of one process would spend 28 s of one core on it. So, in a shard's
+    process only (shard()), identical payloads are decoded once, by the first thread to
+    read them while the others wait for it (all read at once: the closed key's waits
+    end together): the store reads (bytes and requests) are unchanged."""
     decode = Membership.decode.__func__  # type: ignore[attr-defined]
+    decoded: dict[tuple[bytes | str, int], Membership] = {}
+    lock = threading.Lock()
 
-    @functools.lru_cache(maxsize=16)
     def decoded_once(cls: type, payload: bytes | str, generation: int) -> Membership:
-        return decode(cls, payload, generation)  # type: ignore[no-any-return]
+        with lock:
+            key = (payload, generation)
+            if key not in decoded:
+                if len(decoded) >= 16:
+                    decoded.clear()
+                decoded[key] = decode(cls, payload, generation)
+            return decoded[key]
 
     Membership.decode = classmethod(decoded_once)  # type: ignore[method-assign, assignment]
 
