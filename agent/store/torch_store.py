@@ -30,6 +30,7 @@ POLL_S = 0.02
 # answers a missing key with the expected value (UNSET) and a set one with its value. A
 # plain get would block on a missing key, so it took a check first: two round trips.
 UNSET = b"\x00rtrain:unset\x00"
+KNOWN_SET_KEYS = 4096
 
 
 class _CallThread:
@@ -75,6 +76,7 @@ class TorchKeyValueStore:
         self._unanswered: str | None = None
         self._clock = clock
         self._notices = KeyNotices(connect, endpoint) if connect is not None else None
+        self._known: set[str] = set()  # keys seen set (multi_get)
 
     def _call(self, op: str, *args: Any) -> Any:
         if self._unanswered is not None:
@@ -125,15 +127,28 @@ class TorchKeyValueStore:
         return decode_counter(self.get(key), key)
 
     def multi_get(self, keys: Sequence[str]) -> list[bytes | None]:
-        if keys and self._call("check", list(keys)):
-            return [as_bytes(v) for v in self._call("multi_get", list(keys))]
+        # TCPStore's multi_get blocks on a key that is not set, so it is asked only for
+        # keys known to be set: seen set by this client before (rtrain never deletes a
+        # key), or checked now. A lease watch reads the same few keys every half
+        # interval: one round trip each time, not two.
+        listed = list(keys)
+        if listed and (self._known.issuperset(listed) or self._call("check", listed)):
+            values = [as_bytes(v) for v in self._call("multi_get", listed)]
+            self._remember_set(listed)
+            return values
         return [self.get(key) for key in keys]
+
+    def _remember_set(self, keys: list[str]) -> None:
+        if len(self._known) + len(keys) > KNOWN_SET_KEYS:
+            self._known.clear()
+        self._known.update(keys)
 
     def wait(self, keys: Sequence[str], timeout: float) -> bool:
         listed = list(keys)
         return self._clock.wait_until(lambda: bool(self._call("check", listed)), timeout, POLL_S)
 
     def delete(self, key: str) -> bool:
+        self._known.discard(key)
         return bool(self._call("delete_key", key))
 
     def follow(self, key: str) -> Callable[[], bytes | None]:

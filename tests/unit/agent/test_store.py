@@ -105,3 +105,38 @@ def test_a_taken_port_is_told_by_errno_not_by_message_text() -> None:
     finally:
         listener.close()
     assert not port_taken(port) and not port_taken(0)
+
+
+class _CountedCalls:
+    """A torch store that counts the calls made of it."""
+
+    def __init__(self, store: dist.Store) -> None:
+        self.store = store
+        self.calls: list[str] = []
+
+    def __getattr__(self, op: str) -> object:
+        method = getattr(self.store, op)
+
+        def counted(*args: object) -> object:
+            self.calls.append(op)
+            return method(*args)
+
+        return counted
+
+
+def test_a_multi_get_of_keys_seen_set_is_one_round_trip() -> None:
+    inner = _CountedCalls(dist.HashStore())
+    store = TorchKeyValueStore(inner, "memory")
+    store.set("lease/1", "1")
+    assert store.multi_get(["lease/1", "lease/2"]) == [b"1", None]  # one not set: per key
+    store.set("lease/2", "1")
+    inner.calls.clear()
+    assert store.multi_get(["lease/1", "lease/2"]) == [b"1", b"1"]
+    assert inner.calls == ["check", "multi_get"]  # checked once
+    inner.calls.clear()
+    for _ in range(3):
+        store.set("lease/1", "2")
+        assert store.multi_get(["lease/1", "lease/2"]) == [b"2", b"1"]
+    assert inner.calls == ["set", "multi_get"] * 3  # known set: no check
+    store.delete("lease/2")
+    assert store.multi_get(["lease/1", "lease/2"]) == [b"2", None]  # never a blocking read
