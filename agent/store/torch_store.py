@@ -133,7 +133,7 @@ class TorchKeyValueStore:
         # interval: one round trip each time, not two.
         listed = list(keys)
         if listed and (self._known.issuperset(listed) or self._call("check", listed)):
-            values = [as_bytes(v) for v in self._call("multi_get", listed)]
+            values: list[bytes | None] = [as_bytes(v) for v in self._call("multi_get", listed)]
             self._remember_set(listed)
             return values
         return [self.get(key) for key in keys]
