@@ -183,15 +183,19 @@ def _measure(
         op: round(n / elapsed / nodes, 2) for op, n in by_op.items()
     }
     result["store_server_cpu_pct"] = round((cpu_of(servers) - cpu_before) / elapsed * 100, 1)
-    stopped = time.time()
+    stopped, cpu_before = time.time(), cpu_of(servers)
     ask(shards[-1:], "kill", 30)
     finished = ask(shards, "finish", 150)
+    result["store_server_cpu_s_through_commit"] = round(cpu_of(servers) - cpu_before, 2)
     declared = [a["declared_at"] for a in finished if a.get("declared_at") is not None]
     error = _first_error(finished)
     if error is not None or not declared or any(a.get("committed_at") is None for a in finished):
         result["error"] = error or "generation 1 did not close in 120 s"
         return result
     result["detect_s"] = round(min(declared) - stopped, 3)
+    # when the last survivor had noticed (the news) and rejoined: the rest is the round
+    left = [a["left_at"] for a in finished if a.get("left_at") is not None]
+    result["last_left_after_declared_s"] = round(max(left) - min(declared), 3)
     result["commit_after_declared_s"] = round(
         max(a["committed_at"] for a in finished) - min(declared), 3
     )

@@ -152,6 +152,7 @@ class SimAgent(threading.Thread):
         self.joined_at: float | None = None
         self.declared_at: float | None = None
         self.committed_at: float | None = None
+        self.left_at: float | None = None  # left generation 0 (fenced or declaring)
         self.error: str | None = None
         self.leases: Leases | None = None
         self.ready = False
@@ -233,6 +234,7 @@ class SimAgent(threading.Thread):
             if look:
                 watch.admits_waiting()
             time.sleep(STORE_CHECK_S)
+        self.left_at = time.time()
         survivors = policy.survivors(Joined(membership, rank, peers))
         rdzv.rounds.join(dataclasses.replace(self.member, prev_rank=rank), expected=survivors)
         self.committed_at = time.time()
@@ -294,9 +296,11 @@ def shard(argv: list[str]) -> None:
             _wait_all(survivors, lambda a: a.committed_at is not None, 120)
             declared = [a.declared_at for a in survivors if a.declared_at is not None]
             committed = [a.committed_at for a in survivors]
+            left = [a.left_at for a in survivors if a.left_at is not None]
             _reply({
                 "declared_at": min(declared, default=None),
                 "committed_at": None if None in committed else max(committed),  # type: ignore[type-var]
+                "left_at": max(left, default=None),
                 **_errors(survivors),
             })  # fmt: skip
         elif command == "exit":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import zlib
 
 import pytest
 from rtrain.core.rendezvous.failures import (
@@ -13,6 +14,8 @@ from rtrain.core.rendezvous.failures import (
     root_cause_first,
 )
 from rtrain.core.rendezvous.protocol import (
+    COMPRESSED,
+    MAX_MEMBERSHIP_BYTES,
     AbortRecord,
     MemberInfo,
     Membership,
@@ -72,12 +75,9 @@ def test_garbage_membership_abort_and_master_are_refused():
     with pytest.raises(ProtocolError):
         Membership.decode(json.dumps({"v": 1, "generation": 0, "members": []}), 0)
     with pytest.raises(ProtocolError, match="twice"):
-        Membership.decode(
-            Membership(0, (member("a"),))
-            .encode()
-            .replace("]", ', {"v": 1, "node_id": "a", "addr": "x", "local_world_size": 1}]'),
-            0,
-        )
+        twice = {"v": 1, "node_id": "a", "addr": "x", "local_world_size": 1}
+        text = json.dumps({"v": 1, "generation": 0, "members": [twice, twice]})
+        Membership.decode(COMPRESSED + zlib.compress(text.encode()), 0)
     with pytest.raises(ProtocolError):
         AbortRecord.decode(json.dumps({"generation": "x", "node_rank": 0, "exit_code": 1}))
     with pytest.raises(ProtocolError):
@@ -219,3 +219,25 @@ def test_c10d_newcomers_are_ordered_by_address_not_by_who_started_first():
     ]
     ordered = [m.addr for m in order_members(joined, static=False)]
     assert ordered == ["127.0.0.2", "127.0.0.3", "127.0.0.10", "a", "b"]
+
+
+def test_a_big_membership_is_stored_compressed_and_read_back_whole():
+    members = tuple(member(f"{n:032x}", lws=8, prev=n) for n in range(2048))
+    payload = Membership(1, members).encode()
+    plain = json.dumps({"members": [{"node_id": m.node_id} for m in members]})
+    assert len(payload) < len(plain) / 4
+    assert Membership.decode(payload, 1).members == members
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        COMPRESSED + b"not zlib at all",
+        COMPRESSED + zlib.compress(b'{"v": 1, "generation": 1, "members": []}')[:-6],  # cut
+        COMPRESSED + zlib.compress(b"[" * (MAX_MEMBERSHIP_BYTES + 1)),  # a bomb
+        COMPRESSED + zlib.compress(b"\xff\xfe not text"),
+    ],
+)
+def test_a_forged_compressed_membership_is_refused(payload: bytes):
+    with pytest.raises(ProtocolError, match="membership"):
+        Membership.decode(payload, 1)
