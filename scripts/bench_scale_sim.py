@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from etcd_cluster import EtcdCluster
 
 SHARD = Path(__file__).resolve().parent / "sim_shard.py"
-AGENTS_PER_SHARD = int(os.environ.get("BENCH_SCALE_SHARD", "256"))
+AGENTS_PER_SHARD = int(os.environ.get("BENCH_SCALE_SHARD", "128"))
 WINDOW_S = float(os.environ.get("BENCH_SCALE_WINDOW_S", "10"))
 ETCD_MAX_AGENTS = int(os.environ.get("BENCH_SCALE_ETCD_MAX", "1024"))
 
