@@ -294,18 +294,20 @@ def report(data: dict[str, list[dict[str, object]]]) -> str:
         )
     lines += [
         "",
-        "| agents (threads) | store | generation 0 | requests / agent / s | store server CPU "
-        "| silent loss: detected | committed after declared |",
-        "|---|---|---|---|---|---|---|",
+        "| agents | processes | store | generation 0 | requests / agent / s | store server "
+        "CPU | silent loss: detected | last survivor left | committed after declared |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in sorted(data.get("sim", []), key=lambda r: (str(r["backend"]), r["nodes"])):
         if "error" in r:
-            lines.append(f"| {r['nodes']} | {r['backend']} | {r['error']} | | | | |")
+            lines.append(f"| {r['nodes']} | | {r['backend']} | {r['error']} | | | | | |")
             continue
         lines.append(
-            f"| {r['nodes']} | {r['backend']} | {_cell(r, 'generation0_s', ' s')} | "
-            f"{_cell(r, 'requests_per_agent_s')} | {_cell(r, 'store_server_cpu_pct', ' %')} | "
-            f"{_cell(r, 'detect_s', ' s')} | {_cell(r, 'commit_after_declared_s', ' s')} |"
+            f"| {r['nodes']} | {_cell(r, 'processes')} | {r['backend']} | "
+            f"{_cell(r, 'generation0_s', ' s')} | {_cell(r, 'requests_per_agent_s')} | "
+            f"{_cell(r, 'store_server_cpu_pct', ' %')} | {_cell(r, 'detect_s', ' s')} | "
+            f"{_cell(r, 'last_left_after_declared_s', ' s')} | "
+            f"{_cell(r, 'commit_after_declared_s', ' s')} |"
         )
     return "\n".join(lines)
 

@@ -113,14 +113,15 @@ class LeaseKeeper:
         self._seq = 0
         self._wake = threading.Event()
         self._closed = threading.Event()
-        self._thread: threading.Thread | None = None
+        # Its connection is opened now, before any lease is held: a TCPStore server
+        # stalls every client while it looks up a new one's name (for the resolver's
+        # timeout on a host without DNS), which must not delay the other nodes' renewals.
+        self._thread = threading.Thread(target=self._run, name="rtrain-lease", daemon=True)
+        self._thread.start()
 
     def hold(self, generation: int, node_rank: int) -> None:
         """Renew the lease of (generation, node_rank) from now on; renews once right away."""
         self._key = self._keys.lease(generation, node_rank)
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="rtrain-lease", daemon=True)
-            self._thread.start()
         self._wake.set()
 
     def close(self) -> None:

@@ -41,7 +41,11 @@ class KeyNotices:
         self._waiting_on: str | None = None
         self._seen: dict[str, None] = {}  # insertion-ordered set
         self._broken = False
-        self._thread: threading.Thread | None = None
+        # Connected now, with the agent's other connections: TCPStore's server looks up
+        # each new client's name, and on a host without DNS that stalls every client
+        # for the resolver's timeout, which must not happen once leases are renewed.
+        self._thread = threading.Thread(target=self._run, name="rtrain-store-wait", daemon=True)
+        self._thread.start()
 
     def check(self, key: str, read: Callable[[], bool]) -> bool:
         """Whether key is set: from the waiting thread when it waits on key, else read()."""
@@ -52,7 +56,6 @@ class KeyNotices:
                 return False
             if not self._broken and self._wanted != key:
                 self._wanted = key
-                self._start()
                 self._lock.notify()
         if read():
             self._remember(key)
@@ -64,11 +67,6 @@ class KeyNotices:
         """The key the thread is blocked on now (for tests and diagnostics)."""
         with self._lock:
             return self._waiting_on
-
-    def _start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="rtrain-store-wait", daemon=True)
-            self._thread.start()
 
     def _remember(self, key: str) -> None:
         with self._lock:
