@@ -1,7 +1,7 @@
 """Hang detection: workers' heartbeat files, and the stack of a worker that stopped.
 
 Each worker gets a small file that rtrain.core.heartbeat() bumps through a shared
-mapping; the agent reads it every monitor pass. A worker whose count has not moved
+mapping; the agent reads it twice a second. A worker whose count has not moved
 for --hang-timeout after its first heartbeat is hung, whether it is deadlocked, stuck
 in a collective, or stopped by SIGSTOP. Before it is killed its Python stack is taken
 with py-spy (which can read a stopped process), else with faulthandler inside the
@@ -34,6 +34,10 @@ STACK_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SI
 PY_SPY_TIMEOUT_S = 10.0
 FAULTHANDLER_WAIT_S = 2.0
 MAX_STACK_CHARS = 8000
+# The heartbeat files are read at most this often (and a quarter of --hang-timeout), not
+# on every monitor pass: a hang is counted in tens of seconds, and reading each
+# worker's file ten times a second was most of an idle agent's CPU.
+HANG_CHECK_S = 0.5
 
 
 class HangWatch:
@@ -48,6 +52,8 @@ class HangWatch:
         self._stacks: dict[int, str] = {}
         self._clock = clock
         self.timeout = timeout
+        self._check_every = min(HANG_CHECK_S, timeout / 4)
+        self._next_check = float("-inf")
 
     def worker_env(self, local_rank: int, log_dir: str) -> dict[str, str]:
         """Create the worker's heartbeat file; the variables that point the worker at it.
@@ -65,8 +71,12 @@ class HangWatch:
         return self._stacks[local_rank]
 
     def hung(self, running: list[int]) -> list[int]:
-        """Local ranks among `running` whose heartbeat stopped for longer than the timeout."""
+        """Local ranks among `running` whose heartbeat stopped for longer than the timeout
+        (found at most HANG_CHECK_S late)."""
         now = self._clock()
+        if now < self._next_check:
+            return []
+        self._next_check = now + self._check_every
         for local_rank in running:
             beat = self.read(local_rank)
             if beat is not None:
