@@ -13,10 +13,13 @@ keys is refused with a RendezvousError, never trusted.
 
 from __future__ import annotations
 
+import contextlib
+import secrets
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...core.clock import Clock
+from ...core.errors import RendezvousError
 from ..waiting import SYSTEM_CLOCK
 from .etcd_client import EtcdClient, NotEtcd, b64, unb64
 from .etcd_watch import KeyWatch
@@ -24,7 +27,9 @@ from .kv import as_bytes, decode_counter
 
 POLL_S = 0.05
 MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
-MAX_FOLLOWED = 16  # older watches (of past generations' keys) are closed
+MAX_FOLLOWED = 16
+# An add's receipt is the counter's key, this, and the add's token.
+RECEIPT = "\x00add:"  # older watches (of past generations' keys) are closed
 
 
 class EtcdKeyValueStore:
@@ -63,6 +68,14 @@ class EtcdKeyValueStore:
         return as_bytes(expected) if held is None else held
 
     def add(self, key: str, amount: int) -> int:
+        """Read, then write the sum if the key did not change meanwhile (else again).
+
+        The write also records a receipt (a key of its own, under this call's token)
+        and a failed write reads it: when a member commits the write but its answer is
+        lost, the client sends the same request to the next member, which finds the
+        key changed. Without the receipt that looked like someone else's add and the
+        amount was added twice (a phantom join slot, a restart nobody was charged)."""
+        receipt = f"{key}{RECEIPT}{secrets.token_hex(8)}"
         while True:
             found = self.client.range(key)
             kvs = _kvs(found)
@@ -71,14 +84,24 @@ class EtcdKeyValueStore:
                 compare = {"target": "MOD", "mod_revision": str(kvs[0].get("mod_revision"))}
             else:
                 current, compare = 0, {"target": "CREATE", "create_revision": "0"}
-            total = current + amount
+            total = str(current + amount)
             answer = self.client.txn(
                 [{"key": b64(key), "result": "EQUAL", **compare}],
-                [{"request_put": {"key": b64(key), "value": b64(str(total))}}],
-                [],
+                [
+                    {"request_put": {"key": b64(key), "value": b64(total)}},
+                    {"request_put": {"key": b64(receipt), "value": b64(total)}},
+                ],
+                [{"request_range": {"key": b64(receipt)}}],
             )
             if answer.get("succeeded"):
-                return total
+                break
+            committed = _first_value(_response(answer, 0, "response_range"))
+            if committed is not None:  # an earlier attempt of this request took
+                total = str(decode_counter(committed, key))
+                break
+        with contextlib.suppress(RendezvousError):  # a receipt left behind is only litter
+            self.client.delete(receipt)
+        return int(total)
 
     def counter(self, key: str) -> int:
         return decode_counter(self.get(key), key)

@@ -221,3 +221,33 @@ def _eventually(predicate, timeout: float = 5.0) -> bool:
             return False
         time.sleep(0.01)
     return True
+
+
+def test_an_add_whose_answer_was_lost_after_it_committed_counts_once(etcd):
+    from rtrain.agent.store.etcd_client import EtcdClient
+    from rtrain.agent.store.etcd_store import RECEIPT, EtcdKeyValueStore
+
+    class LostAnswers(EtcdClient):
+        """The first `lose` txns commit on etcd but their answers are lost: the request
+        goes again, as call() sends it to the next member after a timeout."""
+
+        lose = 0
+
+        def call(self, path, body):
+            if path == "kv/txn" and self.lose > 0:
+                self.lose -= 1
+                super().call(path, body)  # committed; the answer never came back
+            return super().call(path, body)
+
+    client = LostAnswers([("127.0.0.1", m.client_port) for m in etcd.members])
+    store = EtcdKeyValueStore(client)
+    key = f"/add-{time.monotonic_ns()}/joins"
+    assert store.add(key, 1) == 1
+    client.lose = 1
+    assert store.add(key, 1) == 2  # before: 3, a phantom slot
+    assert store.counter(key) == 2
+    client.lose = 1
+    assert store.add(key + "-new", 5) == 5 and store.counter(key + "-new") == 5  # created
+    receipts = client.range(key + RECEIPT, prefix=True).get("kvs", [])
+    assert receipts == []  # each add removes its receipt
+    store.close()
