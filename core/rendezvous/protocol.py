@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, TypeGuard
 
 from ..config.worker_env import NodeAssignment
+from .compressed import COMPRESSED, inflated
 
 
 class ProtocolError(ValueError):
@@ -44,10 +45,6 @@ class ProtocolError(ValueError):
 
 
 PROTOCOL_VERSION = 1
-# A closed membership is stored compressed, behind this mark; a million members of
-# about 150 bytes each inflate to well under MAX_MEMBERSHIP_BYTES.
-COMPRESSED = b"\x00zlib:"
-MAX_MEMBERSHIP_BYTES = 256 << 20
 
 
 class StoreKeys:
@@ -239,7 +236,7 @@ class Membership:
 
     @classmethod
     def decode(cls, payload: bytes | str, generation: int) -> Membership:
-        data = json_object(_decompressed(payload), "membership")
+        data = json_object(inflated(payload, ProtocolError), "membership")
         if data.get("v") != PROTOCOL_VERSION:
             raise ProtocolError("membership: unknown protocol version")
         if data.get("generation") != generation:
@@ -279,23 +276,6 @@ class AbortRecord:
                 "abort record: generation, node_rank and exit_code must be integers"
             )
         return cls(gen, node, str(data.get("reason", "")), code)
-
-
-def _decompressed(payload: bytes | str) -> bytes | str:
-    """A compressed payload's JSON, refusing more than MAX_MEMBERSHIP_BYTES of it (a
-    forged payload that inflates without end); anything else as it is."""
-    if isinstance(payload, str) or not payload.startswith(COMPRESSED):
-        return payload
-    inflater = zlib.decompressobj()
-    try:
-        text = inflater.decompress(payload[len(COMPRESSED) :], MAX_MEMBERSHIP_BYTES)
-    except zlib.error:
-        raise ProtocolError("membership: not a valid compressed payload") from None
-    if inflater.unconsumed_tail or not inflater.eof:
-        raise ProtocolError(
-            f"membership: truncated, or over {MAX_MEMBERSHIP_BYTES} bytes uncompressed"
-        )
-    return text
 
 
 def order_members(joined: Sequence[MemberInfo], static: bool) -> tuple[MemberInfo, ...]:

@@ -6,6 +6,7 @@ import json
 import zlib
 
 import pytest
+from rtrain.core.rendezvous.compressed import COMPRESSED, MAX_MEMBERSHIP_BYTES
 from rtrain.core.rendezvous.failures import (
     FailureRecord,
     RecordError,
@@ -14,8 +15,6 @@ from rtrain.core.rendezvous.failures import (
     root_cause_first,
 )
 from rtrain.core.rendezvous.protocol import (
-    COMPRESSED,
-    MAX_MEMBERSHIP_BYTES,
     AbortRecord,
     MemberInfo,
     Membership,
