@@ -27,9 +27,9 @@ from .kv import as_bytes, decode_counter
 
 POLL_S = 0.05
 MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
-MAX_FOLLOWED = 16
+MAX_FOLLOWED = 16  # older watches (of past generations' keys) are closed
 # An add's receipt is the counter's key, this, and the add's token.
-RECEIPT = "\x00add:"  # older watches (of past generations' keys) are closed
+RECEIPT = "\x00add:"
 
 
 class EtcdKeyValueStore:

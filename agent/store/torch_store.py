@@ -30,7 +30,7 @@ POLL_S = 0.02
 # answers a missing key with the expected value (UNSET) and a set one with its value. A
 # plain get would block on a missing key, so it took a check first: two round trips.
 UNSET = b"\x00rtrain:unset\x00"
-KNOWN_SET_KEYS = 4096
+KNOWN_SET_KEYS = 4096  # keys multi_get remembers as set, before it starts over
 
 
 class _CallThread:

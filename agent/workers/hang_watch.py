@@ -35,8 +35,8 @@ PY_SPY_TIMEOUT_S = 10.0
 FAULTHANDLER_WAIT_S = 2.0
 MAX_STACK_CHARS = 8000
 # The heartbeat files are read at most this often (and a quarter of --hang-timeout), not
-# on every monitor pass: a hang is counted in tens of seconds, and reading each
-# worker's file ten times a second was most of an idle agent's CPU.
+# on every 0.1 s monitor pass: a hang is counted in tens of seconds, and an idle agent
+# should do as little as it can between passes.
 HANG_CHECK_S = 0.5
 
 
