@@ -6,32 +6,129 @@ own thread, so training never waits for the disk. The layout, shared by all node
 (a shared file system, like torch.distributed.checkpoint's):
 
   <dir>/step-<S>/rank-<R>.shard    the shard, written to a temporary name and renamed
-  <dir>/step-<S>/rank-<R>.json     {"world_size": W, "crcs": [...]} once the shard is in
+  <dir>/step-<S>/rank-<R>.json     its manifest, written once the shard is in:
+                                   {"step", "rank", "world_size", "size", "sha256",
+                                    "crcs", "mac"}
+  <dir>/rtrain.key                 the key, when the job was given no secret (mode 0600)
 
-A step is complete when every rank 0..W-1 has both files. Restore reads the newest
-complete step, verifies each shard's checksums, and says it came from disk.
+A step is complete when every rank 0..W-1 has both files and every manifest's MAC is
+good. Restore reads the newest complete step, checks each shard's size, SHA-256 and
+checksums against its manifest, and says it came from disk.
+
+A shared checkpoint folder is writable by more than this job, and a shard read from it
+becomes training state, so nothing there is trusted that this job did not write: each
+manifest carries HMAC-SHA256 of its fields (the shard's SHA-256 among them) under the
+checkpoint key. The key is the job secret when one was given (RTRAIN_SECRET or
+--secret-file: a requeued or relaunched job given the same secret resumes), else a
+random key the first agent writes to <dir>/rtrain.key, readable by its owner only, so
+that whoever can plant files in the folder but not read that one cannot forge a step.
+A shard holds no pickle (core/snapshots/skeleton.py), so even a trusted one runs no code.
 """
 
 from __future__ import annotations
 
 import glob
+import hashlib
+import hmac
 import json
 import logging
 import os
 import queue
 import re
+import secrets
+import stat
 import threading
+from dataclasses import dataclass
 from typing import Any
 
+from ...core.errors import UsageError
 from .checksums import verify
 
 logger = logging.getLogger(__name__)
 
 STEP_DIR = re.compile(r"step-(\d+)$")
+KEY_FILE = "rtrain.key"
+MAX_MANIFEST = 1 << 20  # bytes: one 8-byte digest per 8 MiB chunk fits 500 GB shards
+MAC_CONTEXT = b"rtrain disk checkpoint v1\0"
+
+
+@dataclass(frozen=True)
+class CheckpointDir:
+    """A checkpoint folder and the key its manifests are signed with."""
+
+    path: str
+    key: bytes
+
+    def __repr__(self) -> str:  # never print the key
+        return f"CheckpointDir({self.path!r})"
+
+
+def open_checkpoint_dir(path: str, secret: bytes | None) -> CheckpointDir:
+    """The folder with its key: the job secret if one was given, else <path>/rtrain.key,
+    made by whichever agent comes first (UsageError if it is not this user's alone)."""
+    if secret is not None:
+        return CheckpointDir(path, secret)
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--checkpoint-dir {path}: {exc.strerror}") from None
+    key_path = os.path.join(path, KEY_FILE)
+    for _ in range(2):
+        key = _read_key(key_path)
+        if key is not None:
+            return CheckpointDir(path, key)
+        _create_key(key_path)
+    raise UsageError(f"--checkpoint-dir {path}: cannot create {KEY_FILE}")
+
+
+def _read_key(key_path: str) -> bytes | None:
+    try:
+        fd = os.open(key_path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise UsageError(f"{key_path}: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+            raise UsageError(
+                f"{key_path}: not a file only this user can read (mode "
+                f"{stat.S_IMODE(info.st_mode):04o}, owner uid {info.st_uid}); checkpoints "
+                "signed with it cannot be trusted: remove it or give RTRAIN_SECRET"
+            )
+        key = os.read(fd, 4097).strip()
+    finally:
+        os.close(fd)
+    if not 16 <= len(key) <= 4096:
+        raise UsageError(f"{key_path}: not a checkpoint key (16 to 4096 bytes)")
+    return key
+
+
+def _create_key(key_path: str) -> None:
+    """Write a fresh key under a temporary name and link it into place: link fails if
+    another agent's key got there first, and then that one is read."""
+    temporary = f"{key_path}.{os.getpid()}.{secrets.token_hex(4)}"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, secrets.token_hex(32).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.link(temporary, key_path)
+    except FileExistsError:
+        pass
+    finally:
+        os.remove(temporary)
+
+
+def _mac(key: bytes, fields: dict[str, Any]) -> str:
+    body = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
+    return hmac.new(key, MAC_CONTEXT + body, hashlib.sha256).hexdigest()
 
 
 class DiskCheckpointer:
-    def __init__(self, directory: str, every: int) -> None:
+    def __init__(self, directory: CheckpointDir, every: int) -> None:
         self.directory = directory
         self.every = every
         self._queue: queue.Queue[tuple[int, int, int, bytes, list[int]] | None] = queue.Queue()
@@ -73,10 +170,10 @@ class DiskCheckpointer:
 
 
 def write_checkpoint(
-    directory: str, rank: int, step: int, world_size: int, data: Any, crcs: list[int]
+    directory: CheckpointDir, rank: int, step: int, world_size: int, data: Any, crcs: list[int]
 ) -> None:
-    """One rank's shard of `step`; the .json, written last, says it is whole."""
-    folder = os.path.join(directory, f"step-{step:09d}")
+    """One rank's shard of `step`; the manifest, written last, says it is whole."""
+    folder = os.path.join(directory.path, f"step-{step:09d}")
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"rank-{rank}.shard")
     with open(path + ".tmp", "wb") as handle:
@@ -84,39 +181,85 @@ def write_checkpoint(
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(path + ".tmp", path)
-    with open(os.path.join(folder, f"rank-{rank}.json"), "w") as handle:
-        json.dump({"world_size": world_size, "crcs": crcs}, handle)
+    fields = {
+        "step": step,
+        "rank": rank,
+        "world_size": world_size,
+        "size": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "crcs": crcs,
+    }
+    manifest = os.path.join(folder, f"rank-{rank}.json")
+    with open(manifest + ".tmp", "w") as handle:
+        json.dump({**fields, "mac": _mac(directory.key, fields)}, handle)
+    os.replace(manifest + ".tmp", manifest)
 
 
-def newest_complete(directory: str) -> tuple[int, int] | None:
-    """(step, world size) of the newest checkpoint every rank finished, or None."""
+def read_manifest(directory: CheckpointDir, step: int, rank: int) -> dict[str, Any]:
+    """The manifest of `rank` at `step`, if this job wrote it (ValueError if not)."""
+    path = os.path.join(directory.path, f"step-{step:09d}", f"rank-{rank}.json")
+    with open(path, "rb") as handle:
+        raw = handle.read(MAX_MANIFEST + 1)
+    try:
+        manifest = json.loads(raw) if len(raw) <= MAX_MANIFEST else None
+    except ValueError:
+        manifest = None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("mac"), str):
+        raise ValueError(f"{path} is not a manifest rtrain wrote: refused")
+    fields = {k: v for k, v in manifest.items() if k != "mac"}
+    if not hmac.compare_digest(manifest["mac"], _mac(directory.key, fields)):
+        raise ValueError(
+            f"{path} was not written by this job (its HMAC does not match the checkpoint "
+            "key): refused"
+        )
+    counts = ("step", "rank", "world_size", "size")
+    if (
+        any(type(fields.get(k)) is not int or fields[k] < 0 for k in counts)
+        or (fields["step"], fields["rank"]) != (step, rank)
+        or not isinstance(fields.get("sha256"), str)
+        or not isinstance(fields.get("crcs"), list)
+        or any(type(c) is not int for c in fields["crcs"])
+    ):
+        raise ValueError(f"{path} does not describe rank {rank} at step {step}: refused")
+    return fields
+
+
+def newest_complete(directory: CheckpointDir) -> tuple[int, int] | None:
+    """(step, world size) of the newest checkpoint every rank finished, or None. A step
+    with a manifest this job did not write is passed over, and said so."""
     steps = []
-    for folder in glob.glob(os.path.join(directory, "step-*")):
+    for folder in glob.glob(os.path.join(directory.path, "step-*")):
         match = STEP_DIR.search(folder)
         if match:
             steps.append((int(match[1]), folder))
     for step, folder in sorted(steps, reverse=True):
         try:
-            with open(os.path.join(folder, "rank-0.json")) as handle:
-                world = int(json.load(handle)["world_size"])
-        except (OSError, ValueError, KeyError, TypeError):
+            world = read_manifest(directory, step, 0)["world_size"]
+            if world < 1 or not all(
+                os.path.exists(os.path.join(folder, f"rank-{r}.shard"))
+                and read_manifest(directory, step, r)["world_size"] == world
+                for r in range(world)
+            ):
+                continue
+        except FileNotFoundError:
             continue
-        if all(
-            os.path.exists(os.path.join(folder, f"rank-{r}.{ext}"))
-            for r in range(world)
-            for ext in ("shard", "json")
-        ):
-            return step, world
+        except (OSError, ValueError) as exc:
+            logger.error("disk checkpoint of step %d passed over: %s", step, exc)
+            continue
+        return step, world
     return None
 
 
-def load_verified(directory: str, step: int, rank: int) -> bytes:
-    """The shard of `rank` at `step`, checksum verified (OSError/ValueError if not)."""
-    folder = os.path.join(directory, f"step-{step:09d}")
-    with open(os.path.join(folder, f"rank-{rank}.json")) as handle:
-        crcs = [int(c) for c in json.load(handle)["crcs"]]
-    with open(os.path.join(folder, f"rank-{rank}.shard"), "rb") as handle:
-        data = handle.read()
-    if not verify(data, len(data), crcs):
-        raise ValueError(f"disk checkpoint {folder}/rank-{rank}.shard failed its checksum")
+def load_verified(directory: CheckpointDir, step: int, rank: int) -> bytes:
+    """The shard of `rank` at `step` as this job wrote it (OSError/ValueError if not)."""
+    fields = read_manifest(directory, step, rank)
+    path = os.path.join(directory.path, f"step-{step:09d}", f"rank-{rank}.shard")
+    with open(path, "rb") as handle:
+        data = handle.read(fields["size"] + 1)
+    if len(data) != fields["size"] or not hmac.compare_digest(
+        hashlib.sha256(data).hexdigest(), fields["sha256"]
+    ):
+        raise ValueError(f"{path} is not the shard its manifest signs: refused")
+    if not verify(data, len(data), fields["crcs"]):
+        raise ValueError(f"disk checkpoint {path} failed its checksum")
     return data

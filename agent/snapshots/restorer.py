@@ -40,7 +40,7 @@ from ...core.snapshots.restore_plan import (
 from ..rendezvous.job import JobRendezvous
 from ..waiting import SYSTEM_CLOCK
 from .checksums import verify
-from .disk_checkpoints import load_verified, newest_complete
+from .disk_checkpoints import CheckpointDir, load_verified, newest_complete
 from .shard_server import ShardClient, ShardError
 from .shard_store import ShardStore
 
@@ -172,7 +172,7 @@ def restore_agreed(
     topology: Topology,
     node_rank: int,
     pooled: Pooled,
-    checkpoint_dir: str | None = None,
+    checkpoint_dir: CheckpointDir | None = None,
     timeout: float = 60.0,
     watch: Callable[[], object] | None = None,
 ) -> RestoreResult:
@@ -256,7 +256,7 @@ def _without_a_plan(
     topology: Topology,
     node_rank: int,
     pooled: Pooled,
-    checkpoint_dir: str | None,
+    checkpoint_dir: CheckpointDir | None,
 ) -> RestoreResult:
     """No step survives in memory for every rank (every agent sees the same, and
     comes here together): the disk checkpoint, a fresh start, or an error."""
@@ -371,12 +371,12 @@ def _fetch(
 
 
 def restore_from_disk(
-    store: ShardStore, directory: str, topology: Topology, node_rank: int
+    store: ShardStore, directory: CheckpointDir, topology: Topology, node_rank: int
 ) -> RestoreResult:
     """Every local rank from the newest complete disk checkpoint (the same on all nodes)."""
     found = newest_complete(directory)
     if found is None:
-        logger.info("no complete checkpoint in %s: workers start fresh", directory)
+        logger.info("no complete checkpoint in %s: workers start fresh", directory.path)
         return RestoreResult(None)
     step, world = found
     for coord in topology.coords:
@@ -386,9 +386,11 @@ def restore_from_disk(
         try:
             data = load_verified(directory, step, coord.rank % world)
         except (OSError, ValueError, KeyError) as exc:
-            raise RtrainError(f"cannot restore rank {coord.rank} from {directory}: {exc}") from None
+            raise RtrainError(
+                f"cannot restore rank {coord.rank} from {directory.path}: {exc}"
+            ) from None
         target = store.restore_target(topology.generation, coord.rank, len(data))
         target[: len(data)] = data
         set_replicated(target, -1)
         target.close()
-    return RestoreResult(step, from_disk=directory)
+    return RestoreResult(step, from_disk=directory.path)

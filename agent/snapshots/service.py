@@ -22,7 +22,7 @@ from ...core.snapshots.format import COMMITTED, read_header
 from ...core.snapshots.restore_plan import Reached, ring_successors
 from ..rendezvous.job import JobRendezvous
 from .checksums import checksums
-from .disk_checkpoints import DiskCheckpointer, write_checkpoint
+from .disk_checkpoints import DiskCheckpointer, open_checkpoint_dir, write_checkpoint
 from .replicator import Replicator
 from .restorer import Peers, gather, publish, restore_agreed
 from .shard_server import ShardServer
@@ -45,10 +45,14 @@ class SnapshotService:
     ) -> None:
         """secret: the job secret, or None to hand a random one out through the store."""
         self.store = ShardStore(root, budget)
-        self._checkpoint_dir = checkpoint_dir
+        # Signed with the secret given, else with the folder's own key: a secret handed
+        # out through the store dies with it, and a requeued job must read its checkpoints.
+        self._checkpoint_dir = (
+            open_checkpoint_dir(checkpoint_dir, secret) if checkpoint_dir else None
+        )
         self._checkpointer = (
-            DiskCheckpointer(checkpoint_dir, checkpoint_every)
-            if checkpoint_dir and checkpoint_every
+            DiskCheckpointer(self._checkpoint_dir, checkpoint_every)
+            if self._checkpoint_dir and checkpoint_every
             else None
         )
         self._host = host
