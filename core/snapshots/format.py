@@ -30,10 +30,12 @@ import xxhash
 from .skeleton import (
     NUMPY_DTYPES,
     TORCH_DTYPES,
+    DTensorRef,
     SkeletonError,
     TensorRef,
     decode,
     encode,
+    where_of,
 )
 
 MAGIC = b"RTRSHRD1"
@@ -95,8 +97,7 @@ def plan_shard(state: Any) -> ShardLayout:
     refs: list[TensorRef] = []
     offset = 0
 
-    def tensor_ref(value: Any, place: Callable[[], str]) -> TensorRef | None:
-        nonlocal offset
+    def tensor_ref(value: Any, place: Callable[[], str]) -> TensorRef | DTensorRef | None:
         kind = type(value)
         is_array = kind is numpy.ndarray
         if is_array:
@@ -109,14 +110,32 @@ def plan_shard(state: Any) -> ShardLayout:
         elif kind is not torch.Tensor and kind is not torch.nn.Parameter:
             if not isinstance(value, torch.Tensor):
                 return None
-            where = place()
-            # A DTensor (FSDP2, tensor parallel) or another wrapper subclass: its bytes
-            # are not its local data, and copying it into a plain tensor fails mid-write.
+            if kind.__name__ == "DTensor" and kind.__module__.startswith("torch.distributed"):
+                return dtensor_ref(value, place)
+            # Another wrapper subclass: its bytes are not its data, and copying it into
+            # a plain tensor fails half-way through the write.
             raise SnapshotError(
-                f"{where}: a {type(value).__module__}.{type(value).__name__} cannot be "
-                "snapshotted (only plain tensors); pass its local shard "
-                "(DTensor.to_local()) or a full state dict"
+                f"{place()}: a {kind.__module__}.{kind.__name__} cannot be snapshotted "
+                "(only tensors, DTensors and numpy arrays)"
             )
+        return plain_ref(value, place, is_array)
+
+    def dtensor_ref(value: Any, place: Callable[[], str]) -> DTensorRef:
+        mesh = value.device_mesh
+        names = mesh.mesh_dim_names
+        return DTensorRef(
+            plain_ref(value.to_local(), place, False),
+            tuple(value.shape),
+            tuple(value.stride()),
+            tuple(_placement(p, value.ndim, place) for p in value.placements),
+            tuple(mesh.mesh.shape),
+            tuple(mesh.mesh.flatten().tolist()),
+            None if names is None else tuple(names),
+            mesh.device_type,
+        )
+
+    def plain_ref(value: Any, place: Callable[[], str], is_array: bool) -> TensorRef:
+        nonlocal offset
         if value.layout != torch.strided or value.device.type == "meta":
             raise SnapshotError(
                 f"{place()}: a {value.layout} tensor on {value.device.type} cannot be "
@@ -139,6 +158,34 @@ def plan_shard(state: Any) -> ShardLayout:
     return ShardLayout(meta, tensors, refs, offset)
 
 
+def _placement(placement: Any, ndim: int, place: Callable[[], str]) -> str:
+    """A DTensor placement's name in a shard. Exact types only: _StridedShard (FSDP2
+    over tensor parallel) is a Shard whose local data is not one slice of the tensor."""
+    kind = type(placement).__name__
+    if kind == "Replicate":
+        return "R"
+    if kind == "Shard":
+        return f"S{placement.dim % ndim}"
+    if kind == "Partial":
+        return f"P:{placement.reduce_op}"
+    raise SnapshotError(
+        f"{place()}: a DTensor placed {placement} cannot be snapshotted (only Shard, "
+        "Replicate and Partial placements); save it through torch.distributed.checkpoint "
+        "with rtrain's storage (rtrain.dcp)"
+    )
+
+
+# Builds the DTensor around a restored local shard: (reference, local tensor, key path).
+DTensorBuilder = Callable[[DTensorRef, Any, str], Any]
+
+
+def no_dtensors(ref: DTensorRef, local: Any, where: str) -> Any:
+    raise SnapshotError(
+        f"{where}: the snapshot holds a DTensor; restore it with restore(into=...) or "
+        "restore(mesh=...), which rebuild it on the device mesh"
+    )
+
+
 def write_shard(buffer: Any, layout: ShardLayout, step: int) -> None:
     """Copy the shard into `buffer` (a writable mapping of at least layout.size bytes)."""
     import torch
@@ -153,7 +200,9 @@ def write_shard(buffer: Any, layout: ShardLayout, step: int) -> None:
             buffer, dtype=torch.uint8, count=ref.nbytes, offset=meta_end + ref.offset
         )
         source = tensor.detach().contiguous().view(-1).view(torch.uint8)
-        target.copy_(source.cpu() if source.device.type != "cpu" else source)
+        # One copy, device to host straight into the slot, on the tensor's current
+        # stream (a device tensor is not staged through .cpu() first).
+        target.copy_(source)
     struct.pack_into("<I", buffer, STATE_OFFSET, COMMITTED)
 
 
@@ -167,10 +216,13 @@ def read_header(buffer: Any) -> ShardHeader | None:
     return ShardHeader(state, step, meta_len, data_len, replicated)
 
 
-def read_shard(buffer: Any, copy: bool = True) -> tuple[Any, int]:
+def read_shard(
+    buffer: Any, copy: bool = True, dtensor: DTensorBuilder = no_dtensors
+) -> tuple[Any, int]:
     """(state dict, step) from a committed shard. Tensors are copied out of the buffer,
     or with copy=False are views of it (the buffer must then be writable and stay
-    unchanged: core/worker/snapshots.py hands a private mapping of a file it never writes again)."""
+    unchanged: core/worker/snapshots.py hands a private mapping of a file it never
+    writes again). dtensor(ref, local, where) makes each DTensor of its local shard."""
     import torch
 
     header = read_header(buffer)
@@ -184,7 +236,9 @@ def read_shard(buffer: Any, copy: bool = True) -> tuple[Any, int]:
     except SkeletonError as exc:
         raise SnapshotError(f"shard skeleton refused: {exc}") from None
 
-    def build(value: Any) -> Any:
+    def build(value: Any, path: tuple[Any, ...] = ()) -> Any:
+        if isinstance(value, DTensorRef):
+            return dtensor(value, build(value.local), where_of(path))
         if isinstance(value, TensorRef):
             dtype = getattr(torch, value.dtype)
             if value.nbytes == 0:
@@ -199,11 +253,11 @@ def read_shard(buffer: Any, copy: bool = True) -> tuple[Any, int]:
             tensor = (raw.clone() if copy else raw).view(dtype).reshape(value.shape)
             return tensor.numpy() if value.numpy else tensor
         if isinstance(value, dict):
-            return {k: build(v) for k, v in value.items()}
+            return {k: build(v, (*path, k)) for k, v in value.items()}
         if isinstance(value, list):
-            return [build(v) for v in value]
+            return [build(v, (*path, i)) for i, v in enumerate(value)]
         if isinstance(value, tuple):
-            return tuple(build(v) for v in value)
+            return tuple(build(v, (*path, i)) for i, v in enumerate(value))
         return value
 
     return build(skeleton), header.step

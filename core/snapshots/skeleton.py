@@ -11,6 +11,9 @@ each JSON value tagged where JSON alone would lose the type:
   {"b": "<base64>"}                            bytes
   {"t": [dtype, shape, offset, nbytes]}        a torch tensor, its bytes in the data area
   {"n": [dtype, shape, offset, nbytes]}        a numpy array, likewise
+  {"D": [local, shape, stride, placements,     a DTensor: its local shard ("t" body), the
+         mesh_shape, mesh_ranks, dim_names,     global shape and stride, placements as
+         device]}                               "R", "S<dim>" or "P:<op>", and its mesh
 
 Decoding checks every node against this grammar and every tensor reference against the
 shard's data area; anything else is a SnapshotError. Pure: no I/O, no torch import.
@@ -21,6 +24,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -64,9 +68,43 @@ class TensorRef:
     numpy: bool = False
 
 
-def encode(value: Any, tensor_ref: Callable[[Any, Callable[[], str]], TensorRef | None]) -> bytes:
-    """The skeleton of `value`; tensor_ref(value, where) turns a tensor (or array) into
-    its TensorRef and returns None for anything else (where() names it, for errors)."""
+PLACEMENT = re.compile(r"R|S[0-9]{1,2}|P:(sum|avg|max|min|product)")
+MAX_MESH_RANKS = 1 << 20
+
+
+@dataclass(frozen=True)
+class DTensorRef:
+    """A DTensor: this rank's local shard and what rebuilds the DTensor around it on
+    an equal device mesh (the same ranks in the same shape, the same dimension names)."""
+
+    local: TensorRef
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    placements: tuple[str, ...]
+    mesh_shape: tuple[int, ...]
+    mesh_ranks: tuple[int, ...]  # the mesh's global ranks, flattened in row-major order
+    dim_names: tuple[str, ...] | None
+    device: str
+
+    def body(self) -> list[Any]:
+        local = self.local
+        return [
+            [local.dtype, list(local.shape), local.offset, local.nbytes],
+            list(self.shape),
+            list(self.stride),
+            list(self.placements),
+            list(self.mesh_shape),
+            list(self.mesh_ranks),
+            None if self.dim_names is None else list(self.dim_names),
+            self.device,
+        ]
+
+
+def encode(
+    value: Any, tensor_ref: Callable[[Any, Callable[[], str]], TensorRef | DTensorRef | None]
+) -> bytes:
+    """The skeleton of `value`; tensor_ref(value, where) turns a tensor (or array, or
+    DTensor) into its reference and returns None for anything else (where() names it)."""
     return json.dumps(_encode(value, (), tensor_ref, 0), separators=(",", ":")).encode()
 
 
@@ -110,6 +148,8 @@ def _encode(value: Any, path: tuple[Any, ...], tensor_ref: Callable[..., Any], d
     if kind.__module__ == "numpy" and kind.__name__ != "ndarray":
         return _encode(value.item(), path, tensor_ref, depth)  # a numpy scalar: its value
     ref = tensor_ref(value, lambda: where_of(path))
+    if isinstance(ref, DTensorRef):
+        return {"D": ref.body()}
     if ref is not None:
         tag = "n" if ref.numpy else "t"
         return {tag: [ref.dtype, list(ref.shape), ref.offset, ref.nbytes]}
@@ -170,7 +210,50 @@ def _decode(node: Any, data_len: int, depth: int) -> Any:
             raise SkeletonError("bytes that are not base64") from None
     if tag in ("t", "n"):
         return _tensor_ref(body, data_len, numpy=tag == "n")
+    if tag == "D":
+        return _dtensor_ref(body, data_len)
     raise SkeletonError(f"an unknown tag {tag[:20]!r}")
+
+
+def _dtensor_ref(body: Any, data_len: int) -> DTensorRef:
+    if not (isinstance(body, list) and len(body) == 8):
+        raise SkeletonError("a DTensor reference that is not eight fields")
+    local, shape, stride, placements, mesh_shape, ranks, names, device = body
+    sizes = [shape, stride, mesh_shape]
+    if not all(isinstance(v, list) and len(v) <= 64 and all(map(_count, v)) for v in sizes):
+        raise SkeletonError("a DTensor shape, stride or mesh shape that is not a list of sizes")
+    if len(shape) != len(stride) or not mesh_shape:
+        raise SkeletonError("a DTensor whose stride or mesh does not match its shape")
+    if not (isinstance(ranks, list) and len(ranks) <= MAX_MESH_RANKS and all(map(_count, ranks))):
+        raise SkeletonError("a DTensor mesh whose ranks are not a list of ranks")
+    if math.prod(mesh_shape) != len(ranks) or len(set(ranks)) != len(ranks):
+        raise SkeletonError("a DTensor mesh whose ranks do not fill its shape once each")
+    if not (
+        isinstance(placements, list)
+        and len(placements) == len(mesh_shape)
+        and all(isinstance(p, str) and PLACEMENT.fullmatch(p) for p in placements)
+    ):
+        raise SkeletonError("DTensor placements that are not one R, S<dim> or P:<op> per mesh dim")
+    if any(p.startswith("S") and int(p[1:]) >= len(shape) for p in placements):
+        raise SkeletonError("a DTensor sharded on a dimension it does not have")
+    if names is not None and not (
+        isinstance(names, list)
+        and len(names) == len(mesh_shape)
+        and all(isinstance(n, str) and len(n) <= 256 for n in names)
+    ):
+        raise SkeletonError("DTensor mesh dimension names that are not one string per dim")
+    if not (isinstance(device, str) and device.isidentifier() and len(device) <= 32):
+        raise SkeletonError("a DTensor device type that is not a name")
+    return DTensorRef(
+        _tensor_ref(local, data_len, numpy=False),
+        tuple(shape),
+        tuple(stride),
+        tuple(placements),
+        tuple(mesh_shape),
+        tuple(ranks),
+        None if names is None else tuple(names),
+        device,
+    )
 
 
 def _tensor_ref(body: Any, data_len: int, numpy: bool) -> TensorRef:

@@ -37,6 +37,7 @@ from ..snapshots.format import (
     replicated_step,
     write_shard,
 )
+from .stateful import dtensor_builder, load_into, meshes_in, state_of
 
 WAIT_LIMIT_S = 300.0
 
@@ -133,15 +134,17 @@ def _my_slots() -> _Slots | None:
 
 
 def snapshot(state: Any, step: int) -> bool:
-    """Keep `state` (a nested dict of tensors and plain values) as of `step`.
+    """Keep `state` as of `step`: nested dicts, lists and tuples of tensors, DTensors,
+    numpy arrays, plain values and Stateful objects (kept as their state_dict()).
 
-    Returns False without rtrain. Raises SnapshotError for a state that cannot be kept
-    (an unpicklable object, a snapshot over the memory budget, no shared memory left).
+    Returns False without rtrain. Raises SnapshotError, naming the key and the type,
+    for a state that cannot be kept (any other object, a snapshot over the memory
+    budget, no shared memory left), before anything is written.
     """
     slots = _my_slots()
     if slots is None:
         return False
-    layout = plan_shard(state)
+    layout = plan_shard(state_of(state))
     budget = int(os.environ.get(SNAPSHOT_BUDGET, "0") or 0)
     if budget and layout.size > budget:
         raise SnapshotError(
@@ -169,8 +172,14 @@ def _wait_replicated(slot: _Slot) -> None:
         )
 
 
-def restore(copy: bool = True) -> tuple[Any, int] | None:
+def restore(copy: bool = True, *, into: Any = None, mesh: Any = None) -> tuple[Any, int] | None:
     """(state, step) of the snapshot the agent restored for this rank, or None.
+
+    into: the live state that was snapshotted (the same nesting, Stateful objects in
+    it): the snapshot is loaded into it in place (load_state_dict for a Stateful, a
+    copy into each tensor, other values replaced in its dicts), and it is returned.
+    DTensors are rebuilt on an equal device mesh: one a DTensor in `into` lives on,
+    or `mesh` (a DeviceMesh, or several); no equal mesh is a SnapshotError.
 
     copy=False returns tensors that map the restored shard instead of copies of it: no
     copy and no page faults for fresh memory, so restoring costs about a millisecond
@@ -187,9 +196,15 @@ def restore(copy: bool = True) -> tuple[Any, int] | None:
     newest = slots.newest()
     if newest is None or newest.map is None:
         return None
+    meshes = list(meshes_in(into))
+    if mesh is not None:
+        meshes.extend(mesh if isinstance(mesh, (list, tuple)) else [mesh])
+    build = dtensor_builder(meshes)
     if copy:
-        return read_shard(newest.map)
-    with open(newest.path, "rb") as handle:
-        private = mmap.mmap(handle.fileno(), newest.size, access=mmap.ACCESS_COPY)
-    newest.pinned = True
-    return read_shard(private, copy=False)
+        state, step = read_shard(newest.map, dtensor=build)
+    else:
+        with open(newest.path, "rb") as handle:
+            private = mmap.mmap(handle.fileno(), newest.size, access=mmap.ACCESS_COPY)
+        newest.pinned = True
+        state, step = read_shard(private, copy=False, dtensor=build)
+    return (state if into is None else load_into(into, state)), step

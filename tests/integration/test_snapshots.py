@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -108,3 +109,38 @@ def test_with_no_copy_left_restore_falls_back_to_the_disk_checkpoint(tmp_path, r
     steps = {rec["step"] for rec in restored(cluster).values()}
     assert len(steps) == 1 and steps.pop() % 5 == 0
     assert "from the disk checkpoint in" in cluster.log(0)
+
+
+FSDP2 = str(Path(SNAPSHOTTING).with_name("train_fsdp2_snapshot.py"))
+
+
+def per_rank_digests(cluster: LocalCluster) -> dict[str, str]:
+    return {
+        path.stem: json.loads(path.read_text())["digest"]
+        for path in cluster.out.glob("final_rank*.json")
+    }
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_fsdp2_state_restores_in_place_bitwise_after_a_killed_worker(tmp_path, nodes):
+    # FSDP2's DTensor shards, Adam's DTensor moments, a Stateful data position and the
+    # RNG go in through snapshot() and come back through restore(into=...) on 2 and 4
+    # workers; the run ends with every rank's shards equal to a run without the kill.
+    runs = {}
+    kill = {"PROBE_FAULT": "rank=1,step=6,action=kill"}
+    for name, extra in (("reference", {}), ("killed", kill)):
+        flags = [*FAST, "--max-restarts=1"]
+        (tmp_path / name).mkdir()
+        cluster = LocalCluster(tmp_path / name, nodes, str(nodes), flags, script=FSDP2, **extra)
+        try:
+            codes = cluster.wait()
+        finally:
+            cluster.close()
+        assert codes == [0] * nodes, "".join(cluster.log(i) for i in range(nodes))
+        runs[name] = cluster
+    reference = per_rank_digests(runs["reference"])
+    assert len(reference) == 2 * nodes and len(set(reference.values())) == 2 * nodes
+    assert per_rank_digests(runs["killed"]) == reference
+    # every rank came back at step 5, the last one all of them had finished
+    assert {rec["step"] for rec in restored(runs["killed"]).values()} == {5}
+    assert len(restored(runs["killed"])) == 2 * nodes

@@ -190,6 +190,13 @@ def test_a_pickled_skeleton_is_refused_and_never_runs(tmp_path):
         b'{"t":["float32",[2],0,4]}',  # nbytes does not match the shape
         b'{"x":1}',
         b'{"d":[[{"d":[]},1]]}',  # an unhashable key
+        # DTensors: placements off the grammar, a mesh whose ranks do not fill its
+        # shape, a shard dimension the tensor lacks, a local shard past the data
+        b'{"D":[["float32",[2],0,8],[4],[1],["X"],[2],[0,1],null,"cpu"]}',
+        b'{"D":[["float32",[2],0,8],[4],[1],["S0"],[2],[0,0],null,"cpu"]}',
+        b'{"D":[["float32",[2],0,8],[4],[1],["S3"],[2],[0,1],null,"cpu"]}',
+        b'{"D":[["float32",[64],0,256],[4],[1],["S0"],[2],[0,1],null,"cpu"]}',
+        b'{"D":[["float32",[2],0,8],[4],[1],["R"],[1],[0],null,"../x"]}',
         b"[" * 100 + b"]" * 100,
         b"\xff\xfe",
     ],
