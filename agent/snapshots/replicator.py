@@ -58,10 +58,14 @@ class Replicator:
         checkpointer: DiskCheckpointer | None = None,
         source: str | None = None,
         on_local_step: Callable[[int, int], None] | None = None,
+        on_pass: Callable[[], None] | None = None,
     ) -> None:
         """source: this node's job address (peers accept replicas from it only);
-        on_local_step: told (rank, step) of every snapshot this node's own workers commit."""
+        on_local_step: told (rank, step) of every snapshot this node's own workers commit;
+        on_pass: called after every pass (the workers' shard requests are looked for
+        there, so that they cost no wakeups of their own)."""
         self._store = store
+        self._on_pass = on_pass
         self._secret = secret
         self._source = source
         self._on_local_step = on_local_step
@@ -113,6 +117,8 @@ class Replicator:
         while not self._closed.is_set():
             with self._lock:
                 busy = self._generation is not None and self._pass(self._generation)
+            if self._on_pass is not None:
+                self._on_pass()
             longest = IDLE_POLL_S if self._paths else NO_SLOTS_POLL_S
             pause = POLL_S if busy else min(pause * 2, longest)
             if not busy:

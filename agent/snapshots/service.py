@@ -23,6 +23,7 @@ from ...core.snapshots.restore_plan import Reached, ring_successors
 from ..rendezvous.job import JobRendezvous
 from .checksums import checksums
 from .disk_checkpoints import DiskCheckpointer, open_checkpoint_dir, write_checkpoint
+from .fetcher import FetchContext, PeerFetcher, holders_of
 from .replicator import Replicator
 from .restorer import Peers, gather, publish, restore_agreed
 from .shard_server import ShardServer
@@ -65,6 +66,7 @@ class SnapshotService:
         self._local_steps: dict[int, int] = {}  # this generation's ranks: newest committed
         self._server: ShardServer | None = None
         self._replicator: Replicator | None = None
+        self._fetcher = PeerFetcher(self.store)
         self._generation: int | None = None  # the generation the workers now run
         self._world_size = 0
 
@@ -98,6 +100,7 @@ class SnapshotService:
             self._checkpointer,
             source=self._host,
             on_local_step=self._on_local_step,
+            on_pass=self._fetcher.poll,
         )
 
     def _on_local_step(self, rank: int, step: int) -> None:
@@ -127,6 +130,7 @@ class SnapshotService:
         assert self._secret is not None
         generation = membership.generation
         self._replicator.pause()
+        self._fetcher.follow(None)
         self._generation, self._world_size = generation, topology.world_size
         self._admit(membership, node_rank)
         address = (self._host, self._server.port)
@@ -158,6 +162,17 @@ class SnapshotService:
                 targets.append(pooled.servers[successor])
             else:  # its address was refused: one copy fewer this generation, not a crash
                 logger.error("no replicas go to node %d: its shard server is unknown", successor)
+        self._fetcher.follow(
+            FetchContext(
+                generation,
+                node_rank,
+                local_ranks,
+                holders_of(pooled.inventory),
+                pooled.servers,
+                self._secret,
+                self._host,
+            )
+        )
         self._replicator.follow(generation, targets, topology.world_size, local_world_size)
         self.store.recycle(generation, local_ranks, result.step)
         self.store.prune(keep_from=generation - 1)

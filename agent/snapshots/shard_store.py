@@ -118,7 +118,7 @@ class ShardStore:
                 raise OSError(f"replica of {size} bytes would exceed --snapshot-memory")
             if buffer is not None:
                 buffer.close()
-            buffer = _allocate(path, size)
+            buffer = allocate(path, size)
             self._maps[path] = buffer
         yield buffer
 
@@ -153,7 +153,7 @@ class ShardStore:
     def restore_target(self, generation: int, rank: int, size: int) -> Any:
         """The new worker's slot 0, sized for a restored shard."""
         path = os.path.join(self.snap_dir(generation), f"rank{rank}.slot0")
-        return _allocate(path, size)
+        return allocate(path, size)
 
     def adopt(self, shard: ShardId, generation: int, rank: int) -> Any:
         """Give a shard held here to a new worker without copying it: its slot 0 becomes
@@ -250,7 +250,7 @@ def _map(path: str, writable: bool) -> mmap.mmap:
         return mmap.mmap(handle.fileno(), 0, access=access)
 
 
-def _allocate(path: str, size: int) -> mmap.mmap:
+def allocate(path: str, size: int) -> mmap.mmap:
     # A new file, never the old one truncated: the old name may be a hard link to a
     # shard another slot still holds (adopt), as after a restore attempt that is redone.
     with contextlib.suppress(FileNotFoundError):

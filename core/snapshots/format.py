@@ -170,8 +170,8 @@ def _placement(placement: Any, ndim: int, place: Callable[[], str]) -> str:
         return f"P:{placement.reduce_op}"
     raise SnapshotError(
         f"{place()}: a DTensor placed {placement} cannot be snapshotted (only Shard, "
-        "Replicate and Partial placements); save it through torch.distributed.checkpoint "
-        "with rtrain's storage (rtrain.dcp)"
+        "Replicate and Partial placements); save it with torch.distributed.checkpoint "
+        "and rtrain.core.worker.dcp.SnapshotWriter"
     )
 
 

@@ -69,7 +69,14 @@ def plan_restore(
                 holders.setdefault((shard.rank, shard.step), set()).add(node)
     if not holders:
         return None
-    steps = sorted({step for _, step in holders}, reverse=True)
+    # A step at which a copy of every previous rank's shard survives comes first: a
+    # resharding load (torch.distributed.checkpoint after the mesh changed) reads
+    # chunks of all of them, and a rank that died before its newest snapshot was
+    # replicated has none of that step. It costs a plain restore at most a step.
+    everyone = {rank for rank, _ in holders}
+    newest_first = sorted({step for _, step in holders}, reverse=True)
+    whole = [s for s in newest_first if all((r, s) in holders for r in everyone)]
+    steps = whole + [s for s in newest_first if s not in whole]
     # A rank's own shard (RNG, data position and all) beats a DP peer's: the newest step
     # at which every rank has its own is preferred to a newer one that needs a peer's.
     for peer_fallback in (False, True):

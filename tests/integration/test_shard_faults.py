@@ -3,6 +3,7 @@ shared-memory files, and real processes killed in the middle of a snapshot."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -318,3 +319,117 @@ def test_a_slot_rewritten_while_it_is_replicated_is_never_a_checksum_mismatch(no
     for which, path in kept:
         state, step = read_shard(bytearray(Path(path).read_bytes()))
         assert step == which.step == state["step"] and torch.all(state["w"] == float(step))
+
+
+class CutOffProxy:
+    """Forwards a connection to a shard server and cuts both ends off once `limit`
+    bytes came back from the server: a holder that dies in the middle of a shard."""
+
+    def __init__(self, port: int, limit: int) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.cut = threading.Event()
+        threading.Thread(target=self._serve, args=(port, limit), daemon=True).start()
+
+    def _serve(self, port: int, limit: int) -> None:
+        client, _ = self.listener.accept()
+        server = socket.create_connection(("127.0.0.1", port))
+
+        def upstream() -> None:
+            with contextlib.suppress(OSError):
+                while data := client.recv(65536):
+                    server.sendall(data)
+
+        threading.Thread(target=upstream, daemon=True).start()
+        sent = 0
+        with contextlib.suppress(OSError):
+            while sent < limit and (data := server.recv(min(65536, limit - sent))):
+                client.sendall(data)
+                sent += len(data)
+        self.cut.set()
+        for sock in (client, server):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def fetch_through_agent(monkeypatch, local: ShardStore, context) -> dict:
+    """A worker's fetch_previous_shards against a PeerFetcher polled as the replicator would."""
+    from rtrain.agent.snapshots.fetcher import PeerFetcher
+    from rtrain.core.worker.peer_shards import fetch_previous_shards
+
+    fetcher = PeerFetcher(local)
+    fetcher.follow(context)
+    monkeypatch.setenv("RTRAIN_SNAPSHOT_DIR", local.snap_dir(context.generation))
+    monkeypatch.setenv("RANK", "0")
+    done = threading.Event()
+
+    def replicator_passes() -> None:
+        while not done.is_set():
+            fetcher.poll()
+            time.sleep(0.002)
+
+    threading.Thread(target=replicator_passes, daemon=True).start()
+    try:
+        return fetch_previous_shards(7, [3], timeout=30)
+    finally:
+        done.set()
+
+
+def test_a_dcp_read_whose_holder_dies_mid_transfer_or_sends_a_corrupt_copy_takes_the_next(
+    node, tmp_path, monkeypatch
+):
+    from rtrain.agent.snapshots.fetcher import FetchContext
+
+    shard = ShardId(1, 3, 7)  # rank 3's shard of step 7 in generation 1; now generation 2
+    layout = plan_shard({"w": torch.full((3 << 20,), 3.0)})  # 12 MiB: cut in the middle
+    data = bytearray(layout.size)
+    write_shard(data, layout, 7)
+    _, dying_server = node("dying")
+    corrupt, corrupt_server = node("corrupt")
+    _, intact_server = node("intact")
+    for server in (dying_server, corrupt_server, intact_server):
+        put(server, shard, data)
+    (path,) = [p for s, p in corrupt.replicas() if s == shard]
+    with open(path, "r+b") as handle:  # a flipped byte in the holder's memory
+        handle.seek(5 << 20)
+        byte = handle.read(1)[0]
+        handle.seek(5 << 20)
+        handle.write(bytes([byte ^ 0x40]))
+    proxy = CutOffProxy(dying_server.port, limit=2 << 20)
+    local = ShardStore(str(tmp_path / "local"), budget=0)
+    context = FetchContext(
+        generation=2,
+        node_rank=0,
+        local_ranks=[0],
+        holders={shard: [1, 2, 3]},
+        servers={
+            1: ("127.0.0.1", proxy.port),
+            2: ("127.0.0.1", corrupt_server.port),
+            3: ("127.0.0.1", intact_server.port),
+        },
+        secret=SECRET,
+        source=None,
+    )
+    try:
+        found = fetch_through_agent(monkeypatch, local, context)
+    finally:
+        proxy.close()
+    assert proxy.cut.is_set()
+    state, step = found[3]
+    assert step == 7 and torch.equal(state["w"], torch.full((3 << 20,), 3.0))
+    # Nothing of the failed attempts is left in the worker's folder.
+    assert not [p for p in os.listdir(local.snap_dir(2)) if p.startswith("fetched-")]
+
+
+def test_a_dcp_read_with_no_intact_copy_names_the_rank(node, tmp_path, monkeypatch):
+    from rtrain.agent.snapshots.fetcher import FetchContext
+    from rtrain.core.snapshots.format import SnapshotError
+
+    local = ShardStore(str(tmp_path / "local"), budget=0)
+    context = FetchContext(2, 0, [0], {}, {}, SECRET, None)
+    with pytest.raises(SnapshotError, match="no intact copy of rank 3's shard of step 7"):
+        fetch_through_agent(monkeypatch, local, context)

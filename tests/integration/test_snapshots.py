@@ -144,3 +144,37 @@ def test_fsdp2_state_restores_in_place_bitwise_after_a_killed_worker(tmp_path, n
     # every rank came back at step 5, the last one all of them had finished
     assert {rec["step"] for rec in restored(runs["killed"]).values()} == {5}
     assert len(restored(runs["killed"])) == 2 * nodes
+
+
+FSDP2_DCP = str(Path(SNAPSHOTTING).with_name("train_fsdp2_dcp.py"))
+DCP_FLAGS = ["--nproc-per-node=1", "--heartbeat-interval=0.5", "--heartbeat-timeout=2"]
+
+
+def test_fsdp2_survivors_of_a_node_loss_reshard_from_peer_memory_through_dcp(tmp_path):
+    # Three nodes of one FSDP2 worker save every step with dcp.save into rtrain's
+    # memory. Node 2 is killed: the two survivors (other shard boundaries: 33 rows
+    # over 2 ranks, not 3) load the last step with dcp.load from local memory and from
+    # the replica of rank 2's shard, which node 0 holds (node 1 fetches it over the
+    # network), and the whole state they load equals the reference run's at that step.
+    (tmp_path / "reference").mkdir()
+    reference = LocalCluster(
+        tmp_path / "reference", 3, "3", DCP_FLAGS, script=FSDP2_DCP, PROBE_FULL_DIGESTS="1"
+    )
+    try:
+        assert reference.wait() == [0, 0, 0], reference.log(0)
+    finally:
+        reference.close()
+    (tmp_path / "lost").mkdir()
+    cluster = LocalCluster(
+        tmp_path / "lost", 3, "2:3", DCP_FLAGS, script=FSDP2_DCP, PROBE_STEP_SLEEP="0.2"
+    )
+    codes = cluster.kill_node_at(6, 2)
+    assert codes[:2] == [0, 0], cluster.log(0) + cluster.log(1)
+    records = [json.loads(p.read_text()) for p in cluster.out.glob("restored_gen*.json")]
+    assert len(records) == 1, cluster.log(0)
+    record = records[0]
+    assert record["world"] == 2 and record["step"] >= 4
+    expected = (reference.out / f"full_step{record['step']}.txt").read_text()
+    assert record["digest"] == expected
+    logs = cluster.log(0) + cluster.log(1)
+    assert "fetched 2 of 2 shards" in logs or "fetched 1 of 1 shards" in logs, logs

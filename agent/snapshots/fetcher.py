@@ -1,0 +1,199 @@
+"""PeerFetcher: the agent's side of a worker's request for other ranks' shards.
+
+A worker loading through torch.distributed.checkpoint after the mesh changed asks for
+shards of the generation before this one (core/worker/peer_shards.py: the files and
+their format). This node answers from what the restore pooled: for each shard, every
+node that holds a copy, this one first. A copy is verified against its checksums; a
+holder that is gone, stops mid-transfer or sends a corrupt copy is passed over for the
+next. Requests are looked for on the replicator's passes (no thread of its own while
+idle: every wakeup costs an idle agent CPU); each one is served on a thread of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import secrets
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...core.snapshots.restore_plan import ShardId
+from ...core.worker.peer_shards import MAX_RESPONSE, request_path, response_path
+from .checksums import verify
+from .shard_server import ShardClient, ShardError
+from .shard_store import ShardStore, allocate
+
+logger = logging.getLogger(__name__)
+
+MAX_RANKS = 1 << 16
+TOKEN = re.compile(r"[0-9a-f]{1,32}")
+
+
+@dataclass
+class FetchContext:
+    """What the generation's restore pooled: who holds what, and how to reach them."""
+
+    generation: int
+    node_rank: int
+    local_ranks: list[int]
+    holders: Mapping[ShardId, list[int]]  # a previous-generation shard -> node ranks
+    servers: Mapping[int, tuple[str, int]]
+    secret: bytes
+    source: str | None
+    served: set[tuple[int, str]] = field(default_factory=set)  # (rank, request id)
+
+
+def holders_of(inventory: Mapping[int, list[ShardId]]) -> dict[ShardId, list[int]]:
+    found: dict[ShardId, list[int]] = {}
+    for node, shards in inventory.items():
+        for shard in shards:
+            found.setdefault(shard, []).append(node)
+    return found
+
+
+class PeerFetcher:
+    def __init__(self, store: ShardStore) -> None:
+        self._store = store
+        self._context: FetchContext | None = None
+        self._lock = threading.Lock()
+
+    def follow(self, context: FetchContext | None) -> None:
+        with self._lock:
+            self._context = context
+
+    def poll(self) -> None:
+        """Serve any request a local worker has put down (one stat per local rank)."""
+        with self._lock:
+            context = self._context
+        if context is None:
+            return
+        directory = self._store.snap_dir(context.generation)
+        for rank in context.local_ranks:
+            path = request_path(directory, rank)
+            if not os.path.exists(path):
+                continue
+            taken = f"{path}.{secrets.token_hex(4)}"
+            try:
+                os.rename(path, taken)  # the request is ours alone from here
+            except FileNotFoundError:
+                continue
+            worker = threading.Thread(
+                target=self._serve,
+                args=(context, directory, rank, taken),
+                name=f"rtrain-fetch-{rank}",
+                daemon=True,
+            )
+            worker.start()
+
+    def _serve(self, context: FetchContext, directory: str, rank: int, path: str) -> None:
+        try:
+            with open(path, "rb") as handle:
+                raw = handle.read(MAX_RESPONSE + 1)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+        request = _parse_request(raw)
+        if request is None:
+            logger.error("rank %d asked for peers' shards with a malformed request", rank)
+            return
+        token, step, ranks = request
+        files: dict[str, str | None] = {}
+        errors: dict[str, str] = {}
+        for wanted in ranks:
+            shard = ShardId(context.generation - 1, wanted, step)
+            name = f"fetched-r{wanted}-s{step}-{token}.shard"
+            try:
+                error = self._fetch(context, shard, os.path.join(directory, name))
+            except Exception as exc:  # the worker waits for an answer: it gets one
+                logger.exception("fetching %s for rank %d", shard, rank)
+                error = f"{type(exc).__name__}: {exc}"
+            files[str(wanted)] = name if error is None else None
+            if error is not None:
+                errors[str(wanted)] = error
+                logger.error("rank %d asked for %s: %s", rank, shard, error)
+        logger.info(
+            "fetched %d of %d shards of step %d for rank %d",
+            len(ranks) - len(errors),
+            len(ranks),
+            step,
+            rank,
+        )
+        answer = response_path(directory, rank)
+        with open(answer + ".tmp", "w") as handle:
+            json.dump({"id": token, "files": files, "errors": errors}, handle)
+        os.replace(answer + ".tmp", answer)
+
+    def _fetch(self, context: FetchContext, shard: ShardId, target_path: str) -> str | None:
+        """Put an intact copy of `shard` at target_path; None, or why none could be had."""
+        holders = sorted(context.holders.get(shard, []), key=lambda n: n != context.node_rank)
+        if not holders:
+            return f"no node holds {shard}"
+        problems = []
+        for holder in holders:
+            try:
+                if holder == context.node_rank:
+                    self._copy_local(shard, target_path)
+                else:
+                    _copy_remote(context, holder, shard, target_path)
+                return None
+            except (OSError, ShardError, KeyError) as exc:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(target_path)
+                problems.append(f"node {holder}: {exc}")
+                logger.warning("copy of %s on node %d is unusable (%s)", shard, holder, exc)
+        return "; ".join(problems)
+
+    def _copy_local(self, shard: ShardId, target_path: str) -> None:
+        found = self._store.open_shard(shard)
+        if found is None:
+            raise ShardError("the local copy is gone")
+        buffer, size, crcs = found
+        if not verify(buffer, size, crcs):
+            raise ShardError("the local copy failed its checksum")
+        target = allocate(target_path, size)
+        try:
+            memoryview(target)[:size] = memoryview(buffer)[:size]
+        finally:
+            target.close()
+
+
+def _copy_remote(context: FetchContext, holder: int, shard: ShardId, target_path: str) -> None:
+    host, port = context.servers[holder]
+    client = ShardClient(host, port, context.secret, context.source)
+    targets: list[Any] = []
+
+    def into(size: int) -> Any:
+        targets.append(allocate(target_path, size))
+        return targets[-1]
+
+    try:
+        client.get(shard, into)  # verifies the copy against its checksums
+    finally:
+        client.close()
+        for target in targets:
+            # A transfer cut off mid-shard may leave a view of the mapping in its
+            # traceback: the mapping goes when that does.
+            with contextlib.suppress(BufferError):
+                target.close()
+
+
+def _parse_request(raw: bytes) -> tuple[str, int, list[int]] | None:
+    try:
+        request = json.loads(raw) if len(raw) <= MAX_RESPONSE else None
+    except ValueError:
+        return None
+    if not isinstance(request, dict):
+        return None
+    token, step, ranks = request.get("id"), request.get("step"), request.get("ranks")
+    if not (isinstance(token, str) and TOKEN.fullmatch(token)):
+        return None
+    if not (type(step) is int and step >= 0 and isinstance(ranks, list)):
+        return None
+    if len(ranks) > MAX_RANKS or not all(type(r) is int and r >= 0 for r in ranks):
+        return None
+    return token, step, sorted(set(ranks))

@@ -1,0 +1,106 @@
+"""Asking this node's agent for other ranks' shards of the generation before this one.
+
+A resharding load (torch.distributed.checkpoint after the mesh changed) needs chunks of
+shards that other ranks wrote, held in peers' memory. The worker does not talk to
+peers (it has no job secret to prove itself with): it asks its agent through two files
+in its snapshot folder, and the agent fetches each shard from a holder, local memory
+first, verifies its checksums and puts it next to the request:
+
+  rank<R>.fetch.json     {"id": hex, "step": S, "ranks": [r, ...]}   (the worker)
+  rank<R>.fetched.json   {"id": hex, "files": {"r": name | null},    (the agent)
+                          "errors": {"r": why}}
+
+The agent picks the request up on its replicator's next pass (a few ms; 0.25 s while
+this generation has written no snapshot). The shards themselves are read like any
+other: a checked skeleton, no pickle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import mmap
+import os
+import re
+import secrets
+import time
+from typing import Any
+
+from ..clock import wait_until
+from ..config.worker_env import SNAPSHOT_DIR
+from ..snapshots.format import SnapshotError, read_shard
+
+FETCH_TIMEOUT_S = 300.0
+MAX_RESPONSE = 1 << 20
+NAME = re.compile(r"fetched-r[0-9]+-s[0-9]+-[0-9a-f]+\.shard")
+
+
+def request_path(directory: str, rank: int) -> str:
+    return os.path.join(directory, f"rank{rank}.fetch.json")
+
+
+def response_path(directory: str, rank: int) -> str:
+    return os.path.join(directory, f"rank{rank}.fetched.json")
+
+
+def fetch_previous_shards(
+    step: int, ranks: list[int], timeout: float = FETCH_TIMEOUT_S
+) -> dict[int, Any]:
+    """rank -> (state, step) of the previous generation's shards of these ranks at
+    `step`; SnapshotError naming the rank when no intact copy could be had."""
+    directory = os.environ.get(SNAPSHOT_DIR)
+    if not directory:
+        raise SnapshotError("peers' shards can only be read under rtrain launch")
+    me = int(os.environ.get("RANK", "0"))
+    token = secrets.token_hex(8)
+    response = response_path(directory, me)
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(response)
+    temporary = request_path(directory, me) + ".tmp"
+    with open(temporary, "w") as handle:
+        json.dump({"id": token, "step": step, "ranks": sorted(set(ranks))}, handle)
+    os.replace(temporary, request_path(directory, me))
+    answer: dict[str, Any] = {}
+
+    def answered() -> bool:
+        try:
+            with open(response, "rb") as handle:
+                raw = json.loads(handle.read(MAX_RESPONSE))
+        except (FileNotFoundError, ValueError):
+            return False
+        if isinstance(raw, dict) and raw.get("id") == token:
+            answer.update(raw)
+            return True
+        return False
+
+    if not wait_until(answered, timeout, 0.005, time.monotonic, time.sleep):
+        raise SnapshotError(f"the agent did not fetch peers' shards within {timeout:g}s")
+    os.remove(response)
+    files, errors = answer.get("files"), answer.get("errors")
+    if not isinstance(files, dict) or not isinstance(errors, dict):
+        raise SnapshotError("the agent's answer to a shard fetch is malformed")
+    found: dict[int, Any] = {}
+    try:
+        for rank in sorted(set(ranks)):
+            name = files.get(str(rank))
+            if not (isinstance(name, str) and NAME.fullmatch(name)):
+                why = str(errors.get(str(rank), "no answer"))[:200]
+                raise SnapshotError(
+                    f"no intact copy of rank {rank}'s shard of step {step} survives: {why}"
+                )
+            found[rank] = _read(os.path.join(directory, name))
+    finally:
+        for name in files.values():
+            if isinstance(name, str) and NAME.fullmatch(name):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(directory, name))
+    return found
+
+
+def _read(path: str) -> Any:
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size == 0:
+            raise SnapshotError(f"{os.path.basename(path)} is empty")
+        with mmap.mmap(handle.fileno(), size, access=mmap.ACCESS_READ) as buffer:
+            return read_shard(buffer)
