@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ...core.snapshots.format import CHUNK, HEADER_SIZE, chunk_digest
+from ...core.snapshots.format import HEADER_SIZE, chunk_bounds, chunk_digest
 
 _pool: tuple[int, ThreadPoolExecutor] | None = None
 
@@ -26,12 +26,12 @@ def _hash_pool() -> ThreadPoolExecutor:
 
 
 def checksums(buffer: Any, size: int) -> list[int]:
-    """The digest of each 8 MiB chunk of buffer[HEADER_SIZE:size], computed in parallel."""
-    view = memoryview(buffer)[HEADER_SIZE:size]
-    starts = range(0, len(view), CHUNK)
-    if len(starts) <= 1:
-        return [chunk_digest(view)]
-    return list(_hash_pool().map(lambda s: chunk_digest(view[s : s + CHUNK]), starts))
+    """The digest of each chunk of buffer[:size] (core's chunk_bounds), in parallel."""
+    view = memoryview(buffer)
+    bounds = chunk_bounds(view[:HEADER_SIZE], size)
+    if len(bounds) <= 1:
+        return [chunk_digest(view[a:b]) for a, b in bounds]
+    return list(_hash_pool().map(lambda ab: chunk_digest(view[ab[0] : ab[1]]), bounds))
 
 
 def verify(buffer: Any, size: int, expected: Sequence[int]) -> bool:

@@ -25,8 +25,9 @@ from typing import Any
 from ...core.snapshots.restore_plan import ShardId
 from ...core.worker.peer_shards import MAX_RESPONSE, request_path, response_path
 from .checksums import verify
-from .shard_server import ShardClient, ShardError
+from .shard_client import ShardClient
 from .shard_store import ShardStore, allocate
+from .shard_wire import ShardError
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,8 @@ import mmap
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ...core.snapshots.format import (
@@ -29,8 +30,9 @@ from ...core.snapshots.format import (
 from ...core.snapshots.restore_plan import ShardId
 from .checksums import checksums
 from .disk_checkpoints import DiskCheckpointer
-from .shard_server import ShardClient, ShardError
+from .shard_client import ShardClient
 from .shard_store import SLOT, ShardStore
+from .shard_wire import ShardError
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +50,27 @@ IDLE_POLL_S = 0.064
 # more than the rest of the agent. A first snapshot waits for it once per generation.
 NO_SLOTS_POLL_S = 0.25
 RESCAN_S = 0.5
+
+
+@dataclass
+class Traffic:
+    """Replicas sent, and their bytes: as sent, and as whole shards would have been."""
+
+    replicas: int = 0
+    sent_bytes: int = 0
+    full_bytes: int = 0
+
+    def add(self, sent: int, full: int) -> None:
+        self.replicas += 1
+        self.sent_bytes += sent
+        self.full_bytes += full
+
+    def __str__(self) -> str:
+        saved = 1 - self.sent_bytes / self.full_bytes if self.full_bytes else 0.0
+        return (
+            f"{self.replicas} replicas, {self.sent_bytes / 2**20:.1f} MiB sent of "
+            f"{self.full_bytes / 2**20:.1f} MiB ({saved:.1%} held by DP twins, not sent)"
+        )
 
 
 class Replicator:
@@ -79,17 +102,29 @@ class Replicator:
         self._closed = threading.Event()
         self._warned: set[tuple[str, int, int]] = set()  # (peer, rank, step)
         self._paths: list[str] = []
+        self._twins: dict[int, list[int | None]] = {}
+        self.sent = Traffic()  # this generation's
         self._rescan_at = 0.0
         self._slot_files = 0
         self._thread = threading.Thread(target=self._run, name="rtrain-replicate", daemon=True)
         self._thread.start()
 
     def follow(
-        self, generation: int, peers: list[tuple[str, int]], world_size: int, local_ranks: int
+        self,
+        generation: int,
+        peers: list[tuple[str, int]],
+        world_size: int,
+        local_ranks: int,
+        twins: Mapping[int, list[int | None]] | None = None,
     ) -> None:
         """Replicate the slots of `generation` (this node's local_ranks workers, two slot
-        files each) to these peers (host, shard port)."""
+        files each) to these peers (host, shard port). twins: rank -> for each peer, the
+        rank there whose shard of the same step a replica is sent against (delta.py)."""
         with self._lock:
+            if self._generation is not None and self.sent.full_bytes:
+                logger.info("replication in generation %d: %s", self._generation, self.sent)
+            self.sent = Traffic()
+            self._twins = dict(twins or {})
             self._generation, self._peers = generation, list(peers)
             self._slot_files = 2 * local_ranks
             self._paths, self._rescan_at = [], 0.0
@@ -109,6 +144,9 @@ class Replicator:
             self._generation = None
 
     def close(self) -> None:
+        with self._lock:
+            if self._generation is not None and self.sent.full_bytes:
+                logger.info("replication in generation %d: %s", self._generation, self.sent)
         self._closed.set()
         self._thread.join(timeout=1)  # a put to a stopped peer may hang: it is a daemon
 
@@ -167,13 +205,16 @@ class Replicator:
 
     def _send(self, shard: ShardId, buffer: Any, size: int, crcs: list[int]) -> str | None:
         """None once every peer holds the shard, else what went wrong (retried later)."""
-        for peer in self._peers:
+        twins = self._twins.get(shard.rank, [])
+        for index, peer in enumerate(self._peers):
+            twin = twins[index] if index < len(twins) else None
+            base = None if twin is None else ShardId(shard.generation, twin, shard.step)
             try:
                 client = self._clients.get(peer) or ShardClient(
                     peer[0], peer[1], self._secret, self._source
                 )
                 self._clients[peer] = client
-                client.put(shard, buffer, size, crcs)
+                self.sent.add(client.put(shard, buffer, size, crcs, base), size)
             except (OSError, ShardError) as exc:
                 self._clients.pop(peer, None)
                 return f"{peer[0]}:{peer[1]}: {exc}"

@@ -41,8 +41,9 @@ from ..rendezvous.job import JobRendezvous
 from ..waiting import SYSTEM_CLOCK
 from .checksums import verify
 from .disk_checkpoints import CheckpointDir, load_verified, newest_complete
-from .shard_server import ShardClient, ShardError
+from .shard_client import ShardClient
 from .shard_store import ShardStore
+from .shard_wire import ShardError
 
 logger = logging.getLogger(__name__)
 

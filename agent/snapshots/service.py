@@ -19,6 +19,7 @@ from ...core.layout.topology import Topology
 from ...core.rendezvous.protocol import Membership, StoreKeys
 from ...core.snapshots.admission import Admission
 from ...core.snapshots.format import COMMITTED, read_header
+from ...core.snapshots.redundancy import dp_twin
 from ...core.snapshots.restore_plan import Reached, ring_successors
 from ..rendezvous.job import JobRendezvous
 from .checksums import checksums
@@ -43,8 +44,11 @@ class SnapshotService:
         checkpoint_dir: str | None = None,
         checkpoint_every: int = 0,
         secret: bytes | None = None,
+        dp_delta: bool = True,
     ) -> None:
-        """secret: the job secret, or None to hand a random one out through the store."""
+        """secret: the job secret, or None to hand a random one out through the store;
+        dp_delta: send replicas against the receiving node's DP twin (delta.py)."""
+        self._dp_delta = dp_delta
         self.store = ShardStore(root, budget)
         # Signed with the secret given, else with the folder's own key: a secret handed
         # out through the store dies with it, and a requeued job must read its checkpoints.
@@ -86,6 +90,7 @@ class SnapshotService:
             spec.snapshots.checkpoint_dir,
             spec.snapshots.checkpoint_every,
             secret,
+            spec.snapshots.dp_delta,
         )
 
     def _start(self, rdzv: JobRendezvous) -> None:
@@ -156,10 +161,11 @@ class SnapshotService:
         if result.step is not None:
             self._admission.ceiling.observe(result.step)
             self._local_steps = dict.fromkeys(local_ranks, result.step)
-        targets = []
+        targets, successors = [], []
         for successor in ring_successors(node_rank, len(membership.members), self._copies):
             if successor in pooled.servers:
                 targets.append(pooled.servers[successor])
+                successors.append(successor)
             else:  # its address was refused: one copy fewer this generation, not a crash
                 logger.error("no replicas go to node %d: its shard server is unknown", successor)
         self._fetcher.follow(
@@ -173,7 +179,14 @@ class SnapshotService:
                 self._host,
             )
         )
-        self._replicator.follow(generation, targets, topology.world_size, local_world_size)
+        twins = {
+            rank: [
+                dp_twin(topology, rank, successor) if self._dp_delta else None
+                for successor in successors
+            ]
+            for rank in local_ranks
+        }
+        self._replicator.follow(generation, targets, topology.world_size, local_world_size, twins)
         self.store.recycle(generation, local_ranks, result.step)
         self.store.prune(keep_from=generation - 1)
         per_slot = self._budget // max(local_world_size * 2 * self._copies, 1)

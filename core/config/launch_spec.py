@@ -129,6 +129,8 @@ class SnapshotSpec:
     memory: int | None = None
     # Copies of each shard on distinct nodes, the original included.
     copies: int = default("snapshot-copies")
+    # Replicas to a DP twin's node as the chunks the twin's shard lacks (delta.py).
+    dp_delta: bool = default("snapshot-dp-delta") == "on"
     # The last resort when no copy of a shard survives; rtrain writes one every
     # checkpoint_every steps (0: never, only read what is there).
     checkpoint_dir: str | None = None
@@ -303,6 +305,7 @@ def build_launch_spec(given: Mapping[str, Any]) -> LaunchSpec:
             if raw["snapshot_memory"] in (None, "")
             else parse_size("--snapshot-memory", raw["snapshot_memory"]),
             copies=positive_int("--snapshot-copies", raw["snapshot_copies"]),
+            dp_delta=raw["snapshot_dp_delta"] == "on",
             checkpoint_dir=raw["checkpoint_dir"] or None,
             checkpoint_every=non_negative_int("--checkpoint-every", raw["checkpoint_every"]),
             secret_file=raw["secret_file"] or None,

@@ -222,6 +222,15 @@ SETTINGS: tuple[Setting, ...] = (
         own=True,
     ),
     S(
+        "snapshot-dp-delta",
+        "on",
+        "send a replica to a node that runs the shard's DP twin as only the chunks that "
+        "twin's shard of the same step lacks (`off`: always the whole shard)",
+        "MODE",
+        choices=("on", "off"),
+        own=True,
+    ),
+    S(
         "checkpoint-dir",
         None,
         "disk checkpoints (shared by all nodes), read only when no copy of some shard "

@@ -9,8 +9,12 @@ from shared memory or a peer, and reading one must never run code. Tensors are c
 straight into the buffer, so writing a shard costs one memory copy of the tensor bytes.
 
 The header's `state` field is written last: a shard whose writer died half-way stays
-WRITING and is never read. Checksums are 64-bit XXH3 digests per 8 MiB chunk of
-everything after the header, so they can be computed (and verified) in parallel. XXH3
+WRITING and is never read. Checksums are 64-bit XXH3 digests of the skeleton and of
+each 8 MiB chunk of the data area (chunk_bounds), so they can be computed (and
+verified) in parallel, and so that the data chunks of two shards with the same tensors
+line up whatever their skeletons' lengths: DP replicas' shards differ only in the
+chunks that hold per-rank state, and only those need to travel (agent/snapshots/
+delta.py). XXH3
 runs at memory speed (about 7 GB/s per core here, CRC-32 about 2): verifying a shard
 must not cost more than reading it.
 
@@ -261,6 +265,21 @@ def read_shard(
         return value
 
     return build(skeleton), header.step
+
+
+def chunk_bounds(head: Any, size: int) -> list[tuple[int, int]]:
+    """The [start, end) byte ranges the checksums of a `size`-byte shard cover, given
+    its first HEADER_SIZE bytes: the skeleton, then the data area in CHUNK pieces from
+    its start. Bytes that are not a shard's header are cut in CHUNK pieces from the end
+    of the header (they are hashed, and refused, all the same)."""
+    header = read_header(head) if len(head) >= HEADER_SIZE else None
+    if header is None or header.size > size:
+        starts = range(HEADER_SIZE, max(size, HEADER_SIZE + 1), CHUNK)
+        return [(start, min(start + CHUNK, size)) for start in starts]
+    data = HEADER_SIZE + header.meta_len
+    bounds = [(HEADER_SIZE, data)]
+    bounds += [(start, min(start + CHUNK, size)) for start in range(data, size, CHUNK)]
+    return bounds
 
 
 def chunk_digest(data: Any) -> int:

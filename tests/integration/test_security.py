@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 from rtrain.agent.snapshots.checksums import checksums
-from rtrain.agent.snapshots.shard_server import ShardClient, ShardError, ShardServer
+from rtrain.agent.snapshots.shard_client import ShardClient
+from rtrain.agent.snapshots.shard_server import ShardServer
 from rtrain.agent.snapshots.shard_store import ShardStore
+from rtrain.agent.snapshots.shard_wire import ShardError
 from rtrain.agent.store.opening import host_store
 from rtrain.core.rendezvous.protocol import StoreKeys, decode_master
 from rtrain.core.snapshots.admission import Admission

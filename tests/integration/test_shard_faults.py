@@ -17,8 +17,10 @@ import pytest
 import torch
 from rtrain.agent.snapshots.checksums import checksums
 from rtrain.agent.snapshots.restorer import Peers, restore_once
-from rtrain.agent.snapshots.shard_server import ShardClient, ShardError, ShardServer
+from rtrain.agent.snapshots.shard_client import ShardClient
+from rtrain.agent.snapshots.shard_server import ShardServer
 from rtrain.agent.snapshots.shard_store import ShardStore
+from rtrain.agent.snapshots.shard_wire import ShardError
 from rtrain.core.layout.topology import Layout, NodeSlot, build_grid, recompute_topology
 from rtrain.core.snapshots.format import plan_shard, read_shard, write_shard
 from rtrain.core.snapshots.restore_plan import ShardId
@@ -433,3 +435,71 @@ def test_a_dcp_read_with_no_intact_copy_names_the_rank(node, tmp_path, monkeypat
     context = FetchContext(2, 0, [0], {}, {}, SECRET, None)
     with pytest.raises(SnapshotError, match="no intact copy of rank 3's shard of step 7"):
         fetch_through_agent(monkeypatch, local, context)
+
+
+def ddp_shard(rank: int, step: int, weights: torch.Tensor) -> bytearray:
+    """A DDP rank's shard: parameters all ranks share, then its own RNG and note."""
+    rng = torch.full((5056,), rank, dtype=torch.uint8)
+    layout = plan_shard({"model": {"w": weights}, "rng": rng, "note": f"rank {rank}" * rank})
+    buffer = bytearray(layout.size)
+    write_shard(buffer, layout, step)
+    return buffer
+
+
+def twin_slot(store: ShardStore, generation: int, rank: int, data: bytearray) -> Path:
+    """The receiving node's own worker's committed slot, as its worker writes it."""
+    path = Path(slot_paths(store.snap_dir(generation), rank)[0])
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_a_replica_to_its_dp_twins_node_sends_only_the_chunks_the_twin_lacks(node):
+    store, server = node("b")
+    weights = torch.randn(10 << 20)  # 40 MiB of shared parameters: five data chunks
+    mine, twins = ddp_shard(0, 4, weights), ddp_shard(1, 4, weights)
+    twin_slot(store, 0, 1, twins)
+    client = ShardClient("127.0.0.1", server.port, SECRET)
+    try:
+        sent = client.put(
+            ShardId(0, 0, 4), mine, len(mine), checksums(mine, len(mine)), ShardId(0, 1, 4)
+        )
+        # Under FSDP the twin holds other bytes: everything travels, and is right.
+        other = ddp_shard(0, 5, torch.randn(10 << 20))
+        sent_other = client.put(
+            ShardId(0, 0, 5), other, len(other), checksums(other, len(other)), ShardId(0, 1, 4)
+        )
+    finally:
+        client.close()
+    assert sent < 0.25 * len(mine)  # the skeleton and the last chunk, with the RNG
+    assert sent_other >= len(other)
+    for shard, data in ((ShardId(0, 0, 4), mine), (ShardId(0, 0, 5), other)):
+        found = store.open_shard(shard)
+        assert found is not None and bytes(found[0][: found[1]]) == bytes(data)
+
+
+def test_a_base_rewritten_under_the_replica_is_refused_and_a_missing_one_sends_all(node):
+    store, server = node("b")
+    weights = torch.randn(4 << 20)
+    mine = ddp_shard(0, 4, weights)
+    client = ShardClient("127.0.0.1", server.port, SECRET)
+    try:
+        # No twin slot of step 4 here (the twin is slower, or runs another stage).
+        sent = client.put(
+            ShardId(0, 0, 4), mine, len(mine), checksums(mine, len(mine)), ShardId(0, 1, 4)
+        )
+        assert sent >= len(mine)
+        # A planted "twin" slot whose digests were taken before a byte flipped: the
+        # server copies the flipped byte, and the whole-replica check refuses it.
+        planted = ddp_shard(1, 6, weights)
+        path = twin_slot(store, 0, 1, planted)
+        store.remember_crcs(ShardId(0, 1, 6), checksums(planted, len(planted)))
+        flipped = bytearray(path.read_bytes())
+        flipped[len(flipped) // 2] ^= 1
+        path.write_bytes(bytes(flipped))
+        with pytest.raises(ShardError, match="checksum mismatch"):
+            client.put(
+                ShardId(0, 0, 6), mine, len(mine), checksums(mine, len(mine)), ShardId(0, 1, 6)
+            )
+    finally:
+        client.close()
+    assert store.open_shard(ShardId(0, 0, 6)) is None

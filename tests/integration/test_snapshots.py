@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -60,8 +61,17 @@ def test_killed_worker_restores_its_last_step_bitwise(tmp_path, reference):
 
 
 def test_lost_node_comes_back_from_its_replicas_on_a_peer(tmp_path, reference):
+    # 24 MiB of state every DP rank shares (as DDP's parameters are): the replicas go
+    # to the DP twins' node as the chunks the twin lacks, and are whole all the same.
     cluster = LocalCluster(
-        tmp_path, 2, "2", FAST, script=SNAPSHOTTING, PROBE_STEPS=STEPS, PROBE_STEP_SLEEP="0.1"
+        tmp_path,
+        2,
+        "2",
+        FAST,
+        script=SNAPSHOTTING,
+        PROBE_STEPS=STEPS,
+        PROBE_STEP_SLEEP="0.1",
+        PROBE_STATE_MB="24",
     )
     try:
         cluster.wait_progress(5)
@@ -82,6 +92,10 @@ def test_lost_node_comes_back_from_its_replicas_on_a_peer(tmp_path, reference):
     steps = {rec["step"] for rec in restored(cluster).values()}
     assert len(steps) == 1 and steps.pop() >= done - 3
     assert "from peers" in cluster.log(1) and "0 from peers" not in cluster.log(1)
+    held = re.search(
+        r"replication in generation 0: .*\(([0-9.]+)% held by DP twins", cluster.log(0)
+    )
+    assert held is not None and float(held[1]) > 50, cluster.log(0)
 
 
 def test_with_no_copy_left_restore_falls_back_to_the_disk_checkpoint(tmp_path, reference):

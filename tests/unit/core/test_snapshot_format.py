@@ -75,9 +75,25 @@ def test_checksums_find_a_flipped_bit():
     buffer = bytearray(layout.size)
     write_shard(buffer, layout, 1)
     crcs = checksums(buffer, layout.size)
-    assert len(crcs) == 2 and verify(buffer, layout.size, crcs)
+    assert len(crcs) == 3 and verify(buffer, layout.size, crcs)  # the skeleton, two data chunks
     buffer[layout.size - 3] ^= 0x10
     assert not verify(buffer, layout.size, crcs)
+
+
+def test_dp_replicas_shards_share_their_data_chunks_whatever_their_skeletons():
+    # The same parameters, a per-rank RNG state at the end and a note of another
+    # length: the skeletons differ, and so does the last data chunk only.
+    weights = torch.randn(5_000_000)
+    digests = []
+    for rank, note in ((0, "rank 0"), (1, "the rank with a longer note")):
+        rng = torch.full((100,), rank, dtype=torch.uint8)
+        layout = plan_shard({"model": {"w": weights}, "note": note, "rng": rng})
+        buffer = bytearray(layout.size)
+        write_shard(buffer, layout, 1)
+        digests.append(checksums(buffer, layout.size))
+    ours, theirs = digests
+    assert len(ours) == len(theirs) == 4
+    assert ours[0] != theirs[0] and ours[1:3] == theirs[1:3] and ours[3] != theirs[3]
 
 
 def test_ring_placement_keeps_copies_on_distinct_nodes():
@@ -85,6 +101,23 @@ def test_ring_placement_keeps_copies_on_distinct_nodes():
     assert ring_successors(3, 4, 3) == [0, 1]
     assert ring_successors(0, 1, 2) == []  # alone: only the original
     assert ring_successors(1, 2, 5) == [0]  # never more copies than nodes
+
+
+def test_a_replica_goes_against_the_receiving_nodes_dp_twin_of_the_same_stage():
+    from rtrain.core.snapshots.redundancy import dp_twin
+
+    ddp = build_grid(Layout(), 0, [NodeSlot("a", 2), NodeSlot("b", 2)])
+    assert dp_twin(ddp, 0, 1) == 2 and dp_twin(ddp, 3, 0) == 0
+    # PP=2 on nodes of 2: a node holds both stages of one replica, so rank 0 (stage 0)
+    # is sent against node 1's stage-0 rank, never its stage-1 one.
+    piped = build_grid(Layout(pp=2), 0, [NodeSlot("a", 2), NodeSlot("b", 2)])
+    first = next(c for c in piped.coords if c.rank == 0)
+    twin = dp_twin(piped, 0, 1)
+    assert twin is not None
+    assert next(c for c in piped.coords if c.rank == twin).pp == first.pp
+    # PP=4 over the same four ranks: no DP peer anywhere, nothing to send against.
+    only = build_grid(Layout(pp=4), 0, [NodeSlot("a", 2), NodeSlot("b", 2)])
+    assert all(dp_twin(only, r, n) is None for r in range(4) for n in (0, 1))
 
 
 def nodes(*ids: str) -> list[NodeSlot]:
