@@ -1,0 +1,248 @@
+"""Benchmark the state real frameworks hold, on real jobs under rtrain launch (gloo, CPU):
+
+  overhead   a training step with and without keeping the state every step: DDP with
+             snapshot() of Stateful objects, FSDP2 with snapshot() of DTensors and
+             with dcp.save into rtrain's memory (SnapshotWriter); 2 workers, 1 node
+  bytes      replication bytes per step with DP=2 over 2 nodes (DDP), replicas sent
+             whole (--snapshot-dp-delta off) and against the DP twin (on)
+  restore    FSDP2 on 3 nodes loses one: the 2 survivors reshard the last step from
+             peers' memory through dcp.load (SnapshotReader), then load a disk copy of
+             a step of the same size with DCP's FileSystemReader, its files evicted
+             from the page cache; against one loopback TCP stream
+
+The job is scripts/bench_state_worker.py. Results go to docs/benchmarks.md.
+
+    python scripts/bench_state.py --sizes 100,1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_launch import write_doc
+from bench_snapshot import loopback_seconds
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = str(ROOT / "scripts" / "bench_state_worker.py")
+RTRAIN = [sys.executable, "-m", "rtrain.cli.main", "launch"]
+MARK_BEGIN, MARK_END = "<!-- bench_state:begin -->", "<!-- bench_state:end -->"
+SENT = re.compile(
+    r"replication in generation 0: (\d+) replicas, ([0-9.]+) MiB sent of ([0-9.]+) MiB"
+)
+FAST = ["--heartbeat-interval=0.5", "--heartbeat-timeout=3", "--monitor-interval=0.1"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def env_for(out: Path) -> dict[str, str]:
+    return {**os.environ, "BENCH_OUT": str(out), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+
+
+def start_nodes(
+    out: Path, nodes: int, nnodes: str, flags: list[str], args: list[str]
+) -> list[subprocess.Popen[str]]:
+    port = free_port()
+    procs = []
+    for index in range(nodes):
+        cmd = [
+            *RTRAIN,
+            f"--nnodes={nnodes}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{port}",
+            f"--rdzv-conf=join_timeout=60,is_host={'true' if index == 0 else 'false'}",
+            f"--local-addr=127.0.0.{index + 1}",
+            "--rdzv-id=bench-state",
+            *FAST,
+            *flags,
+            WORKER,
+            *args,
+        ]
+        log = open(out / f"node{index}.log", "w")  # noqa: SIM115 - the node writes it
+        procs.append(
+            subprocess.Popen(cmd, env=env_for(out), stdout=log, stderr=subprocess.STDOUT, text=True)
+        )
+    return procs
+
+
+def failed(out: Path, what: str) -> SystemExit:
+    return SystemExit(f"{what}:\n{(out / 'node0.log').read_text()[-3000:]}")
+
+
+def step_times(mode: str, keep: str, state_mb: int, steps: int) -> float:
+    """The median step (seconds) of a 1-node, 2-worker job."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder)
+        procs = start_nodes(
+            out,
+            1,
+            "1",
+            ["--nproc-per-node=2"],
+            ["--mode", mode, "--keep", keep, "--state-mb", str(state_mb), "--steps", str(steps)],
+        )
+        code = procs[0].wait(timeout=1800)
+        if code != 0:
+            raise SystemExit(
+                f"{mode}/{keep}/{state_mb} MB failed:\n{(out / 'node0.log').read_text()[-3000:]}"
+            )
+        return statistics.median(json.loads((out / "steps.json").read_text())["times"])
+
+
+def replication_bytes(delta: str, state_mb: int, steps: int) -> float:
+    """MiB sent per replica from node 0 of a DP=2 job over 2 nodes."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder)
+        procs = start_nodes(
+            out,
+            2,
+            "2",
+            ["--nproc-per-node=1", f"--snapshot-dp-delta={delta}"],
+            ["--keep", "snapshot", "--state-mb", str(state_mb), "--steps", str(steps)],
+        )
+        codes = [p.wait(timeout=1800) for p in procs]
+        log = (out / "node0.log").read_text()
+        found = SENT.search(log)
+        if codes != [0, 0] or found is None:
+            raise SystemExit(f"replication run failed ({codes}):\n{log[-3000:]}")
+        return float(found[2]) / int(found[1])
+
+
+def resharding_restore(state_mb: int) -> dict[str, float]:
+    """FSDP2 over 3 nodes, node 2 killed; the survivors' load times."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder)
+        disk = out / "disk"
+        procs = start_nodes(
+            out,
+            3,
+            "2:3",
+            ["--nproc-per-node=1"],
+            [
+                "--mode",
+                "fsdp2",
+                "--keep",
+                "dcp",
+                "--state-mb",
+                str(state_mb),
+                "--steps",
+                "12",
+                "--disk",
+                str(disk),
+                "--disk-step",
+                "3",
+            ],
+        )
+        deadline = time.monotonic() + 900
+        while not (out / "progress").exists() or int((out / "progress").read_text() or 0) < 6:
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                raise SystemExit(
+                    f"never reached step 6:\n{(out / 'node0.log').read_text()[-3000:]}"
+                )
+            time.sleep(0.1)
+        for pid in _tree(procs[2].pid):
+            os.kill(pid, signal.SIGKILL)
+        codes = [p.wait(timeout=900) for p in procs[:2]]
+        found = out / "restore.json"
+        if codes != [0, 0] or not found.exists():
+            raise SystemExit(
+                f"restore run failed ({codes}):\n{(out / 'node0.log').read_text()[-3000:]}"
+            )
+        return json.loads(found.read_text())
+
+
+def _tree(pid: int) -> list[int]:
+    import psutil
+
+    root = psutil.Process(pid)
+    return [pid, *(p.pid for p in root.children(recursive=True))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="100,1000", help="MB of state per job")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--restore-mb", type=int, default=600)
+    parser.add_argument("--doc", default=str(ROOT / "docs" / "benchmarks.md"))
+    args = parser.parse_args()
+    console = Console()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    overhead = []
+    for size in sizes:
+        for mode, keeps in (("ddp", ("snapshot",)), ("fsdp2", ("snapshot", "dcp"))):
+            base = step_times(mode, "none", size, args.steps)
+            for keep in keeps:
+                kept = step_times(mode, keep, size, args.steps)
+                overhead.append((size, mode, keep, base, kept))
+                console.print(f"{mode} {size} MB {keep}: {base:.3f} s -> {kept:.3f} s")
+    whole = replication_bytes("off", 100, args.steps)
+    delta = replication_bytes("on", 100, args.steps)
+    console.print(f"replication: {whole:.1f} MiB -> {delta:.2f} MiB per replica")
+    restore = resharding_restore(args.restore_mb)
+    per_rank = args.restore_mb / restore["world"] * 2**20
+    loopback = per_rank / loopback_seconds(int(per_rank), 3)
+    console.print(f"restore: {restore}")
+
+    table = Table(title="state in rtrain's memory")
+    lines = [
+        "<!-- bench_state:begin -->",
+        "## Framework state: per-step cost, DP twins, resharding restore "
+        "(`scripts/bench_state.py`)",
+        "",
+        f"Command: `python scripts/bench_state.py --sizes {args.sizes} --steps {args.steps} "
+        f"--restore-mb {args.restore_mb}`",
+        "",
+        "| state per job (2 ranks) | framework | kept with | step without | step with | "
+        "overhead (share of the step; target <= 3% at 1 GB) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for column in ("state", "framework", "kept with", "step", "with", "overhead"):
+        table.add_column(column)
+    for size, mode, keep, base, kept in overhead:
+        share = kept / base - 1
+        row = [f"{size} MB", mode, keep, f"{base:.3f} s", f"{kept:.3f} s", f"{share:+.1%}"]
+        table.add_row(*row)
+        lines.append("| " + " | ".join(row) + " |")
+    saved = 1 - delta / whole
+    disk_speedup = restore["disk"] / restore["memory"]
+    rate = per_rank / restore["memory"]
+    lines += [
+        "",
+        "| DDP, DP=2 over 2 nodes, 100 MB per rank | per step sent | target |",
+        "|---|---|---|",
+        f"| whole shards (`--snapshot-dp-delta off`) | {whole:.1f} MiB | |",
+        f"| against the DP twin (`on`) | {delta:.2f} MiB ({saved:.1%} less) | >= 90% less |",
+        "",
+        f"| FSDP2, 3 nodes -> 2, {args.restore_mb} MB of state | load | vs disk | per-rank "
+        "rate vs loopback stream |",
+        "|---|---|---|---|",
+        f"| dcp.load from peers' memory (SnapshotReader) | {restore['memory']:.3f} s | "
+        f"{disk_speedup:.1f}x faster (target >= 10x) | {rate / 2**20:.0f} MiB/s vs "
+        f"{loopback / 2**20:.0f} MiB/s = {rate / loopback:.2f} (target >= 0.5) |",
+        "| dcp.load from disk (FileSystemReader, page cache evicted) | "
+        f"{restore['disk']:.3f} s | | |",
+        "<!-- bench_state:end -->",
+    ]
+    console.print(table)
+    write_doc("\n".join(lines), Path(args.doc), MARK_BEGIN, MARK_END)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""The training job scripts/bench_state.py launches: DDP or FSDP2 on the CPU over gloo,
+with a model whose parameters and Adam moments come to --state-mb per rank, keeping
+its state every step in one of three ways:
+
+  none       no snapshot (the baseline step)
+  snapshot   rtrain.core.snapshot() of {model, optimizer} (Stateful objects)
+  dcp        dcp.save(..., SnapshotWriter(step)) of get_state_dict(model, optimizer)
+
+Rank 0 writes $BENCH_OUT/steps.json: the step times after --warmup steps. In dcp mode
+with --disk DIR it also saves step --disk-step to DIR with DCP's FileSystemWriter, and
+a restarted job (fewer ranks: a node was lost) times dcp.load from peer memory, then
+dcp.load of the disk copy with its files evicted from the page cache, and writes
+$BENCH_OUT/restore.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from rtrain.core import heartbeat, snapshot
+from torch import nn
+
+
+def build(state_mb: float, world: int, fsdp: bool) -> tuple[nn.Module, torch.optim.Optimizer]:
+    width = 1024
+    # Adam keeps two moments per parameter: a third of the state is parameters.
+    params = int(state_mb * 2**20 / 4 / 3)
+    layers = max(params // (width * width), 1)
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
+    if fsdp:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (world,))
+        for layer in model:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    else:
+        model = nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    return model, optimizer
+
+
+def evict(directory: str) -> None:
+    """Drop a checkpoint's files from the page cache: the next read goes to the disk."""
+    for path in glob.glob(os.path.join(directory, "**", "*"), recursive=True):
+        if os.path.isfile(path):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mode", choices=("ddp", "fsdp2"), default="ddp")
+    parser.add_argument("--keep", choices=("none", "snapshot", "dcp"), default="none")
+    parser.add_argument("--state-mb", type=float, default=100)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--disk", default="")
+    parser.add_argument("--disk-step", type=int, default=3)
+    args = parser.parse_args()
+    out = os.environ["BENCH_OUT"]
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model, optimizer = build(args.state_mb, world, args.mode == "fsdp2")
+    start = 0
+    if args.keep == "dcp":
+        import torch.distributed.checkpoint as dcp
+        from rtrain.core.worker.dcp import SnapshotReader, SnapshotWriter, restored_step
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        if restored_step() is not None:
+            timings = {}
+            # memory twice: the first load pays DCP's one-time costs, as the disk one would
+            for source in ("memory", "disk", "memory"):
+                model_sd, optim_sd = get_state_dict(model, optimizer)
+                state = {"model": model_sd, "optim": optim_sd, "data": {"next": 0}}
+                if source == "disk":
+                    evict(args.disk)
+                dist.barrier()
+                began = time.perf_counter()
+                reader = SnapshotReader() if source == "memory" else dcp.FileSystemReader(args.disk)
+                dcp.load(state, storage_reader=reader)
+                set_state_dict(
+                    model,
+                    optimizer,
+                    model_state_dict=state["model"],
+                    optim_state_dict=state["optim"],
+                )
+                dist.barrier()
+                timings[source] = time.perf_counter() - began
+                start = state["data"]["next"]
+            if rank == 0:
+                with open(os.path.join(out, "restore.json"), "w") as handle:
+                    json.dump({**timings, "world": world, "step": start - 1}, handle)
+    inputs = torch.randn(args.batch, 1024)
+    times = []
+    for step in range(start, args.steps):
+        began = time.perf_counter()
+        loss = model(inputs).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if args.keep == "snapshot":
+            snapshot({"model": model, "optim": optimizer}, step)
+        elif args.keep == "dcp":
+            model_sd, optim_sd = get_state_dict(model, optimizer)
+            state = {"model": model_sd, "optim": optim_sd, "data": {"next": step + 1}}
+            dcp.save(state, storage_writer=SnapshotWriter(step))
+            if args.disk and step == args.disk_step:
+                dcp.save(state, storage_writer=dcp.FileSystemWriter(args.disk))
+        heartbeat(step)
+        times.append(time.perf_counter() - began)
+        if rank == 0:
+            with open(os.path.join(out, "progress"), "w") as handle:
+                handle.write(str(step + 1))
+    dist.barrier()
+    if rank == 0:
+        with open(os.path.join(out, "steps.json"), "w") as handle:
+            json.dump({"times": times[args.warmup :], "world": world}, handle)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
