@@ -121,9 +121,7 @@ class Replicator:
         files each) to these peers (host, shard port). twins: rank -> for each peer, the
         rank there whose shard of the same step a replica is sent against (delta.py)."""
         with self._lock:
-            if self._generation is not None and self.sent.full_bytes:
-                logger.info("replication in generation %d: %s", self._generation, self.sent)
-            self.sent = Traffic()
+            self._report()
             self._twins = dict(twins or {})
             self._generation, self._peers = generation, list(peers)
             self._slot_files = 2 * local_ranks
@@ -141,14 +139,20 @@ class Replicator:
         old generation's shards (an adopted slot's replicated mark is reset), and
         sending them again to peers that moved on is refused noise."""
         with self._lock:
+            self._report()
             self._generation = None
 
     def close(self) -> None:
         with self._lock:
-            if self._generation is not None and self.sent.full_bytes:
-                logger.info("replication in generation %d: %s", self._generation, self.sent)
+            self._report()
         self._closed.set()
         self._thread.join(timeout=1)  # a put to a stopped peer may hang: it is a daemon
+
+    def _report(self) -> None:
+        """Log what this generation's replicas cost, once, and start counting anew."""
+        if self._generation is not None and self.sent.full_bytes:
+            logger.info("replication in generation %d: %s", self._generation, self.sent)
+        self.sent = Traffic()
 
     def _run(self) -> None:
         pause = POLL_S
