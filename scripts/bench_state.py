@@ -41,9 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKER = str(ROOT / "scripts" / "bench_state_worker.py")
 RTRAIN = [sys.executable, "-m", "rtrain.cli.main", "launch"]
 MARK_BEGIN, MARK_END = "<!-- bench_state:begin -->", "<!-- bench_state:end -->"
-SENT = re.compile(
-    r"replication in generation 0: (\d+) replicas, ([0-9.]+) MiB sent of ([0-9.]+) MiB"
-)
+SENT = re.compile(r"replication in generation 0: (\d+) replicas, ([0-9.]+) KiB sent of")
 FAST = ["--heartbeat-interval=0.5", "--heartbeat-timeout=3", "--monitor-interval=0.1"]
 
 
@@ -107,7 +105,7 @@ def step_times(mode: str, keep: str, state_mb: int, steps: int) -> float:
 
 
 def replication_bytes(delta: str, state_mb: int, steps: int) -> float:
-    """MiB sent per replica from node 0 of a DP=2 job over 2 nodes."""
+    """KiB sent per replica from node 0 of a DP=2 job over 2 nodes."""
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder)
         procs = start_nodes(
@@ -194,7 +192,7 @@ def main() -> None:
                 console.print(f"{mode} {size} MB {keep}: {base:.3f} s -> {kept:.3f} s")
     whole = replication_bytes("off", 100, args.steps)
     delta = replication_bytes("on", 100, args.steps)
-    console.print(f"replication: {whole:.1f} MiB -> {delta:.2f} MiB per replica")
+    console.print(f"replication: {whole:.0f} KiB -> {delta:.1f} KiB per replica")
     restore = resharding_restore(args.restore_mb)
     per_rank = args.restore_mb / restore["world"] * 2**20
     loopback = per_rank / loopback_seconds(int(per_rank), 3)
@@ -227,8 +225,8 @@ def main() -> None:
         "",
         "| DDP, DP=2 over 2 nodes, 100 MB per rank | per step sent | target |",
         "|---|---|---|",
-        f"| whole shards (`--snapshot-dp-delta off`) | {whole:.1f} MiB | |",
-        f"| against the DP twin (`on`) | {delta:.2f} MiB ({saved:.1%} less) | >= 90% less |",
+        f"| whole shards (`--snapshot-dp-delta off`) | {whole / 1024:.1f} MiB | |",
+        f"| against the DP twin (`on`) | {delta:.1f} KiB ({saved:.2%} less) | >= 90% less |",
         "",
         f"| FSDP2, 3 nodes -> 2, {args.restore_mb} MB of state | load | vs disk | per-rank "
         "rate vs loopback stream |",

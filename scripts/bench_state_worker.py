@@ -93,6 +93,7 @@ def main() -> None:
                 began = time.perf_counter()
                 reader = SnapshotReader() if source == "memory" else dcp.FileSystemReader(args.disk)
                 dcp.load(state, storage_reader=reader)
+                loaded = time.perf_counter() - began
                 set_state_dict(
                     model,
                     optimizer,
@@ -101,6 +102,7 @@ def main() -> None:
                 )
                 dist.barrier()
                 timings[source] = time.perf_counter() - began
+                timings[f"{source}_dcp_load"] = loaded
                 start = state["data"]["next"]
             if rank == 0:
                 with open(os.path.join(out, "restore.json"), "w") as handle:

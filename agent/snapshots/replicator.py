@@ -68,8 +68,8 @@ class Traffic:
     def __str__(self) -> str:
         saved = 1 - self.sent_bytes / self.full_bytes if self.full_bytes else 0.0
         return (
-            f"{self.replicas} replicas, {self.sent_bytes / 2**20:.1f} MiB sent of "
-            f"{self.full_bytes / 2**20:.1f} MiB ({saved:.1%} held by DP twins, not sent)"
+            f"{self.replicas} replicas, {self.sent_bytes / 1024:.1f} KiB sent of "
+            f"{self.full_bytes / 1024:.1f} KiB ({saved:.1%} held by DP twins, not sent)"
         )
 
 

@@ -167,6 +167,15 @@ class ShardStore:
         os.link(source, path)
         return _map(path, writable=True)
 
+    def link_shard(self, shard: ShardId, path: str) -> None:
+        """Give `path` the file of a shard held here (OSError if it is gone)."""
+        source = next((p for s, p in self.replicas() + self.local_slots() if s == shard), None)
+        if source is None:
+            raise OSError(f"{shard} is no longer held here")
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+        os.link(source, path)
+
     def recycle(self, generation: int, ranks: list[int], keep_step: int | None) -> int:
         """Hand the slot files of earlier generations that nothing needs any more to the
         new workers, as their second slot and then as a spare; returns how many.

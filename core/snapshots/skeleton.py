@@ -160,8 +160,9 @@ def _encode(value: Any, path: tuple[Any, ...], tensor_ref: Callable[..., Any], d
             list(value) if isinstance(value, list) else tuple(value), path, tensor_ref, depth
         )
     raise SkeletonError(
-        f"{where_of(path)}: a {kind.__name__} cannot be snapshotted (only tensors, numpy "
-        "arrays, dicts, lists, tuples, str, bytes, int, float, bool and None)"
+        f"{where_of(path)}: a {kind.__name__} cannot be snapshotted (only tensors, "
+        "DTensors, numpy arrays, Stateful objects, dicts, lists, tuples, str, bytes, int, "
+        "float, bool and None)"
     )
 
 

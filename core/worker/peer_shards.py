@@ -98,9 +98,11 @@ def fetch_previous_shards(
 
 
 def _read(path: str) -> Any:
+    """The shard's state, its tensors views of a private mapping of the file: no copy,
+    and the file can go at once (the mapping keeps its pages while tensors use it)."""
     with open(path, "rb") as handle:
         size = os.fstat(handle.fileno()).st_size
         if size == 0:
             raise SnapshotError(f"{os.path.basename(path)} is empty")
-        with mmap.mmap(handle.fileno(), size, access=mmap.ACCESS_READ) as buffer:
-            return read_shard(buffer)
+        buffer = mmap.mmap(handle.fileno(), size, access=mmap.ACCESS_COPY)
+    return read_shard(buffer, copy=False)

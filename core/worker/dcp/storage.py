@@ -123,25 +123,29 @@ class SnapshotWriter(StorageWriter):
         data: dict[int, Any] = {}
         results = []
         for slot, item in enumerate(plan.items):
-            resolved = planner.resolve_data(item)
             if item.type == WriteItemType.BYTE_IO:
-                assert isinstance(resolved, io.BytesIO)
-                resolved.seek(0)
-                try:  # our own bytes, just made by torch.save in this process
-                    data[slot] = torch.load(resolved, weights_only=True)
-                except Exception as exc:
+                # The value itself, not the torch.save DCP would make of it: the shard's
+                # skeleton keeps plain values, and refuses others by name at planning.
+                lookup = getattr(planner, "lookup_object", None)
+                if lookup is None:
                     raise SnapshotError(
-                        f"{item.index.fqn}: a value with no plain form cannot be kept "
-                        f"({type(exc).__name__})"
-                    ) from None
-                size = resolved.getbuffer().nbytes
+                        "SnapshotWriter needs a planner with lookup_object (DCP's "
+                        "DefaultSavePlanner or a subclass)"
+                    )
+                data[slot] = lookup(item.index)
+                size = 0
             else:
+                resolved = planner.resolve_data(item)
                 assert isinstance(resolved, torch.Tensor)
                 data[slot] = resolved.detach()
                 size = resolved.numel() * resolved.element_size()
             results.append(WriteResult(item.index, size, Location(placed.writer, slot)))
         shard = {MARK: {"index": placed.index, "writer": placed.writer}, "items": data}
-        if not snapshot(shard, self.step):
+        try:
+            kept = snapshot(shard, self.step)
+        except SnapshotError as exc:
+            raise SnapshotError(_named(str(exc), plan)) from None
+        if not kept:
             raise SnapshotError("SnapshotWriter writes into rtrain's memory: run under rtrain")
         done: Future[list[WriteResult]] = Future()
         done.set_result(results)
@@ -173,7 +177,8 @@ class SnapshotReader(StorageReader):
         return checkpoint_id is None
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        restored = restore()
+        # No copy: the chunks are copied once, into the planner's tensors.
+        restored = restore(copy=False)
         if restored is None:
             raise SnapshotError(
                 "no snapshot was restored for this rank: nothing to load (check "
@@ -240,6 +245,17 @@ class SnapshotReader(StorageReader):
         done: Future[None] = Future()
         done.set_result(None)
         return done
+
+
+def _named(message: str, plan: SavePlan) -> str:
+    """A skeleton error names items[slot]: name the item's fully qualified name instead."""
+    where, _, rest = message.partition(": ")
+    parts = where.split("[", 1)
+    if parts[0] == "items" and len(parts) == 2:
+        slot = parts[1].split("]", 1)[0]
+        if slot.isdigit() and int(slot) < len(plan.items):
+            return f"{plan.items[int(slot)].index.fqn}: {rest}"
+    return message
 
 
 def restored_step() -> int | None:
