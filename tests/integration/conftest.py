@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+
 import pytest
 
-from tests.integration.cluster import STEPS, LocalCluster
+from tests.integration.cluster import SNAPSHOTTING, STEPS, LocalCluster
 
 
 @pytest.fixture(scope="session")
@@ -17,6 +20,43 @@ def reference(tmp_path_factory) -> list[float]:
         return cluster.records()[(0, 0)]["weights"]
     finally:
         cluster.close()
+
+
+@dataclass(frozen=True)
+class SnapshotReference:
+    final: str  # parameters and Adam state at the end of a 2 x 2 run with no fault
+    steps: dict[int, str]  # ... and after each step
+
+
+SNAPSHOT_FLAGS = ["--nproc-per-node=2", "--heartbeat-interval=0.5", "--heartbeat-timeout=2"]
+SNAPSHOT_STEPS = "30"
+
+
+@pytest.fixture(scope="session")
+def snapshot_reference(tmp_path_factory) -> SnapshotReference:
+    """train_snapshot.py on 2 nodes of 2 workers with no fault: what every test that
+    injects faults into that job must end with (one run for all of them)."""
+    tmp = tmp_path_factory.mktemp("snapshot_reference")
+    cluster = LocalCluster(
+        tmp,
+        2,
+        "2",
+        SNAPSHOT_FLAGS,
+        script=SNAPSHOTTING,
+        PROBE_STEPS=SNAPSHOT_STEPS,
+        PROBE_STEP_DIGESTS="1",
+    )
+    try:
+        assert cluster.wait() == [0, 0], cluster.log(0)
+    finally:
+        cluster.close()
+    finals = {json.loads(p.read_text())["digest"] for p in cluster.out.glob("final_rank*.json")}
+    assert len(finals) == 1 and len(list(cluster.out.glob("final_rank*.json"))) == 4
+    steps = {
+        int(p.stem.removeprefix("digest_step")): p.read_text()
+        for p in cluster.out.glob("digest_step*.txt")
+    }
+    return SnapshotReference(finals.pop(), steps)
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.cluster import SNAPSHOTTING, LocalCluster
+from tests.integration.conftest import SNAPSHOT_FLAGS, SNAPSHOT_STEPS
 from tests.integration.helpers import ROOT, RTRAIN, probe_env
 
 FAST = ["--nproc-per-node=2", "--heartbeat-interval=0.5", "--heartbeat-timeout=2"]
@@ -39,22 +40,11 @@ class Reference:
     steps: dict[int, str]  # ... and after each step
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> Reference:
-    tmp = tmp_path_factory.mktemp("reference")
-    cluster = LocalCluster(
-        tmp, 2, "2", FAST, script=SNAPSHOTTING, PROBE_STEPS=STEPS, PROBE_STEP_DIGESTS="1"
-    )
-    try:
-        assert cluster.wait() == [0, 0], cluster.log(0)
-    finally:
-        cluster.close()
-    (found,) = digests(cluster)
-    steps = {
-        int(p.stem.removeprefix("digest_step")): p.read_text()
-        for p in cluster.out.glob("digest_step*.txt")
-    }
-    return Reference(found, steps)
+@pytest.fixture
+def reference(snapshot_reference) -> Reference:
+    """The fault-free run's digests (tests/integration/conftest.py, shared)."""
+    assert (FAST, STEPS) == (SNAPSHOT_FLAGS, SNAPSHOT_STEPS)
+    return Reference(snapshot_reference.final, snapshot_reference.steps)
 
 
 def restored(cluster: LocalCluster) -> list[dict]:

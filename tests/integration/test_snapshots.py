@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.cluster import SNAPSHOTTING, LocalCluster
+from tests.integration.conftest import SNAPSHOT_FLAGS, SNAPSHOT_STEPS
 
 FAST = ["--nproc-per-node=2", "--heartbeat-interval=0.5", "--heartbeat-timeout=2"]
 STEPS = "30"
@@ -25,18 +26,12 @@ def restored(cluster: LocalCluster) -> dict[str, dict]:
     return {p.stem: json.loads(p.read_text()) for p in cluster.out.glob("restored_*.json")}
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """Parameters and Adam state (one sha256) after a 2 x 2 run with no failure."""
-    tmp = tmp_path_factory.mktemp("reference")
-    cluster = LocalCluster(tmp, 2, "2", FAST, script=SNAPSHOTTING, PROBE_STEPS=STEPS)
-    try:
-        assert cluster.wait() == [0, 0], cluster.log(0)
-    finally:
-        cluster.close()
-    found = digests(cluster)
-    assert len(found) == 1 and len(list(cluster.out.glob("final_rank*.json"))) == 4
-    return found.pop()
+@pytest.fixture
+def reference(snapshot_reference) -> str:
+    """Parameters and Adam state (one sha256) after a 2 x 2 run with no failure
+    (tests/integration/conftest.py, shared with the audit tests)."""
+    assert (FAST, STEPS) == (SNAPSHOT_FLAGS, SNAPSHOT_STEPS)
+    return snapshot_reference.final
 
 
 def test_killed_worker_restores_its_last_step_bitwise(tmp_path, reference):
@@ -173,7 +168,13 @@ def test_fsdp2_survivors_of_a_node_loss_reshard_from_peer_memory_through_dcp(tmp
     # network), and the whole state they load equals the reference run's at that step.
     (tmp_path / "reference").mkdir()
     reference = LocalCluster(
-        tmp_path / "reference", 3, "3", DCP_FLAGS, script=FSDP2_DCP, PROBE_FULL_DIGESTS="1"
+        tmp_path / "reference",
+        3,
+        "3",
+        DCP_FLAGS,
+        script=FSDP2_DCP,
+        PROBE_STEPS="10",
+        PROBE_FULL_DIGESTS="1",
     )
     try:
         assert reference.wait() == [0, 0, 0], reference.log(0)
@@ -181,7 +182,13 @@ def test_fsdp2_survivors_of_a_node_loss_reshard_from_peer_memory_through_dcp(tmp
         reference.close()
     (tmp_path / "lost").mkdir()
     cluster = LocalCluster(
-        tmp_path / "lost", 3, "2:3", DCP_FLAGS, script=FSDP2_DCP, PROBE_STEP_SLEEP="0.2"
+        tmp_path / "lost",
+        3,
+        "2:3",
+        DCP_FLAGS,
+        script=FSDP2_DCP,
+        PROBE_STEPS="10",
+        PROBE_STEP_SLEEP="0.2",
     )
     codes = cluster.kill_node_at(6, 2)
     assert codes[:2] == [0, 0], cluster.log(0) + cluster.log(1)

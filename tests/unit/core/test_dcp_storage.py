@@ -23,14 +23,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture
-def slot_dir(tmp_path, monkeypatch) -> str:
-    monkeypatch.setenv(snapshot_api.SNAPSHOT_DIR, str(tmp_path))
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setattr(snapshot_api, "_slots", None)
-    return str(tmp_path)
-
-
 def raised(error: BaseException) -> BaseException:
     """What rank 0 raised: DCP wraps it in a CheckpointException."""
     failures = getattr(error, "failures", None)

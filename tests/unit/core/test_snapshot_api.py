@@ -13,14 +13,6 @@ from rtrain.core.worker import snapshots as snapshot_api
 from rtrain.core.worker.snapshots import restore, slot_paths, snapshot
 
 
-@pytest.fixture
-def slot_dir(tmp_path, monkeypatch) -> str:
-    monkeypatch.setenv(snapshot_api.SNAPSHOT_DIR, str(tmp_path))
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setattr(snapshot_api, "_slots", None)
-    return str(tmp_path)
-
-
 def _mark_replicated(directory: str) -> None:
     for path in slot_paths(directory, 0):
         if os.path.exists(path):
