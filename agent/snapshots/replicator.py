@@ -143,9 +143,14 @@ class Replicator:
             self._generation = None
 
     def close(self) -> None:
-        with self._lock:
-            self._report()
         self._closed.set()
+        # A put to a stopped peer holds the lock for up to its IO timeout: an agent on
+        # its way out does not wait for it, it only leaves out the traffic line.
+        if self._lock.acquire(timeout=0.2):
+            try:
+                self._report()
+            finally:
+                self._lock.release()
         self._thread.join(timeout=1)  # a put to a stopped peer may hang: it is a daemon
 
     def _report(self) -> None:
