@@ -20,7 +20,7 @@ import secrets
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ...core.snapshots.restore_plan import ShardId
@@ -47,7 +47,6 @@ class FetchContext:
     servers: Mapping[int, tuple[str, int]]
     secret: bytes
     source: str | None
-    served: set[tuple[int, str]] = field(default_factory=set)  # (rank, request id)
 
 
 def holders_of(inventory: Mapping[int, list[ShardId]]) -> dict[ShardId, list[int]]:
