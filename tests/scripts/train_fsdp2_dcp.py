@@ -25,8 +25,9 @@ from rtrain.core import heartbeat
 from rtrain.core.worker.dcp import SnapshotReader, SnapshotWriter, restored_step
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from train_fsdp2_snapshot import fsdp2_mlp, probe_start
-from train_snapshot import inject, record_progress
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from train_snapshot import inject
 
 GLOBAL_BATCH = 12
 
@@ -49,9 +50,18 @@ def full_digest(model_sd: dict, optim_sd: dict) -> str:
 
 def main() -> None:
     steps = int(os.environ.get("PROBE_STEPS", "16"))
-    out, generation = probe_start()
+    out = os.environ["PROBE_OUT"]
+    generation = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    os.makedirs(out, exist_ok=True)
+    dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    model, optimizer = fsdp2_mlp(33)  # 33 rows: other shard boundaries on 3 and 2 ranks
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 33), nn.Tanh(), nn.Linear(33, 1))
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     start = 0
     if restored_step() is not None:
         model_sd, optim_sd = get_state_dict(model, optimizer)
@@ -88,7 +98,9 @@ def main() -> None:
                     handle.write(digest)
         heartbeat(step)
         if rank == 0:
-            record_progress(out, step + 1)
+            with open(os.path.join(out, "progress.tmp"), "w") as handle:
+                handle.write(str(step + 1))
+            os.replace(os.path.join(out, "progress.tmp"), os.path.join(out, "progress"))
         time.sleep(float(os.environ.get("PROBE_STEP_SLEEP", "0.05")))
     dist.barrier()
     dist.destroy_process_group()

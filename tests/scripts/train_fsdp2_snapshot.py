@@ -19,7 +19,7 @@ from rtrain.core import heartbeat, restore, snapshot
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from train_snapshot import inject, record_progress
+from train_snapshot import inject
 
 
 class Position:
@@ -49,31 +49,20 @@ def digest(model: nn.Module, optimizer: torch.optim.Optimizer) -> str:
     return h.hexdigest()
 
 
-def probe_start() -> tuple[str, int]:
-    """The output folder (made) and the generation; the process group started."""
+def main() -> None:
+    steps = int(os.environ.get("PROBE_STEPS", "12"))
     out = os.environ["PROBE_OUT"]
+    generation = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     os.makedirs(out, exist_ok=True)
     dist.init_process_group("gloo")
-    return out, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-
-
-def fsdp2_mlp(hidden: int) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """16 -> hidden -> 1 with each linear layer and the whole fully_shard-ed over all
-    ranks, the same initial weights on every run, and Adam."""
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,))
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, hidden), nn.Tanh(), nn.Linear(hidden, 1))
+    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
     for layer in (model[0], model[2]):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    return model, torch.optim.Adam(model.parameters(), lr=0.01)
-
-
-def main() -> None:
-    steps = int(os.environ.get("PROBE_STEPS", "12"))
-    out, generation = probe_start()
-    rank = dist.get_rank()
-    model, optimizer = fsdp2_mlp(32)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     position = Position()
     torch.manual_seed(1000 + rank)
     state = {"model": model, "optim": optimizer, "data": position, "rng": torch.get_rng_state()}
@@ -97,7 +86,9 @@ def main() -> None:
         snapshot(state, step)
         heartbeat(step)
         if rank == 0:
-            record_progress(out, step + 1)
+            with open(os.path.join(out, "progress.tmp"), "w") as handle:
+                handle.write(str(step + 1))
+            os.replace(os.path.join(out, "progress.tmp"), os.path.join(out, "progress"))
         time.sleep(float(os.environ.get("PROBE_STEP_SLEEP", "0.03")))
     dist.barrier()
     with open(os.path.join(out, f"final_rank{rank}.json"), "w") as handle:

@@ -40,13 +40,6 @@ def inject(rank: int, step: int, generation: int, out: str) -> None:
     sys.exit(3)
 
 
-def record_progress(out: str, done: int) -> None:
-    """$PROBE_OUT/progress: the steps applied so far (what the tests wait on)."""
-    with open(os.path.join(out, "progress.tmp"), "w") as handle:
-        handle.write(str(done))
-    os.replace(os.path.join(out, "progress.tmp"), os.path.join(out, "progress"))
-
-
 def digest(model: nn.Module, optimizer: torch.optim.Optimizer) -> str:
     h = hashlib.sha256()
     for p in model.parameters():
@@ -125,7 +118,9 @@ def main() -> None:
                 json.dump({"t": time.time(), "step": step}, f)
         heartbeat(step)
         if rank == 0 and out:
-            record_progress(out, step + 1)
+            with open(os.path.join(out, "progress.tmp"), "w") as handle:
+                handle.write(str(step + 1))
+            os.replace(os.path.join(out, "progress.tmp"), os.path.join(out, "progress"))
         time.sleep(pause)
     dist.barrier()
     dist.destroy_process_group()
