@@ -1,10 +1,15 @@
 """recycle_worker_plan() and recycle_actions(): a worker's part of its generation's
-ReCycle plan, read from the file the agent wrote (core/layout/recycle.py makes it)."""
+ReCycle plan, read from the file the agent wrote (core/layout/recycle.py makes it).
+
+worker_plan() reads the same content from memory: a benchmark or a test that plans a
+failure set itself (core.layout.recycle.failure_plan) hands each rank its part that way.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,16 +30,18 @@ class WorkerPlan:
     microbatches: int
     failed: list[Worker]
 
+    @property
+    def stage(self) -> int | None:
+        return None if self.position is None else self.position[1]
 
-def recycle_worker_plan() -> WorkerPlan | None:
-    """This worker's part of the generation's plan, or None (no --recycle-profile, or no
-    plan could absorb the loss)."""
-    path = os.environ.get(RECYCLE_PLAN_FILE)
-    if not path:
-        return None
-    with open(path) as handle:
-        data = json.load(handle)
-    rank = int(os.environ.get("RANK", "0"))
+    @property
+    def replica(self) -> int | None:
+        """The replica whose data this worker loads (its own micro-batches' source)."""
+        return None if self.position is None else self.position[0]
+
+
+def worker_plan(data: Mapping[str, Any], rank: int) -> WorkerPlan:
+    """Rank `rank`'s part of a plan file's content."""
     holders: dict[Worker, list[int]] = {}
     for other, pos in data["positions"].items():
         holders.setdefault((int(pos[0]), int(pos[1])), []).append(int(other))
@@ -54,6 +61,17 @@ def recycle_worker_plan() -> WorkerPlan | None:
         microbatches=int(data["microbatches"]),
         failed=[(int(r), int(s)) for r, s in data["failed"]],
     )
+
+
+def recycle_worker_plan() -> WorkerPlan | None:
+    """This worker's part of the generation's plan, or None (no --recycle-profile, or no
+    plan could absorb the loss)."""
+    path = os.environ.get(RECYCLE_PLAN_FILE)
+    if not path:
+        return None
+    with open(path) as handle:
+        data = json.load(handle)
+    return worker_plan(data, int(os.environ.get("RANK", "0")))
 
 
 def recycle_actions() -> list[dict[str, Any]] | None:

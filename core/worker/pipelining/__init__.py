@@ -1,0 +1,14 @@
+"""rtrain.core.worker.pipelining: ReCycle for torch.distributed.pipelining users.
+
+    stage = recycle_stage(my_stage_module)          # or your own PipelineStage
+    schedule = ScheduleReCycle(stage, n_microbatches=8, loss_fn=loss_fn)
+    schedule.step(x, target=y, batch_of=load_batch_of_replica)
+    optimizer.step(); optimizer.zero_grad()
+
+Imports torch (unlike rtrain.core itself): import it from the training script.
+"""
+
+from .schedule import OpTiming, PlanMismatch, ScheduleReCycle, recycle_stage
+from .wire import WireError
+
+__all__ = ["OpTiming", "PlanMismatch", "ScheduleReCycle", "WireError", "recycle_stage"]
