@@ -13,6 +13,7 @@ import json
 import logging
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ..core.config.launch_spec import LaunchSpec
@@ -22,13 +23,24 @@ from ..core.layout.recycle import (
     decode_positions,
     encode_positions,
     recycle_plan,
+    restore_lineage,
 )
 from ..core.layout.topology import Topology
 from ..core.rendezvous.protocol import StoreKeys
+from ..core.snapshots.restore_plan import Lineage
 from .generation import Generation
 from .rendezvous.job import JobRendezvous
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GenerationPlan:
+    """What --recycle-profile gives a generation."""
+
+    env: dict[str, str]  # the workers' environment: where their plan file is
+    plan: dict[str, Any] | None  # None: no plan (none asked for, or none absorbs the loss)
+    lineage: dict[int, Lineage]  # whose state each positioned rank restores
 
 
 def plan_generation(
@@ -38,13 +50,15 @@ def plan_generation(
     topology: Topology,
     before: Topology | None,
     previous: Generation | None,
-) -> tuple[dict[str, str], dict[str, Any] | None]:
-    """With --recycle-profile, the generation's plan (see write_plan); else nothing."""
+) -> GenerationPlan:
+    """With --recycle-profile, the generation's plan (see write_plan) and the restore
+    lineage by plan position; else nothing."""
     if spec.recycle_profile is None:
-        return {}, None
+        return GenerationPlan({}, None, {})
     keys = StoreKeys(spec.rdzv.run_id)
     carried = carried_plan(rdzv, keys, topology.generation, previous)
-    return write_plan(rdzv, keys, folder, topology, spec.recycle_profile, before, carried)
+    env, plan = write_plan(rdzv, keys, folder, topology, spec.recycle_profile, before, carried)
+    return GenerationPlan(env, plan, restore_lineage(carried, plan))
 
 
 def carried_plan(

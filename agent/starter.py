@@ -98,16 +98,23 @@ class GenerationStarter:
             assignment.master_port,
         )
         folder, topology_env = write_topology(self.run_log_dir, topology)
-        plan_env, plan = plan_generation(rdzv, self.spec, folder, topology, before, previous)
+        planned = plan_generation(rdzv, self.spec, folder, topology, before, previous)
         snapshot_env = self._snapshots.prepare(
-            rdzv, membership, topology, node_rank, self.nproc, self.spec.rdzv.join_timeout, watch
+            rdzv,
+            membership,
+            topology,
+            node_rank,
+            self.nproc,
+            self.spec.rdzv.join_timeout,
+            watch,
+            planned.lineage,
         )
         hangs = self._hang_watch(generation)
 
         def extra_env(local_rank: int, log_dir: str) -> dict[str, str]:
             return {
                 **topology_env,
-                **plan_env,
+                **planned.env,
                 **snapshot_env,
                 **hangs.worker_env(local_rank, log_dir),
             }
@@ -122,7 +129,7 @@ class GenerationStarter:
             self._tail,
             extra_env,
         )
-        return Generation(membership, node_rank, group, peers, hangs, topology, plan)
+        return Generation(membership, node_rank, group, peers, hangs, topology, planned.plan)
 
     def _take_part(self, membership: Membership, leases: Leases) -> tuple[int, PeerWatch]:
         """This node's rank in the generation, its lease held, its peers' leases watched."""

@@ -15,7 +15,7 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,7 @@ from ...core.rendezvous.protocol import (
 )
 from ...core.snapshots.format import set_replicated
 from ...core.snapshots.restore_plan import (
+    Lineage,
     Reached,
     RestoreSource,
     ShardId,
@@ -176,8 +177,10 @@ def restore_agreed(
     checkpoint_dir: CheckpointDir | None = None,
     timeout: float = 60.0,
     watch: Callable[[], object] | None = None,
+    lineage: Mapping[int, Lineage] | None = None,
 ) -> RestoreResult:
-    """Restore this node's ranks at a step every agent agrees on.
+    """Restore this node's ranks at a step every agent agrees on (lineage: whose state
+    each rank continues where the topology's grid does not say; see plan_restore).
 
     Every agent plans from the same inventories, tries its ranks' copies and publishes
     how it went: complete or not, and which copies failed verification or could not be
@@ -189,7 +192,7 @@ def restore_agreed(
     ceiling = job_ceiling(pooled.reached.values())
     members = range(len(membership.members))
     for attempt in range(MAX_ATTEMPTS):
-        plan = plan_restore(topology, pooled.inventory, ceiling, unusable)
+        plan = plan_restore(topology, pooled.inventory, ceiling, unusable, lineage)
         if plan is None:
             result = _without_a_plan(store, topology, node_rank, pooled, checkpoint_dir)
             break

@@ -11,7 +11,7 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from ...core.config.launch_spec import LaunchSpec
 from ...core.config.worker_env import SNAPSHOT_BUDGET, SNAPSHOT_DIR
@@ -20,7 +20,7 @@ from ...core.rendezvous.protocol import Membership, StoreKeys
 from ...core.snapshots.admission import Admission
 from ...core.snapshots.format import COMMITTED, read_header
 from ...core.snapshots.redundancy import dp_twin
-from ...core.snapshots.restore_plan import Reached, ring_successors
+from ...core.snapshots.restore_plan import Lineage, Reached, ring_successors
 from ..rendezvous.job import JobRendezvous
 from .checksums import checksums
 from .disk_checkpoints import DiskCheckpointer, open_checkpoint_dir, write_checkpoint
@@ -127,8 +127,10 @@ class SnapshotService:
         local_world_size: int,
         timeout: float,
         watch: Callable[[], object] | None = None,
+        lineage: Mapping[int, Lineage] | None = None,
     ) -> dict[str, str]:
-        """Restore this node's new workers; the environment that points them at their slots."""
+        """Restore this node's new workers; the environment that points them at their slots.
+        lineage: whose state each rank continues where the grid does not say (ReCycle)."""
         if self._server is None:
             self._start(rdzv)
         assert self._server is not None and self._replicator is not None
@@ -155,6 +157,7 @@ class SnapshotService:
             self._checkpoint_dir,
             timeout,
             watch,
+            lineage,
         )
         logger.info("%s", result.describe())
         self._local_ranks = local_ranks

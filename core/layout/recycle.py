@@ -7,7 +7,13 @@ one it takes over) on the grid of the first generation, and the positions nobody
 any more are the failed workers. The agent writes the result next to topology.json, and
 `rtrain.core.recycle_actions()`
 (core/worker/recycle.py) hands each worker its own action list (the format of
-`core.planner.report.action_list`), for a pipeline runtime to follow.
+`core.planner.report.action_list`), for a pipeline runtime to follow
+(rtrain.core.worker.pipelining.ScheduleReCycle).
+
+A rank with no position (a node that joined after the loss) takes over a failed one,
+the lowest first: the plan has one failure fewer, and the rank restores that
+position's state (restore_lineage: the lost rank's shard where a copy survives, else
+a DP peer's of the same stage).
 
 The profile is a job profile (`PipelineJob.from_profile`) plus "microbatches": the
 micro-batches per replica per iteration.
@@ -21,6 +27,7 @@ from typing import Any
 
 from ..planner.job import PipelineJob, PlannerError, Worker
 from ..planner.plan import NoSurvivor
+from ..snapshots.restore_plan import Lineage
 from .topology import Topology
 
 
@@ -92,7 +99,12 @@ def recycle_plan(
     else:
         dp, pp = current.dp_size, current.layout.pp
         where = grid_positions(current)
-    failed = {(r, s) for r in range(dp) for s in range(pp)} - set(where.values())
+    grid = {(r, s) for r in range(dp) for s in range(pp)}
+    if current.layout.tp == 1:  # a position is one rank: a newcomer can take a lost one
+        unplaced = [c.rank for c in current.coords if c.rank not in where]
+        for rank, position in zip(unplaced, sorted(grid - set(where.values())), strict=False):
+            where[rank] = position
+    failed = grid - set(where.values())
     job = PipelineJob.from_profile(_durations(profile), dp, pp, int(profile["microbatches"]))
     try:
         chosen = plan(job, sorted(failed), "recycle")
@@ -104,6 +116,51 @@ def recycle_plan(
         "positions": {str(rank): list(pos) for rank, pos in sorted(where.items())},
         **actions,
     }
+
+
+def failure_plan(job: PipelineJob, failed: list[Worker], schedule: str = "recycle") -> dict:
+    """A plan file's content for `job` with these workers lost, the survivors numbered
+    0, 1, ... in (replica, stage) order: what the agent would hand the workers of a
+    job that lost them, for a benchmark or a test that runs the plan without an agent.
+    `schedule` is the planner's ("recycle", "drop", "1f1b"); NoSurvivor where it
+    cannot absorb the loss."""
+    from ..planner.report import action_list
+    from ..planner.scheduler import plan
+    from ..planner.sim import simulate
+
+    chosen = plan(job, failed, schedule)
+    lost = set(chosen.failed)
+    if schedule == "drop":  # a dropped replica's workers run nothing
+        lost |= {(r, s) for r, _ in chosen.failed for s in range(job.pp)}
+    alive = [(r, s) for r in range(job.dp) for s in range(job.pp) if (r, s) not in lost]
+    return {
+        "generation": 0,
+        "positions": {str(rank): list(pos) for rank, pos in enumerate(alive)},
+        **action_list(chosen, simulate(chosen)),
+    }
+
+
+def restore_lineage(
+    previous_plan: Mapping[str, Any] | None, current_plan: Mapping[str, Any] | None
+) -> dict[int, Lineage]:
+    """rank -> whose state it continues, by plan position: the previous-generation rank
+    that held its position, and those that held a position of the same stage. Empty
+    without both plans (the grid's lineage applies); ranks with no position keep it."""
+    if previous_plan is None or current_plan is None:
+        return {}
+    if (previous_plan["dp"], previous_plan["pp"]) != (current_plan["dp"], current_plan["pp"]):
+        return {}  # another grid: positions do not carry over
+    held = {(int(p[0]), int(p[1])): int(r) for r, p in previous_plan["positions"].items()}
+    by_stage: dict[int, list[int]] = {}
+    for (_, stage), rank in sorted(held.items()):
+        by_stage.setdefault(stage, []).append(rank)
+    lineage: dict[int, Lineage] = {}
+    for rank, pos in current_plan["positions"].items():
+        position = (int(pos[0]), int(pos[1]))
+        own = held.get(position)
+        peers = tuple(r for r in by_stage.get(position[1], []) if r != own)
+        lineage[int(rank)] = Lineage(own, peers)
+    return lineage
 
 
 class PositionsError(ValueError):

@@ -14,6 +14,11 @@ together:
     same parameters and optimizer state (its per-rank state, RNG and data position,
     is then the peer's: the script decides what to reset).
 
+Which previous rank is a rank's own, and which are its DP peers, comes from the
+topology's grid, unless a Lineage says otherwise: under a ReCycle plan a worker's
+stage is its plan position's, which need not be its place in rtrain's shrunk grid
+(core/layout/recycle.py: restore_lineage).
+
 Replicas are placed on a ring: node n's shards go to nodes n+1 .. n+copies-1.
 """
 
@@ -33,6 +38,14 @@ class ShardId:
 
 
 @dataclass(frozen=True)
+class Lineage:
+    """Whose state a rank of the new generation continues."""
+
+    own: int | None  # the previous-generation rank whose shard is this rank's own
+    peers: tuple[int, ...]  # previous-generation ranks holding the same parameters
+
+
+@dataclass(frozen=True)
 class RestoreSource:
     shard: ShardId
     holders: tuple[int, ...]  # node ranks (of the new generation) that hold a copy
@@ -49,6 +62,7 @@ def plan_restore(
     inventory: Mapping[int, Iterable[ShardId]],
     ceiling: int | None = None,
     unusable: Iterable[tuple[ShardId, int]] = (),
+    lineage: Mapping[int, Lineage] | None = None,
 ) -> tuple[int, dict[int, RestoreSource]] | None:
     """(step, rank -> source) for the newest step every rank can restore, or None.
 
@@ -56,7 +70,8 @@ def plan_restore(
     previous generation count: the agents relabel restored shards into each new one.
     ceiling: the newest step any node's own workers reached; a copy of a later step
     cannot be genuine and is ignored. unusable: (shard, holder) copies that failed
-    verification or could not be fetched in an earlier attempt.
+    verification or could not be fetched in an earlier attempt. lineage: rank -> whose
+    state it continues, for the ranks where that is not the topology's grid.
     """
     previous = topology.generation - 1
     refused = set(unusable)
@@ -79,13 +94,15 @@ def plan_restore(
     steps = whole + [s for s in newest_first if s not in whole]
     # A rank's own shard (RNG, data position and all) beats a DP peer's: the newest step
     # at which every rank has its own is preferred to a newer one that needs a peer's.
+    lines = {
+        c.rank: (lineage or {}).get(c.rank) or grid_lineage(topology, c.rank)
+        for c in topology.coords
+    }
     for peer_fallback in (False, True):
         for step in steps:
             plan: dict[int, RestoreSource] = {}
             for coord in topology.coords:
-                source = _source(
-                    topology, coord.rank, coord.pp, coord.tp, step, holders, previous, peer_fallback
-                )
+                source = _source(lines[coord.rank], step, holders, previous, peer_fallback)
                 if source is None:
                     break
                 plan[coord.rank] = source
@@ -117,26 +134,32 @@ def snapshots_existed(reached: Iterable[Reached]) -> bool:
     return bool(earlier) and all(r.every_rank for r in earlier)
 
 
+def grid_lineage(topology: Topology, rank: int) -> Lineage:
+    """Whose state `rank` continues by the topology's grid: its own previous rank (a
+    replacement: the lost rank at its grid position), and the previous ranks of its
+    stage and TP rank."""
+    own = (topology.previous_rank or {}).get(rank)
+    if own is None:  # a replacement takes over the lost rank at its grid position
+        own = (topology.replaces or {}).get(rank)
+    coord = topology.coords[rank]
+    return Lineage(own, (topology.previous_holders or {}).get((coord.pp, coord.tp), ()))
+
+
 def _source(
-    topology: Topology,
-    rank: int,
-    pp: int,
-    tp: int,
+    line: Lineage,
     step: int,
     holders: Mapping[tuple[int, int], set[int]],
     previous: int,
     peer_fallback: bool,
 ) -> RestoreSource | None:
-    own = (topology.previous_rank or {}).get(rank)
-    if own is None:  # a replacement takes over the lost rank at its grid position
-        own = (topology.replaces or {}).get(rank)
+    own = line.own
     if own is not None and (own, step) in holders:
         return RestoreSource(
             ShardId(previous, own, step), tuple(sorted(holders[(own, step)])), False
         )
     if own is not None and not peer_fallback:
         return None
-    for peer in (topology.previous_holders or {}).get((pp, tp), ()):
+    for peer in line.peers:
         if (peer, step) in holders:
             shard = ShardId(previous, peer, step)
             return RestoreSource(shard, tuple(sorted(holders[(peer, step)])), True)

@@ -43,6 +43,9 @@ def header_of(tensor: torch.Tensor) -> torch.Tensor:
         raise WireError(f"cannot send a {tensor.dtype} tensor between stages")
     if tensor.dim() > MAX_DIMS:
         raise WireError(f"cannot send a tensor of {tensor.dim()} dimensions (at most {MAX_DIMS})")
+    size = tensor.numel() * tensor.element_size()
+    if size > MAX_BYTES:
+        raise WireError(f"cannot send a {size}-byte tensor between stages (limit {MAX_BYTES})")
     header = torch.zeros(HEADER_LEN, dtype=torch.int64)
     header[0] = DTYPES.index(tensor.dtype)
     header[1] = tensor.dim()

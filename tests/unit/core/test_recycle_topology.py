@@ -10,13 +10,17 @@ from rtrain.core.layout.recycle import (
     check_profile,
     decode_positions,
     encode_positions,
+    failure_plan,
     grid_positions,
     recycle_plan,
+    restore_lineage,
 )
 from rtrain.core.layout.topology import Layout, NodeSlot, build_grid, recompute_topology
 from rtrain.core.planner.job import PipelineJob, PlannerError
 from rtrain.core.planner.scheduler import plan as make_plan
 from rtrain.core.planner.sim import simulate
+from rtrain.core.snapshots.restore_plan import Lineage, RestoreSource, ShardId, plan_restore
+from rtrain.core.worker.recycle import worker_plan
 
 LAYOUT = Layout(pp=2)
 PROFILE = {
@@ -131,3 +135,51 @@ def test_garbage_plan_positions_are_refused(payload, fragment) -> None:
     with pytest.raises(PositionsError) as caught:
         decode_positions(payload)
     assert fragment in str(caught.value)
+
+
+def test_a_node_that_joins_later_takes_over_the_failed_position() -> None:
+    gen0 = build_grid(LAYOUT, 0, NODES)
+    gen1 = recompute_topology(LAYOUT, 1, NODES[:3], gen0)  # n3 (1, 1) lost
+    plan1 = recycle_plan(gen1, PROFILE, gen0, recycle_plan(gen0, PROFILE))
+    assert plan1 is not None and plan1["failed"] == [[1, 1]]
+    gen2 = recompute_topology(LAYOUT, 2, [*NODES[:3], NodeSlot("new", 1)], gen1)
+    plan2 = recycle_plan(gen2, PROFILE, gen1, plan1)
+    assert plan2 is not None and plan2["failed"] == []
+    assert plan2["positions"]["3"] == [1, 1]
+    # nobody held (1, 1) in generation 1: the newcomer restores a stage-1 DP peer's state
+    lineage = restore_lineage(plan1, plan2)
+    assert lineage[3] == Lineage(None, (1,))
+    assert lineage[1] == Lineage(1, ()) and lineage[0] == Lineage(0, (2,))
+
+
+def test_a_rank_restores_its_plan_stage_where_the_grid_says_another() -> None:
+    gen0 = build_grid(LAYOUT, 0, NODES)
+    gen1 = recompute_topology(LAYOUT, 1, [NODES[0], NODES[2], NODES[3]], gen0)  # n1 lost
+    plan1 = recycle_plan(gen1, PROFILE, gen0, recycle_plan(gen0, PROFILE))
+    assert plan1 is not None
+    # n3 is a spare of rtrain's shrunk grid (stage 0 there) but holds (1, 1) in the plan
+    assert gen1.coords[2].dp is None and gen1.coords[2].pp == 0
+    assert plan1["positions"]["2"] == [1, 1]
+    gen2 = recompute_topology(LAYOUT, 2, [NODES[0], NODES[2], NODES[3]], gen1)  # a restart
+    plan2 = recycle_plan(gen2, PROFILE, gen1, plan1)
+    assert plan2 is not None and plan2["positions"] == plan1["positions"]
+    # n3's own shard has no surviving copy: it must take a stage-1 peer's state
+    inventory = {0: [ShardId(1, 0, 5), ShardId(1, 1, 5)], 1: [ShardId(1, 1, 5)], 2: []}
+    by_grid = plan_restore(gen2, inventory)
+    by_plan = plan_restore(gen2, inventory, lineage=restore_lineage(plan1, plan2))
+    assert by_grid is not None and by_plan is not None
+    assert by_grid[1][2].shard.rank == 0  # stage-0 parameters for a stage-1 worker
+    assert by_plan[1][2] == RestoreSource(ShardId(1, 1, 5), (0, 1), True)
+    assert by_plan[1][0].shard == ShardId(1, 0, 5) and by_plan[1][1].shard == ShardId(1, 1, 5)
+
+
+def test_failure_plan_numbers_the_survivors_and_drops_whole_replicas() -> None:
+    job = PipelineJob.uniform(3, 2, 4)
+    recycle = failure_plan(job, [(1, 0), (2, 1)], "recycle")
+    assert recycle["positions"] == {"0": [0, 0], "1": [0, 1], "2": [1, 1], "3": [2, 0]}
+    drop = failure_plan(job, [(1, 0), (2, 1)], "drop")
+    assert drop["positions"] == {"0": [0, 0], "1": [0, 1]}
+    plan = worker_plan(drop, 1)
+    assert plan.position == (0, 1) and plan.stage == 1 and plan.replica == 0
+    forwards = [a for a in plan.actions if a["op"] == "F" and a["iteration"] == 0]
+    assert len(forwards) == 3 * 4  # every replica's micro-batches on the one left
