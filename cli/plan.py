@@ -3,8 +3,9 @@
     rtrain plan --dp 4 --pp 4 --microbatches 8 --fail 1:2 --fail 3:0
 
 prints a table (fault-free 1F1B, ReCycle, dropping the replicas that lost a worker,
-restarting from a checkpoint) and writes ReCycle's timeline to --timeline (SVG);
---json prints the plan as a per-rank action list instead.
+restarting from a checkpoint; its caption says what each figure means, in which unit)
+and writes ReCycle's timeline to --timeline (SVG) and as a PNG beside it; --json prints
+the plan as a per-rank action list instead.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from ..core.config.flag_values import ascii_int
 from ..core.errors import RtrainError, UsageError
 
 FAIL_HELP = "A failed worker REPLICA:STAGE (both from 0); repeat for several."
+# Durations are in whatever unit the job was described in: seconds for a measured
+# profile, or the abstract unit of --forward and friends.
+TIME_UNIT = "the durations' unit"
 
 
 def plan_command(
@@ -46,9 +50,9 @@ def plan_command(
         float, typer.Option(help="Seconds a checkpoint restart costs.")
     ] = 600.0,
     failure_rate: Annotated[float, typer.Option(help="Failures per hour (for restart).")] = 0.3,
-    timeline: Annotated[Path, typer.Option(help="Where to write ReCycle's timeline (SVG).")] = Path(
-        "recycle-timeline.svg"
-    ),
+    timeline: Annotated[
+        Path, typer.Option(help="Where to write ReCycle's timeline (SVG; a PNG beside it).")
+    ] = Path("recycle-timeline.svg"),
     exact: Annotated[bool, typer.Option(help="Solve exactly (MILP; small jobs only).")] = False,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the per-rank action list.")
@@ -120,7 +124,7 @@ def run_plan(
     as_json: bool,
 ) -> int:
     from ..core.planner.job import PipelineJob
-    from ..core.planner.report import action_list, compare, timeline_svg
+    from ..core.planner.report import action_list, compare, timeline_rows, timeline_svg
     from ..core.planner.sim import simulate
 
     numbers = {
@@ -178,4 +182,12 @@ def run_plan(
         )
         timeline.write_text(timeline_svg(recycle, sim, title))
         print(f"timeline: {timeline}")
+        from .render_timeline import have_matplotlib, write_timeline_png
+
+        picture = timeline.with_suffix(".png")
+        if have_matplotlib():
+            write_timeline_png(picture, [(title, timeline_rows(recycle, sim))], TIME_UNIT)
+            print(f"timeline: {picture}")
+        else:
+            print(f"no {picture.name}: matplotlib is not installed (pip install 'rtrain[plan]')")
     return 0

@@ -131,11 +131,36 @@ def action_list(p: Plan, sim: SimResult) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class TimelineRow:
+    """One worker's row of a timeline picture."""
+
+    label: str  # "r<replica> s<stage>"
+    failed: bool
+    blocks: list[tuple[str, float, float, str]]  # (kind, start, end, what), in time order
+
+
+def timeline_rows(p: Plan, sim: SimResult) -> list[TimelineRow]:
+    """A row per worker of the grid (physical, failed ones marked), stage by stage, and a
+    block per op: what a timeline picture draws (SVG here, PNG in the CLI)."""
+    job = p.job
+    by_physical = {p.physical(w): order for w, order in p.orders.items()}
+    rows = []
+    for stage in range(job.pp):
+        for replica in range(job.dp):
+            worker = (replica, stage)
+            blocks = [
+                (op.kind, sim.start[op], sim.end[op], f"{op.label()} stage {op.stage}")
+                for op in by_physical.get(worker, [])
+                if sim.end[op] > sim.start[op]
+            ]
+            rows.append(TimelineRow(f"r{replica} s{stage}", worker in p.failed, blocks))
+    return rows
+
+
 def timeline_svg(p: Plan, sim: SimResult, title: str, width: int = 1200) -> str:
     """One row per worker (physical, failed ones marked), a block per op, idle blank."""
-    job = p.job
-    rows = [(r, s) for s in range(job.pp) for r in range(job.dp)]
-    by_physical = {p.physical(w): order for w, order in p.orders.items()}
+    rows = timeline_rows(p, sim)
     span = max(sim.makespan, 1e-9)
     left, top, height, gap = 90, 40, 14, 3
     scale = (width - left - 20) / span
@@ -145,25 +170,22 @@ def timeline_svg(p: Plan, sim: SimResult, title: str, width: int = 1200) -> str:
         'font-size="11">',
         f'<text x="10" y="20" font-size="14">{escape(title)}</text>',
     ]
-    for i, worker in enumerate(rows):
+    for i, row in enumerate(rows):
         y = top + i * (height + gap)
-        label = f"r{worker[0]} s{worker[1]}"
-        parts.append(f'<text x="10" y="{y + height - 3}">{label}</text>')
+        parts.append(f'<text x="10" y="{y + height - 3}">{row.label}</text>')
         parts.append(
             f'<rect x="{left}" y="{y}" width="{span * scale:.1f}" height="{height}" '
             'fill="#f4f4f4"/>'
         )
-        if worker in p.failed:
+        if row.failed:
             parts.append(f'<text x="{left + 4}" y="{y + height - 3}" fill="#c00">failed</text>')
             continue
-        for op in by_physical.get(worker, []):
-            x, w = left + sim.start[op] * scale, max(sim.end[op] - sim.start[op], 0) * scale
-            if w <= 0:
-                continue
-            tip = escape(f"{op.label()} stage {op.stage}: {sim.start[op]:.2f}-{sim.end[op]:.2f}")
+        for kind, start, end, what in row.blocks:
+            x, w = left + start * scale, (end - start) * scale
+            tip = escape(f"{what}: {start:.2f}-{end:.2f}")
             parts.append(
                 f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{height}" '
-                f'fill="{COLOURS[op.kind]}" stroke="white" stroke-width="0.5">'
+                f'fill="{COLOURS[kind]}" stroke="white" stroke-width="0.5">'
                 f"<title>{tip}</title></rect>"
             )
     y = top + len(rows) * (height + gap) + 20

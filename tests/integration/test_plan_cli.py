@@ -28,6 +28,10 @@ def test_the_table_and_the_timeline(tmp_path) -> None:
     svg = picture.read_text()
     assert svg.startswith("<svg") and svg.count("failed</text>") == 2
     assert svg.count('fill="#4c78a8" stroke') == 4 * 4 * 8 * 2  # every F, two iterations
+    # the same timeline as a PNG beside it, and a table that says what its figures mean
+    png = picture.with_suffix(".png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+    assert "in the unit of the durations" in done.stdout and "in %" in done.stdout
 
 
 def test_json_is_a_per_rank_action_list() -> None:
