@@ -59,12 +59,15 @@ class _InFlight:
 
 @dataclass
 class OpTiming:
-    """When one action ran (time.monotonic(), the same clock in every process here)."""
+    """When one action ran (time.monotonic(), the same clock in every process here):
+    it began at `start`, its input had arrived at `ready` (the same unless it waited for
+    a peer's activation or gradient) and it ended at `end`."""
 
     op: str
     replica: int | None
     microbatch: int | None
     start: float
+    ready: float
     end: float
 
 
@@ -78,6 +81,7 @@ class _Step:
     outputs: dict[Key, torch.Tensor] = field(default_factory=dict)
     losses: dict[Key, torch.Tensor] = field(default_factory=dict)
     sent: wire.Sent = field(default_factory=wire.Sent)
+    ready: float | None = None  # when the running action's input arrived from a peer
 
 
 def recycle_stage(
@@ -172,11 +176,12 @@ class ScheduleReCycle:
         timings: list[OpTiming] = []
         try:
             for action in self._actions:
-                began = time.monotonic()
+                began, state.ready = time.monotonic(), None
                 self._run(action, state)
                 if self.record_timings:
                     key = (action["replica"], action["microbatch"])
-                    timings.append(OpTiming(action["op"], *key, began, time.monotonic()))
+                    ready = began if state.ready is None else state.ready
+                    timings.append(OpTiming(action["op"], *key, began, ready, time.monotonic()))
         finally:
             state.sent.wait()
         if self.record_timings:
@@ -208,9 +213,9 @@ class ScheduleReCycle:
         if stage.is_first:
             inputs = tuple(_leaf(x, self._loss_fn is not None) for x in state.args[key])
         else:
-            received = wire.recv(
-                self._rank_at(action["recv_from"]), self._tag(key, FORWARD), stage.device
-            )
+            source = self._rank_at(action["recv_from"])
+            received = wire.recv(source, self._tag(key, FORWARD), stage.device)
+            state.ready = time.monotonic()
             inputs = (received.requires_grad_(self._loss_fn is not None),)
         output = stage.submod(*inputs)
         if stage.is_last:
@@ -234,9 +239,9 @@ class ScheduleReCycle:
         key = (action["replica"], action["microbatch"])
         flight = state.live[key]
         if not self._stage.is_last:
-            flight.grad_out = wire.recv(
-                self._rank_at(action["recv_from"]), self._tag(key, BACKWARD), self._stage.device
-            )
+            source = self._rank_at(action["recv_from"])
+            flight.grad_out = wire.recv(source, self._tag(key, BACKWARD), self._stage.device)
+            state.ready = time.monotonic()
         wanted = [t for t in flight.inputs if t.requires_grad]
         if not wanted:  # integer inputs (token ids): W runs the whole backward
             return
