@@ -106,8 +106,8 @@ class ScheduleReCycle:
     stage, n_microbatches, loss_fn and scale_grads are torch's schedule arguments; the
     plan is this generation's (rtrain launch --recycle-profile writes it; pass plan= to
     run one made otherwise). reduction: "exact" (bitwise independent of failures) or
-    "sum" (cheaper); see reduction.py. record_timings keeps each action's start and end
-    in .timings (the benchmark's measured timeline).
+    "sum" (cheaper); see reduction.py. record_timings keeps when each action began, had
+    its input and ended in .timings (the benchmark's measured timeline).
 
     step() takes this worker's replica's whole batch like torch's step(): `args` on the
     first stage, `target` on the last. After a failure a worker also runs micro-batches
@@ -174,16 +174,16 @@ class ScheduleReCycle:
         state = _Step()
         self._split(state, args, target, batch_of)
         timings: list[OpTiming] = []
-        try:
-            for action in self._actions:
-                began, state.ready = time.monotonic(), None
-                self._run(action, state)
-                if self.record_timings:
-                    key = (action["replica"], action["microbatch"])
-                    ready = began if state.ready is None else state.ready
-                    timings.append(OpTiming(action["op"], *key, began, ready, time.monotonic()))
-        finally:
-            state.sent.wait()
+        for action in self._actions:
+            began, state.ready = time.monotonic(), None
+            self._run(action, state)
+            if self.record_timings:
+                key = (action["replica"], action["microbatch"])
+                ready = began if state.ready is None else state.ready
+                timings.append(OpTiming(action["op"], *key, began, ready, time.monotonic()))
+        # Not on an error: a send to a peer that died may never complete, and the error
+        # must reach the script (its exit is what the agent acts on).
+        state.sent.wait()
         if self.record_timings:
             self.timings.append(timings)
         self._step_count += 1
