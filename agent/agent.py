@@ -35,11 +35,13 @@ from .generation import (
 )
 from .health.gpu_monitor import GpuFault
 from .health.guard import HealthGuard
-from .rendezvous.etcd_leases import EtcdLeases
+from .observe.events import emit_failure
+from .observe.observer import Observer
 from .rendezvous.generation_watch import GenerationWatch
 from .rendezvous.job import JobRendezvous
 from .rendezvous.job_end import JobAborted, JobEnd
-from .rendezvous.lease import Leases, StoreLeases
+from .rendezvous.lease import Leases
+from .rendezvous.leases_for import open_leases
 from .rendezvous.rounds import GenerationEnded
 from .restart_backoff import RestartBackoff
 from .runtime_dir import (
@@ -50,8 +52,7 @@ from .runtime_dir import (
 from .snapshots.service import SnapshotService
 from .starter import GenerationStarter
 from .state import AgentState, Ended, Interrupted, RunResult
-from .store.backends import JobStore, open_job_store
-from .store.etcd_store import EtcdKeyValueStore
+from .store.backends import open_job_store
 from .workers.log_tail import LogTail
 from .workers.pool import WorkerPool
 from .workers.process_tree import ZombieReaper, become_subreaper, kill_leftovers
@@ -85,6 +86,7 @@ class Agent:
         self.addr = default_node_addr(spec)
         self.state = AgentState.INIT
         self.run_log_dir = make_run_log_dir(spec)
+        self._observer = Observer(spec, self.run_log_dir, self.addr, nproc)
         self._base_env = dict(base_env)
         self._pool = WorkerPool(spec.preload, pool_environment(base_env, nproc))
         self._tail = LogTail()
@@ -144,6 +146,7 @@ class Agent:
             if self._health is not None:
                 self._health.close()
             self._runtime.close()
+            self._observer.close()
             for signum, handler in self._previous_handlers.items():
                 signal.signal(signum, handler)
 
@@ -163,7 +166,7 @@ class Agent:
                 AgentState.FAILED, exit_code_for_signal(exc.signum), f"stopped by {name}"
             )
         rdzv = JobRendezvous.over(job_store.kv, self.spec)
-        self._leases = leases = self._leases_for(job_store, rdzv)
+        self._leases = leases = open_leases(job_store, rdzv.keys, self.spec.faults)
         end = JobEnd(rdzv, job_store.is_host, self.spec.rdzv.close_timeout, self._check_signal)
         self._policy = FaultPolicy(rdzv, self.spec, self.addr, self._check_signal)
         try:
@@ -196,21 +199,6 @@ class Agent:
             message = end.explain(self._gen, exc, self.spec.nodes.min_nodes)
             return self._result(AgentState.FAILED, exc.exit_code, message)
 
-    def _leases_for(self, job_store: JobStore, rdzv: JobRendezvous) -> Leases:
-        faults = self.spec.faults
-        if isinstance(job_store.kv, EtcdKeyValueStore):
-            return EtcdLeases(
-                job_store.kv, rdzv.keys, faults.heartbeat_timeout, faults.heartbeat_interval
-            )
-        assert job_store.connect is not None
-        return StoreLeases(
-            job_store.kv,
-            job_store.connect,
-            rdzv.keys,
-            faults.heartbeat_timeout,
-            faults.heartbeat_interval,
-        )
-
     def _generations(self, rdzv: JobRendezvous, end: JobEnd, leases: Leases) -> RunResult:
         """One pass per generation: join, start, watch; then what core's decisions say."""
         while True:
@@ -229,9 +217,11 @@ class Agent:
             self._gen = gen
             self._policy.settle(previous, gen)
             gen.group.start()
+            self._observer.generation_started(gen, self._snapshots.restored_step)
             self._set_state(AgentState.HEALTHY)
             self._backoff.started()
             ended = self._monitor(rdzv, gen)
+            self._observer.generation_ended(gen, ended.outcome, self._snapshots.progress()[0])
             action = after_generation(ended.decision)
             if action is Next.FINISH:
                 finished = self._finish(rdzv, end, gen)
@@ -314,6 +304,7 @@ class Agent:
             store_due = now >= next_store_check
             if store_due:
                 next_store_check = now + store_every
+                self._observer.sample(gen, *self._snapshots.progress())
             look = False  # at the round, the abort record and the waiting nodes
             if store_due or group.failed:
                 if self._leases is not None:
@@ -371,6 +362,7 @@ class Agent:
         last = self._starter.joined
         generation, node_rank = (last.membership.generation, last.node_rank) if last else (0, None)
         record = self._health.leave_job(rdzv, fault, generation, node_rank, self.addr)
+        emit_failure(record)
         self._stop_group(signal.SIGTERM, RESTART_STOP_GRACE_S)
         end.host_until_done(self.spec.rdzv.join_timeout)
         message = f"this node left the job: {fault.describe()}"
@@ -390,6 +382,7 @@ class Agent:
         ordered = root_cause_first(failures or [])
         if ordered:
             write_failure_report(self.run_log_dir, ordered)
+        self._observer.job_ended(int(code), message)
         return RunResult(
             state=state,
             exit_code=int(code),

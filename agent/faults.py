@@ -28,6 +28,7 @@ from ..core.rendezvous.failures import FailureKind, FailureRecord, root_cause_fi
 from ..core.rendezvous.protocol import Membership
 from ..core.rendezvous.restart_budget import RestartBudget
 from .generation import Generation, Joined
+from .observe.events import emit_failure
 from .rendezvous.job import JobRendezvous
 from .rendezvous.lease import PeerWatch
 from .waiting import SYSTEM_CLOCK
@@ -95,19 +96,20 @@ class FaultPolicy:
             timeout,
             generation + 1,
         )
-        self._rdzv.ledger.record_failure(
-            FailureRecord(
-                kind=FailureKind.LOST_NODE,
-                generation=generation,
-                node_rank=node,
-                host=addr,
-                time=time.time(),
-                message=(
-                    f"lease not renewed for {timeout:g}s (agent, machine or network gone); "
-                    f"detected by node {my_rank}"
-                ),
-            )
+        record = FailureRecord(
+            kind=FailureKind.LOST_NODE,
+            generation=generation,
+            node_rank=node,
+            host=addr,
+            time=time.time(),
+            message=(
+                f"lease not renewed for {timeout:g}s (agent, machine or network gone); "
+                f"detected by node {my_rank}"
+            ),
         )
+        self._rdzv.ledger.record_failure(record)
+        # it stopped at its last renewal: a lease timeout ago, at the latest
+        emit_failure(record, detect_s=timeout, fault_t=record.time - timeout)
         self._rdzv.ledger.count_node_failure(addr)
 
     def survivors(self, last: Joined | None) -> Callable[[], set[str]] | None:
@@ -143,6 +145,7 @@ class FaultPolicy:
         it is charged when the next round closes. No restart is claimed."""
         for record in gen.group.failure_records(self._addr):
             self._rdzv.ledger.record_failure(record)
+            emit_failure(record)
 
     def after_local_failure(
         self, gen: Generation, failures: list[FailureRecord] | None = None
@@ -152,6 +155,7 @@ class FaultPolicy:
         failures = failures or gen.group.failure_records(self._addr)
         for record in failures:
             self._rdzv.ledger.record_failure(record)
+            emit_failure(record)
         what = _what_failed(root_cause_first(failures)[0])
         first_reporter = self._rdzv.ledger.claim_restart(gen.number)
         charge = charge_for_failure(first_reporter, self.budget.exhausted, None)

@@ -10,10 +10,13 @@ from dataclasses import dataclass
 
 @dataclass
 class LogContext:
-    """`node<rank>` and `gen<generation>` once rendezvous has given them; `-` before."""
+    """`node<rank>` and `gen<generation>` once rendezvous has given them; `-` before.
+    The numbers themselves go into every structured event (agent/events.py)."""
 
     node: str = "node-"
     generation: str = "gen-"
+    node_rank: int | None = None
+    generation_number: int | None = None
 
 
 CONTEXT = LogContext()
@@ -27,11 +30,16 @@ class _ContextFilter(logging.Filter):
 
 
 def set_node(node: str) -> None:
+    """A name for this node before rendezvous numbers it (Slurm's host name)."""
     CONTEXT.node = node
 
 
+def set_node_rank(node_rank: int) -> None:
+    CONTEXT.node, CONTEXT.node_rank = f"node{node_rank}", node_rank
+
+
 def set_generation(generation: int) -> None:
-    CONTEXT.generation = f"gen{generation}"
+    CONTEXT.generation, CONTEXT.generation_number = f"gen{generation}", generation
 
 
 def configure(level: str | None = None) -> None:

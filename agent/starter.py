@@ -136,7 +136,7 @@ class GenerationStarter:
         generation = membership.generation
         log.set_generation(generation)
         node_rank = membership_rank(membership, self.node_id)
-        log.set_node(f"node{node_rank}")
+        log.set_node_rank(node_rank)
         peers = leases.peers(generation, node_rank, len(membership.members))
         self.joined = Joined(membership, node_rank, peers)
         leases.hold(generation, node_rank)

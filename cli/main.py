@@ -18,6 +18,7 @@ import typer
 from ..core.errors import ExitCode, RtrainError, UsageError, exit_code_for_signal
 from .health import health
 from .plan import plan_command
+from .report import report_command
 
 app = typer.Typer(
     name="rtrain",
@@ -38,6 +39,7 @@ def launch(ctx: typer.Context) -> None:
 
 app.command("health")(health)
 app.command("plan")(plan_command)
+app.command("report")(report_command)
 
 
 def _print_version(value: bool) -> None:

@@ -20,6 +20,7 @@ from ...core.config.launch_spec import HealthSpec
 from ...core.health.gpu_health import Thresholds
 from ...core.health.gpu_inventory import expected_gpus
 from ...core.rendezvous.failures import FailureKind, FailureRecord
+from ..observe.events import emit
 from ..rendezvous.job import JobRendezvous
 from .drain import DrainError, drain_node, slurm_node_name
 from .gpu_monitor import GpuFault, GpuMonitor, faults_of
@@ -51,14 +52,19 @@ class HealthGuard:
 
     def before_join(self) -> GpuFault | None:
         """A fault that keeps this node out of the next generation, if any."""
-        faults = faults_of(self._monitor.check())
+        report = self._monitor.check()
+        faults = faults_of(report)
+        emit("gpu", verdict=report.verdict.label, findings=[f.describe() for f in faults])
         excluding = [f for f in faults if f.action.excludes_node]
         for fault in faults:
             logger.warning("GPU check before joining: %s", fault.describe())
         return excluding[0] if excluding else None
 
     def poll(self) -> GpuFault | None:
-        return self._monitor.poll()
+        fault = self._monitor.poll()
+        if fault is not None:
+            emit("gpu", verdict=fault.result.verdict.label, findings=[fault.describe()])
+        return fault
 
     def record(self, fault: GpuFault, generation: int, node_rank: int, host: str) -> FailureRecord:
         return FailureRecord(

@@ -28,6 +28,7 @@ from ...core.snapshots.format import (
     set_replicated,
 )
 from ...core.snapshots.restore_plan import ShardId
+from ..observe.events import emit
 from .checksums import checksums
 from .disk_checkpoints import DiskCheckpointer
 from .shard_client import ShardClient
@@ -50,6 +51,9 @@ IDLE_POLL_S = 0.064
 # more than the rest of the agent. A first snapshot waits for it once per generation.
 NO_SLOTS_POLL_S = 0.25
 RESCAN_S = 0.5
+# A `replication` event for the traffic so far at most this often (and at a
+# generation's end): the throughput over time without an event per replica.
+EVENT_S = 30.0
 
 
 @dataclass
@@ -59,11 +63,13 @@ class Traffic:
     replicas: int = 0
     sent_bytes: int = 0
     full_bytes: int = 0
+    seconds: float = 0.0  # spent sending them
 
-    def add(self, sent: int, full: int) -> None:
+    def add(self, sent: int, full: int, seconds: float = 0.0) -> None:
         self.replicas += 1
         self.sent_bytes += sent
         self.full_bytes += full
+        self.seconds += seconds
 
     def __str__(self) -> str:
         saved = 1 - self.sent_bytes / self.full_bytes if self.full_bytes else 0.0
@@ -104,6 +110,9 @@ class Replicator:
         self._paths: list[str] = []
         self._twins: dict[int, list[int | None]] = {}
         self.sent = Traffic()  # this generation's
+        self._unreported = Traffic()  # since the last `replication` event
+        self._emitted = time.monotonic()
+        self.newest_replicated: int | None = None  # the newest step sent to every peer
         self._rescan_at = 0.0
         self._slot_files = 0
         self._thread = threading.Thread(target=self._run, name="rtrain-replicate", daemon=True)
@@ -158,12 +167,28 @@ class Replicator:
         if self._generation is not None and self.sent.full_bytes:
             logger.info("replication in generation %d: %s", self._generation, self.sent)
         self.sent = Traffic()
+        self._emit()
+
+    def _emit(self) -> None:
+        """A `replication` event for what was sent since the last one."""
+        traffic, self._unreported, self._emitted = self._unreported, Traffic(), time.monotonic()
+        if traffic.replicas:
+            emit(
+                "replication",
+                of_generation=self._generation,
+                replicas=traffic.replicas,
+                sent_bytes=traffic.sent_bytes,
+                full_bytes=traffic.full_bytes,
+                seconds=round(traffic.seconds, 6),
+            )
 
     def _run(self) -> None:
         pause = POLL_S
         while not self._closed.is_set():
             with self._lock:
                 busy = self._generation is not None and self._pass(self._generation)
+                if time.monotonic() - self._emitted >= EVENT_S:
+                    self._emit()
             if self._on_pass is not None:
                 self._on_pass()
             longest = IDLE_POLL_S if self._paths else NO_SLOTS_POLL_S
@@ -209,6 +234,7 @@ class Replicator:
                     shard.rank, shard.step, self._world_size, buffer[: header.size], crcs
                 )
             set_replicated(buffer, header.step)
+            self.newest_replicated = max(self.newest_replicated or -1, header.step)
             worked = True
         return worked
 
@@ -223,7 +249,11 @@ class Replicator:
                     peer[0], peer[1], self._secret, self._source
                 )
                 self._clients[peer] = client
-                self.sent.add(client.put(shard, buffer, size, crcs, base), size)
+                began = time.monotonic()
+                sent = client.put(shard, buffer, size, crcs, base)
+                took = time.monotonic() - began
+                self.sent.add(sent, size, took)
+                self._unreported.add(sent, size, took)
             except (OSError, ShardError) as exc:
                 self._clients.pop(peer, None)
                 return f"{peer[0]}:{peer[1]}: {exc}"

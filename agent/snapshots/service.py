@@ -21,6 +21,7 @@ from ...core.snapshots.admission import Admission
 from ...core.snapshots.format import COMMITTED, read_header
 from ...core.snapshots.redundancy import dp_twin
 from ...core.snapshots.restore_plan import Lineage, Reached, ring_successors
+from ..observe.events import emit
 from ..rendezvous.job import JobRendezvous
 from .checksums import checksums
 from .disk_checkpoints import DiskCheckpointer, open_checkpoint_dir, write_checkpoint
@@ -72,6 +73,7 @@ class SnapshotService:
         self._replicator: Replicator | None = None
         self._fetcher = PeerFetcher(self.store)
         self._generation: int | None = None  # the generation the workers now run
+        self.restored_step: int | None = None  # the step this generation's workers resume after
         self._world_size = 0
 
     @classmethod
@@ -112,6 +114,11 @@ class SnapshotService:
         """A worker of this node committed `step` (from the replicator's thread)."""
         self._admission.ceiling.observe(step)
         self._local_steps[rank] = max(step, self._local_steps.get(rank, step))
+
+    def progress(self) -> tuple[int | None, int | None]:
+        """(the newest step this node's workers committed, the newest replicated)."""
+        replicated = self._replicator.newest_replicated if self._replicator else None
+        return self._admission.ceiling.newest, replicated
 
     def _reached(self) -> Reached:
         """How far this node's own workers got, for the next restore plan."""
@@ -160,6 +167,17 @@ class SnapshotService:
             lineage,
         )
         logger.info("%s", result.describe())
+        source = "none" if result.step is None else "disk" if result.from_disk else "memory"
+        emit(
+            "restore",
+            step=result.step,
+            source=source,
+            local=result.local,
+            fetched=result.fetched,
+            from_dp_peer=result.from_dp_peer,
+            seconds=round(result.seconds, 6),
+        )
+        self.restored_step = result.step
         self._local_ranks = local_ranks
         if result.step is not None:
             self._admission.ceiling.observe(result.step)

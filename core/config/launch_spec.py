@@ -121,6 +121,16 @@ class HealthSpec:
 
 
 @dataclass(frozen=True)
+class ObserveSpec:
+    """What the agent tells operators besides its log lines."""
+
+    # Structured events in <run log dir>/events.jsonl (core/observe/events.py).
+    events: bool = default("events") == "on"
+    # This node's metrics in Prometheus text format (core/observe/metrics.py); None: none.
+    metrics_file: str | None = None
+
+
+@dataclass(frozen=True)
 class SnapshotSpec:
     """In-memory snapshots: how much shared memory they may use, how many copies to keep."""
 
@@ -177,6 +187,7 @@ class LaunchSpec:
     slurm: SlurmJob | None = None
     # --recycle-profile, read and checked: plan what each generation's losses cost.
     recycle_profile: dict[str, Any] | None = None
+    observe: ObserveSpec = field(default_factory=ObserveSpec)
 
 
 def build_launch_spec(given: Mapping[str, Any]) -> LaunchSpec:
@@ -317,6 +328,10 @@ def build_launch_spec(given: Mapping[str, Any]) -> LaunchSpec:
         health=HealthSpec(
             interval=non_negative_float("--health-interval", raw["health_interval"]),
             drain_on_fault=bool(raw["drain_on_fault"]),
+        ),
+        observe=ObserveSpec(
+            events=raw["events"] == "on",
+            metrics_file=raw["metrics_file"] or None,
         ),
     )
 

@@ -305,6 +305,23 @@ SETTINGS: tuple[Setting, ...] = (
         "FILE",
         own=True,
     ),
+    S(
+        "events",
+        "on",
+        "append structured events (generations, faults, restores, replication, GPU "
+        "checks; JSON lines) to `events.jsonl` in the run's log folder (`off`: none)",
+        "MODE",
+        choices=("on", "off"),
+        own=True,
+    ),
+    S(
+        "metrics-file",
+        None,
+        "keep this node's metrics in FILE in Prometheus text format, for node_exporter's "
+        "textfile collector (rewritten whole as they change)",
+        "FILE",
+        own=True,
+    ),
 )
 del S
 

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from rtrain.core.observe.events import Event
 
-from tests.integration.helpers import ROOT, RTRAIN, free_port, probe_env
+from tests.integration.helpers import ROOT, RTRAIN, events_under, free_port, probe_env
 
 RESUMABLE = str(ROOT / "tests" / "scripts" / "train_resumable.py")
 SNAPSHOTTING = str(ROOT / "tests" / "scripts" / "train_snapshot.py")
@@ -74,6 +75,7 @@ class LocalCluster:
             *rdzv,
             f"--local-addr=127.0.0.{index + 1}",
             f"--rdzv-id={self.run_id}",
+            f"--log-dir={self.tmp / 'logs'}",  # a test's own --log-dir comes later, and wins
             *flags,
             self.script,
             *self.script_args,
@@ -162,6 +164,10 @@ class LocalCluster:
             gen, rank = path.stem.removeprefix("gen").split("_rank")
             found[(int(gen), int(rank))] = json.loads(path.read_text())
         return found
+
+    def events(self, name: str | None = None) -> list[Event]:
+        """Every node's structured events (of one kind), in time order."""
+        return events_under(self.tmp / "logs", name)
 
     def fault_time(self, rank: int) -> float:
         return json.loads((self.out / f"fault_rank{rank}.json").read_text())["t_fault"]

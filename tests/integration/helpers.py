@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rtrain.core.observe.events import EVENTS_FILE, Event, read_events
+
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = str(ROOT / "tests" / "scripts" / "train_probe.py")
 RTRAIN = [sys.executable, "-m", "rtrain.cli.main", "launch"]
@@ -62,3 +64,14 @@ def records(out: Path) -> dict[tuple[int, int], dict[str, Any]]:
 
 def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("rtrain: error:")]
+
+
+def events_under(folder: Path, name: str | None = None) -> list[Event]:
+    """The structured events of every run under `folder` (of one kind), in time order;
+    a line that is not an event fails the test."""
+    found: list[Event] = []
+    for path in sorted(folder.rglob(EVENTS_FILE)):
+        events, bad = read_events(path.read_text().splitlines())
+        assert bad == 0, f"{path}: {bad} lines are not events"
+        found += events
+    return sorted((e for e in found if name is None or e.name == name), key=lambda e: e.t)

@@ -69,9 +69,13 @@ def test_xid_79_takes_the_node_out_and_the_others_finish(tmp_path, reference):
     cluster, trigger = faulty_cluster(tmp_path, 1, {"xid": 79})
     codes = fire_mid_training(cluster, trigger)
     assert codes == [0, NODE_UNHEALTHY], cluster.log(0) + cluster.log(1)
-    sick = cluster.log(1)
-    assert "leaving the job: GPU 0 (GPU-node1-0): xid: XID 79" in sick
-    assert "-> reboot node" in sick and "this node left the job" in sick
+    gpu = [e for e in cluster.events("gpu") if e.agent == "127.0.0.2" and e["findings"]]
+    assert gpu[0]["verdict"] == "critical" and "XID 79" in gpu[0]["findings"][0]
+    (fault,) = [e for e in cluster.events("fault") if e["kind"] == "unhealthy_gpu"]
+    assert (fault["kind"], fault["host"], fault["rank"]) == ("unhealthy_gpu", "127.0.0.2", None)
+    assert "-> reboot node" in fault["message"]
+    ends = {e.agent: e["exit_code"] for e in cluster.events("job_end")}
+    assert ends == {"127.0.0.1": 0, "127.0.0.2": NODE_UNHEALTHY}
     assert_finished_alone(cluster, reference, world=2)
     # the node said it was leaving: nobody waited for its lease to run out
     assert "lease was not renewed" not in cluster.log(0)

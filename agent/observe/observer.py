@@ -1,0 +1,89 @@
+"""The agent's own events (its start and end, each generation's start and end, the
+recovery between them) and its metrics file, in one place the agent calls."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from ...core.config.launch_spec import LaunchSpec
+from ...core.rendezvous.decisions import Outcome
+from .events import EVENTS, emit
+from .metrics_file import MetricsFile
+
+if TYPE_CHECKING:
+    from ..generation import Generation
+
+
+class Observer:
+    def __init__(self, spec: LaunchSpec, run_log_dir: str, agent: str, nproc: int) -> None:
+        EVENTS.start(agent)
+        if spec.observe.events:
+            EVENTS.open(run_log_dir, agent)
+        self._metrics: MetricsFile | None = None
+        if spec.observe.metrics_file:
+            self._metrics = MetricsFile(spec.observe.metrics_file, spec.rdzv.run_id, agent)
+            EVENTS.listen(self._metrics.on_event)
+        self._started = time.monotonic()
+        # the generation that ended last: (number, outcome, when, newest step committed)
+        self._ended: tuple[int, Outcome, float, int | None] | None = None
+        emit(
+            "agent_start",
+            nproc=nproc,
+            run_id=spec.rdzv.run_id,
+            backend=spec.rdzv.backend,
+            max_restarts=spec.max_restarts,
+        )
+
+    def generation_started(self, gen: Generation, restored_step: int | None) -> None:
+        self._started = time.monotonic()
+        emit(
+            "generation_start",
+            nodes=gen.num_nodes,
+            world_size=gen.topology.world_size,
+            members=[m.addr for m in gen.membership.members],
+            restored_step=restored_step,
+        )
+        if self._ended is None or self._ended[1] is Outcome.SUCCEEDED:
+            return
+        number, outcome, when, last_step = self._ended
+        lost = 0
+        if last_step is not None:
+            lost = last_step - (restored_step if restored_step is not None else -1)
+        emit(
+            "recovery",
+            from_generation=number,
+            cause=outcome.name.lower(),
+            down_s=round(time.monotonic() - when, 6),
+            lost_steps=max(lost, 0),
+        )
+
+    def generation_ended(self, gen: Generation, outcome: Outcome, last_step: int | None) -> None:
+        now = time.monotonic()
+        self._ended = (gen.number, outcome, now, last_step)
+        emit(
+            "generation_end",
+            outcome=outcome.name.lower(),
+            seconds=round(now - self._started, 6),
+            last_step=last_step,
+            reached_step=_newest_beat(gen),
+        )
+
+    def sample(self, gen: Generation, committed: int | None, replicated: int | None) -> None:
+        """Fresh readings for the metrics file, when it wants them (every few seconds)."""
+        if self._metrics is None or not self._metrics.due():
+            return
+        self._metrics.sample(_newest_beat(gen), committed, replicated)
+
+    def job_ended(self, exit_code: int, message: str) -> None:
+        emit("job_end", exit_code=exit_code, message=message)
+
+    def close(self) -> None:
+        EVENTS.close()
+
+
+def _newest_beat(gen: Generation) -> int | None:
+    """The newest step a local worker's heartbeat gave in this generation, or None."""
+    beats = [gen.hangs.read(w.local_rank) for w in gen.group.workers]
+    steps = [beat[1] for beat in beats if beat is not None and beat[1] >= 0]
+    return max(steps, default=None)

@@ -1,0 +1,19 @@
+"""The leases of a job's store backend: etcd's own leases, or renewed keys on TCPStore."""
+
+from __future__ import annotations
+
+from ...core.config.launch_spec import FaultSpec
+from ...core.rendezvous.protocol import StoreKeys
+from ..store.backends import JobStore
+from ..store.etcd_store import EtcdKeyValueStore
+from .etcd_leases import EtcdLeases
+from .lease import Leases, StoreLeases
+
+
+def open_leases(job_store: JobStore, keys: StoreKeys, faults: FaultSpec) -> Leases:
+    if isinstance(job_store.kv, EtcdKeyValueStore):
+        return EtcdLeases(job_store.kv, keys, faults.heartbeat_timeout, faults.heartbeat_interval)
+    assert job_store.connect is not None
+    return StoreLeases(
+        job_store.kv, job_store.connect, keys, faults.heartbeat_timeout, faults.heartbeat_interval
+    )

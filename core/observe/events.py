@@ -1,0 +1,220 @@
+"""rtrain's structured events: one JSON object per line in <run log dir>/events.jsonl,
+appended by each node's agent, read by `rtrain report`, by tests, by anyone's tools.
+
+Every line has the same envelope:
+
+  {"v": 1, "event": NAME, "t": unix seconds, "agent": the node's address,
+   "node": the node's rank in the generation (null before the first),
+   "generation": the generation (null before the first), ...fields}
+
+and the fields of its event (SCHEMA: name -> required fields; more may follow, and a
+reader ignores fields it does not know). A new field is no new version; a field that
+changes meaning or goes away is.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+EVENTS_VERSION = 1
+EVENTS_FILE = "events.jsonl"
+ENVELOPE = ("v", "event", "t", "agent", "node", "generation")
+
+# name -> (required fields, what the event says); README.md's table is made from it.
+SCHEMA: dict[str, tuple[tuple[str, ...], str]] = {
+    "agent_start": (
+        ("nproc", "run_id", "backend", "max_restarts"),
+        "the agent started: its workers per node, the job, the store backend",
+    ),
+    "generation_start": (
+        ("nodes", "world_size", "members", "restored_step"),
+        "this node's workers started in a new generation; members: every node's address; "
+        "restored_step: the step they resume after (null: from scratch)",
+    ),
+    "restore": (
+        ("step", "source", "local", "fetched", "from_dp_peer", "seconds"),
+        "the shards this node's workers restore: source memory, disk or none; how many "
+        "from local memory, from peers, from a DP peer's shard; how long it took",
+    ),
+    "fault": (
+        ("kind", "rank", "fault_node", "host", "fault_t", "message"),
+        "a fault this node saw or declared: kind (FailureKind: exited, signaled, hung, "
+        "lost_node, gpu, ...), the global rank (null: the node), the node rank and host "
+        "it happened on, when it happened (fault_t) and what it was; detect_s: how long "
+        "it took to notice, where known",
+    ),
+    "generation_end": (
+        ("outcome", "seconds", "last_step", "reached_step"),
+        "this node's generation ended: outcome (succeeded, local_failure, gpu_fault, "
+        "membership_change), its length, the newest step its workers committed to a "
+        "snapshot and the newest their heartbeat gave (null: none)",
+    ),
+    "recovery": (
+        ("from_generation", "down_s", "lost_steps"),
+        "this node's workers run again after a failure ended from_generation: down_s "
+        "from that generation's end to the new workers' start; lost_steps: steps its "
+        "workers had committed past the restored step",
+    ),
+    "replication": (
+        ("replicas", "sent_bytes", "full_bytes", "seconds"),
+        "replicas this node sent to peers since the last such event: count, bytes sent, "
+        "bytes the whole shards hold, seconds spent sending",
+    ),
+    "gpu": (
+        ("verdict", "findings"),
+        "a GPU check: verdict (ok, warning, critical, unknown) and its findings",
+    ),
+    "job_end": (("exit_code", "message"), "the agent's end: its exit code and why"),
+}
+
+
+# The type of each field readers compute with: a line whose field has another type is
+# not an event (a forged or garbled file must not crash `rtrain report`).
+NUMBER, INTEGER, TEXT, LIST = "number", "integer", "text", "list"
+FIELD_TYPES: dict[str, tuple[str, bool]] = {  # field -> (type, may be null)
+    "nproc": (INTEGER, False),
+    "max_restarts": (INTEGER, False),
+    "nodes": (INTEGER, False),
+    "world_size": (INTEGER, False),
+    "members": (LIST, False),
+    "restored_step": (INTEGER, True),
+    "step": (INTEGER, True),
+    "local": (INTEGER, False),
+    "fetched": (INTEGER, False),
+    "from_dp_peer": (INTEGER, False),
+    "seconds": (NUMBER, False),
+    "kind": (TEXT, False),
+    "rank": (INTEGER, True),
+    "fault_node": (INTEGER, True),
+    "host": (TEXT, False),
+    "fault_t": (NUMBER, False),
+    "detect_s": (NUMBER, True),
+    "message": (TEXT, False),
+    "outcome": (TEXT, False),
+    "last_step": (INTEGER, True),
+    "reached_step": (INTEGER, True),
+    "from_generation": (INTEGER, True),
+    "down_s": (NUMBER, False),
+    "lost_steps": (INTEGER, False),
+    "replicas": (INTEGER, False),
+    "sent_bytes": (NUMBER, False),
+    "full_bytes": (NUMBER, False),
+    "verdict": (TEXT, False),
+    "findings": (LIST, False),
+    "exit_code": (INTEGER, False),
+}
+
+
+def _typed(value: Any, kind: str, nullable: bool) -> bool:
+    if value is None:
+        return nullable
+    if isinstance(value, bool):
+        return False
+    if kind == INTEGER:
+        return isinstance(value, int)
+    if kind == NUMBER:
+        return isinstance(value, (int, float)) and math.isfinite(value)
+    if kind == TEXT:
+        return isinstance(value, str)
+    return isinstance(value, list)
+
+
+class EventError(ValueError):
+    """An event rtrain would not write: unknown, a required field missing, not JSON."""
+
+
+@dataclass(frozen=True)
+class Event:
+    name: str
+    t: float
+    agent: str
+    node: int | None
+    generation: int | None
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.fields[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.fields.get(key, default)
+
+
+def event_line(
+    name: str,
+    t: float,
+    agent: str,
+    node: int | None,
+    generation: int | None,
+    fields: Mapping[str, Any],
+) -> str:
+    """One line of events.jsonl (with its newline); EventError if it breaks the schema."""
+    if name not in SCHEMA:
+        raise EventError(f"unknown event {name!r}")
+    missing = [f for f in SCHEMA[name][0] if f not in fields]
+    if missing:
+        raise EventError(f"event {name!r} lacks {', '.join(missing)}")
+    mistyped = [k for k, v in fields.items() if k in FIELD_TYPES and not _typed(v, *FIELD_TYPES[k])]
+    if mistyped:
+        raise EventError(f"event {name!r}: {', '.join(mistyped)} of the wrong type")
+    clash = [f for f in fields if f in ENVELOPE]
+    if clash:
+        raise EventError(f"event {name!r} sets envelope fields {clash}")
+    record = {
+        "v": EVENTS_VERSION,
+        "event": name,
+        "t": round(t, 6),
+        "agent": agent,
+        "node": node,
+        "generation": generation,
+        **fields,
+    }
+    try:
+        return json.dumps(record, allow_nan=False, separators=(",", ":")) + "\n"
+    except (TypeError, ValueError) as exc:
+        raise EventError(f"event {name!r} is not plain JSON: {exc}") from None
+
+
+def parse_event(line: str) -> Event | None:
+    """An events.jsonl line, or None for one that is not a version-1 rtrain event
+    (a torn last line, another version, garbage)."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or record.get("v") != EVENTS_VERSION:
+        return None
+    name, t, agent = record.get("event"), record.get("t"), record.get("agent")
+    node, generation = record.get("node"), record.get("generation")
+    if name not in SCHEMA or not isinstance(agent, str):
+        return None
+    if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t):
+        return None
+    if not all(
+        v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in (node, generation)
+    ):
+        return None
+    fields = {k: v for k, v in record.items() if k not in ENVELOPE}
+    if any(f not in fields for f in SCHEMA[name][0]):
+        return None
+    for key, value in fields.items():
+        if key in FIELD_TYPES and not _typed(value, *FIELD_TYPES[key]):
+            return None
+    return Event(name, float(t), agent, node, generation, fields)
+
+
+def read_events(lines: Iterable[str]) -> tuple[list[Event], int]:
+    """(the events, in file order; how many lines were not events)."""
+    events, bad = [], 0
+    for line in lines:
+        if not line.strip():
+            continue
+        event = parse_event(line)
+        if event is None:
+            bad += 1
+        else:
+            events.append(event)
+    return events, bad

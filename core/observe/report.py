@@ -1,0 +1,209 @@
+"""What a finished (or running) job's events say: each node's generations, faults and
+recoveries on one time line, snapshot replication throughput over time, and per
+failure the time and steps it cost; and the run's goodput. Pure: events in, a Report
+out (`rtrain report` draws and prints it).
+
+Definitions (the report's table says them too):
+- an incident: a generation that ended in failures, under its root cause (the failure
+  report's rule); the others are counted with it;
+- its time lost: from its first fault to the start of the next generation's workers
+  anywhere in the job;
+- its steps lost: the steps the job had committed past the step the next generation
+  restored (the most any node lost), done again at the run's step time;
+- goodput: the wall time, from the first generation's start to the last one's end,
+  less the time lost and the steps done again, over the wall time. The step time comes
+  from the generations whose first step is known: generation 0, and those that
+  restored a snapshot (a script that resumes from a checkpoint of its own says nothing
+  of where it resumed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from ..rendezvous.failures import FailureKind, FailureRecord, root_cause_first
+from .events import Event
+
+
+@dataclass(frozen=True)
+class Span:
+    generation: int | None
+    start: float  # seconds from the report's origin
+    end: float
+    outcome: str  # generation_end's outcome; "running" if none came
+
+
+@dataclass(frozen=True)
+class Mark:
+    t: float
+    kind: str
+    label: str
+
+
+@dataclass
+class NodeLine:
+    agent: str
+    generations: list[Span] = field(default_factory=list)
+    down: list[Span] = field(default_factory=list)  # recovery: from the end to the restart
+    faults: list[Mark] = field(default_factory=list)  # when each on this node happened
+    detections: list[Mark] = field(default_factory=list)  # when this node noticed it
+    replication: list[tuple[float, float]] = field(default_factory=list)  # (t, MB/s)
+
+
+@dataclass(frozen=True)
+class FailureRow:
+    t: float
+    generation: int | None
+    kind: str
+    where: str
+    detect_s: float | None
+    time_lost_s: float | None
+    steps_lost: int | None
+    also: int  # other faults of the same generation (a root cause's consequences)
+
+
+@dataclass
+class Report:
+    origin: float  # unix time of the first event
+    nodes: list[NodeLine]
+    failures: list[FailureRow]
+    wall_s: float
+    final_step: int | None
+    step_s: float | None  # mean seconds per step while training
+    goodput: float | None
+    bad_lines: int = 0
+
+
+def build_report(events: Iterable[Event], bad_lines: int = 0) -> Report:
+    ordered = sorted(events, key=lambda e: e.t)
+    if not ordered:
+        return Report(0.0, [], [], 0.0, None, None, None, bad_lines)
+    origin = ordered[0].t
+    lines: dict[str, NodeLine] = {}
+    open_at: dict[str, tuple[int | None, float, int | None]] = {}  # agent -> (gen, start, step)
+    starts: dict[int, float] = {}  # generation -> first start anywhere
+    recoveries: dict[int, list[Event]] = {}  # generation recovered into -> events
+    trained_s, trained_steps = 0.0, 0
+    final_step: int | None = None
+    faults: list[Event] = []
+    for event in ordered:
+        line = lines.setdefault(event.agent, NodeLine(event.agent))
+        t = event.t - origin
+        if event.name == "generation_start":
+            open_at[event.agent] = (event.generation, t, event.get("restored_step"))
+            if event.generation is not None:
+                starts[event.generation] = min(starts.get(event.generation, t), t)
+        elif event.name == "generation_end" and event.agent in open_at:
+            generation, start, restored = open_at.pop(event.agent)
+            line.generations.append(Span(generation, start, t, str(event["outcome"])))
+            reached = event.get("reached_step")
+            last = reached if isinstance(reached, int) else event.get("last_step")
+            first = restored if isinstance(restored, int) else -1 if generation == 0 else None
+            if isinstance(last, int) and first is not None:
+                trained_s += t - start
+                trained_steps += max(last - first, 0)
+            if isinstance(last, int) and event["outcome"] == "succeeded":
+                final_step = max(final_step if final_step is not None else -1, last)
+        elif event.name == "recovery":
+            down = float(event["down_s"])
+            line.down.append(Span(event.get("from_generation"), t - down, t, "down"))
+            if event.generation is not None:
+                recoveries.setdefault(event.generation, []).append(event)
+        elif event.name == "fault":
+            faults.append(event)
+            what, kind = _where(event), str(event["kind"])
+            where = lines.get(str(event["host"]), line)  # its node's lane, if it has one
+            where.faults.append(Mark(float(event["fault_t"]) - origin, kind, what))
+            line.detections.append(Mark(t, kind, what))  # the node that noticed it
+        elif event.name == "replication":
+            seconds = float(event["seconds"])
+            if seconds > 0:
+                line.replication.append((t, float(event["full_bytes"]) / seconds / 1e6))
+    end = ordered[-1].t - origin
+    # A generation with no end is still running, or its node died: then the others
+    # declared it lost, and its lease's last renewal is when it stopped.
+    died = {
+        (e["host"], e.generation): float(e["fault_t"]) - origin
+        for e in faults
+        if e["kind"] == "lost_node"
+    }
+    for agent, (generation, start, _) in open_at.items():
+        stop = died.get((agent, generation))
+        outcome = "running" if stop is None else "lost"
+        lines[agent].generations.append(Span(generation, start, max(stop or end, start), outcome))
+    first_start = min(starts.values(), default=0.0)
+    last_end = max((s.end for ln in lines.values() for s in ln.generations), default=end)
+    wall = max(last_end - first_start, 0.0)
+    step_s = trained_s / trained_steps if trained_steps else None
+    rows = _incidents(faults, origin, starts, recoveries)
+    down = sum(row.time_lost_s or 0.0 for row in rows)
+    redone = sum(row.steps_lost or 0 for row in rows) * (step_s or 0.0)
+    goodput = max(wall - down - redone, 0.0) / wall if wall > 0 else None
+    return Report(origin, list(lines.values()), rows, wall, final_step, step_s, goodput, bad_lines)
+
+
+def _where(event: Event) -> str:
+    rank = event.get("rank")
+    node = event.get("fault_node")
+    host = event.get("host")
+    who = f"rank {rank}" if rank is not None else "the node"
+    return f"{who} on node {node} ({host})"
+
+
+def _record(event: Event) -> FailureRecord | None:
+    try:
+        kind = FailureKind(event["kind"])
+    except ValueError:  # not a kind rtrain writes
+        return None
+    node = event.get("fault_node")
+    return FailureRecord(
+        kind=kind,
+        generation=event.generation if event.generation is not None else -1,
+        node_rank=node if isinstance(node, int) else -1,
+        host=str(event["host"]),
+        time=float(event["fault_t"]),
+        rank=event.get("rank"),
+        message=str(event["message"]),
+    )
+
+
+def _incidents(
+    faults: list[Event],
+    origin: float,
+    starts: dict[int, float],
+    recoveries: dict[int, list[Event]],
+) -> list[FailureRow]:
+    """One row per generation that ended in failures: its root cause (the failure
+    report's rule: the earliest fault that is not a worker dying of a peer's broken
+    collective), from the first fault to the next generation's start."""
+    by_generation: dict[int | None, list[tuple[FailureRecord, Event]]] = {}
+    seen: set[tuple[object, ...]] = set()
+    for event in faults:
+        record = _record(event)
+        key = (event.generation, event["kind"], event["fault_node"], event["rank"])
+        if record is None or key in seen:  # one failure, however many nodes reported it
+            continue
+        seen.add(key)
+        by_generation.setdefault(event.generation, []).append((record, event))
+    rows = []
+    for gen, found in by_generation.items():
+        root = root_cause_first([record for record, _ in found])[0]
+        event = next(e for r, e in found if r is root)
+        t = min(r.time for r, _ in found) - origin
+        later = sorted(g for g in starts if gen is not None and g > gen)
+        lost = [int(r["lost_steps"]) for r in recoveries.get(later[0], [])] if later else []
+        detect = event.get("detect_s")
+        rows.append(
+            FailureRow(
+                t,
+                gen,
+                str(root.kind),
+                _where(event),
+                float(detect) if isinstance(detect, (int, float)) else None,
+                starts[later[0]] - t if later else None,
+                max(lost) if lost else None,
+                len(found) - 1,
+            )
+        )
+    return sorted(rows, key=lambda row: row.t)
