@@ -189,7 +189,7 @@ def parse_event(line: str) -> Event | None:
         return None
     name, t, agent = record.get("event"), record.get("t"), record.get("agent")
     node, generation = record.get("node"), record.get("generation")
-    if name not in SCHEMA or not isinstance(agent, str):
+    if not isinstance(name, str) or name not in SCHEMA or not isinstance(agent, str):
         return None
     if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t):
         return None
