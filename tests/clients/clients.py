@@ -69,7 +69,7 @@ def launch(
     args = [*LAUNCH, *flags, *client.argv(out, ckpt)]
     penv = probe_env(out, **env)
     if launcher == "torchrun":
-        result = run_torchrun(args, penv, timeout=timeout)
+        result = run_torchrun(args, penv, timeout=timeout, fresh=out)
     else:
         result = run([*RTRAIN, *args], penv, timeout=timeout)
     return result, results(out)

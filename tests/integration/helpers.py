@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -44,9 +45,14 @@ ORACLE_TRIES = 3
 
 
 def run_torchrun(
-    args: list[str], env: dict[str, str], timeout: float = 90
+    args: list[str], env: dict[str, str], timeout: float = 90, fresh: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
+    """fresh: a folder emptied before each try (a retried run must not resume from the
+    checkpoint its first try left there)."""
     for _ in range(ORACLE_TRIES):
+        if fresh is not None:
+            shutil.rmtree(fresh, ignore_errors=True)
+            fresh.mkdir(parents=True)
         result = run([*TORCHRUN, *args], env, timeout)
         if result.returncode == 0 or "(SIGABRT)" not in result.stderr:
             break

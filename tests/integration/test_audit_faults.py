@@ -85,14 +85,19 @@ def test_a_corrupt_newest_copy_costs_one_step_not_the_run(tmp_path, reference):
         cluster.close()
     logs = cluster.log(0) + cluster.log(1)
     assert codes == [0, 0], logs
-    assert "failed its checksum" in logs
-    assert "planning again" in logs
+    records = restored(cluster)
+    (step,) = {r["step"] for r in records}
+    # Either the plan chose the corrupt copy, found it bad and planned again, or it never
+    # chose it: a step older than that copy's was the newest every rank had (a replica
+    # of the killed node still in flight when it died); never a corrupt copy restored.
+    if "failed its checksum" in logs:
+        assert "planning again" in logs
+    else:
+        assert step < newest, logs
     # Every rank resumed at one step, no more than one before the corrupt copy's, with
     # the model and optimizer state a run without the fault had at that step. (When a
     # DP peer's shard of a newer step stands in for the corrupt one, the rank takes
     # the peer's RNG state too, so the runs part ways after it: that is DP fallback.)
-    records = restored(cluster)
-    (step,) = {r["step"] for r in records}
     assert step >= newest - 1, logs
     assert {r["digest"] for r in records} == {reference.steps[step]}
     if "from a DP peer" not in logs:

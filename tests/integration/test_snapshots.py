@@ -168,8 +168,10 @@ def test_fsdp2_state_restores_in_place_bitwise_after_a_killed_worker(tmp_path):
     reference = per_rank_digests(runs["reference"])
     assert len(reference) == 2 * nodes and len(set(reference.values())) == 2 * nodes
     assert per_rank_digests(runs["killed"]) == reference
-    # every rank came back at step 5, the last one all of them had finished
-    assert {rec["step"] for rec in restored(runs["killed"]).values()} == {5}
+    # every rank came back at one step: 5, the last one all of them had finished, or 4
+    # when the kill caught rank 1 before its step-5 snapshot was committed
+    (step,) = {rec["step"] for rec in restored(runs["killed"]).values()}
+    assert step in (4, 5)
     assert len(restored(runs["killed"])) == 2 * nodes
 
 
