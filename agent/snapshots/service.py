@@ -115,6 +115,17 @@ class SnapshotService:
         self._admission.ceiling.observe(step)
         self._local_steps[rank] = max(step, self._local_steps.get(rank, step))
 
+    def _catch_up(self) -> None:
+        """Count the steps the last generation's workers committed that the replicator
+        had not seen yet (it polls, and is paused now). A worker that dies right after a
+        commit leaves a step every rank has; missing it here would put the job's ceiling
+        one step low and make every rank restore the step before."""
+        if self._generation is None:
+            return
+        for shard, _ in self.store.local_slots():
+            if shard.generation == self._generation:
+                self._on_local_step(shard.rank, shard.step)
+
     def progress(self) -> tuple[int | None, int | None]:
         """(the newest step this node's workers committed, the newest replicated)."""
         replicated = self._replicator.newest_replicated if self._replicator else None
@@ -144,6 +155,7 @@ class SnapshotService:
         assert self._secret is not None
         generation = membership.generation
         self._replicator.pause()
+        self._catch_up()
         self._fetcher.follow(None)
         self._generation, self._world_size = generation, topology.world_size
         self._admit(membership, node_rank)

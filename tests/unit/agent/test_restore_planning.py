@@ -3,19 +3,27 @@ the inventories it pools, against torch's real HashStore behind the typed store.
 
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
+import torch
 from rtrain.agent.rendezvous.job import JobRendezvous
 from rtrain.agent.snapshots.restorer import gather
 from rtrain.agent.snapshots.service import SnapshotService
+from rtrain.agent.snapshots.shard_store import allocate
 from rtrain.core.config.worker_env import SNAPSHOT_DIR
+from rtrain.core.errors import RtrainError
 from rtrain.core.layout.topology import Layout, NodeSlot, build_grid
 from rtrain.core.rendezvous.protocol import MemberInfo, Membership, encode_master
+from rtrain.core.snapshots.format import plan_shard, write_shard
 
 from .fakes import launch_spec, memory_store
 
 FLAGS = ("--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:29400")
 MEMBERSHIP = Membership(0, [MemberInfo("a", "127.0.0.1", 1), MemberInfo("b", "127.0.0.2", 1)])
-TOPOLOGY = build_grid(Layout(), 0, [NodeSlot("a", 1), NodeSlot("b", 1)])
+NODES = [NodeSlot("a", 1), NodeSlot("b", 1)]
+TOPOLOGY = build_grid(Layout(), 0, NODES)
 
 
 @pytest.fixture
@@ -47,3 +55,25 @@ def test_a_peer_that_never_publishes_is_a_tempfail_not_a_hang(service) -> None:
         shards.prepare(rdzv, MEMBERSHIP, TOPOLOGY, 0, 1, timeout=0.2)
     assert getattr(error.value, "exit_code", None) == 75
     assert "node 1 did not publish its shards" in str(error.value)
+
+
+def test_a_step_committed_just_before_the_failure_counts_toward_the_ceiling(service) -> None:
+    # Before: only the replicator's polling pass told the service which steps its
+    # workers had committed. A worker killed right after a commit left that step
+    # unseen, every node published a ceiling one step low, and the whole job
+    # restored the step before (found by a fresh-clone CI run).
+    rdzv, shards = service
+    rdzv.store.set(rdzv.keys.inventory(0, 1), '{"shards": [], "reached": null}')
+    rdzv.store.set(rdzv.keys.shards(0, 1), encode_master("127.0.0.2", 5555))
+    env = shards.prepare(rdzv, MEMBERSHIP, TOPOLOGY, 0, 1, timeout=5.0)
+    assert shards._replicator is not None
+    shards._replicator.pause()  # as at a failure: the replicator never gets to look
+    layout = plan_shard({"w": torch.ones(4)})
+    slot = allocate(os.path.join(env[SNAPSHOT_DIR], "rank0.slot0"), layout.size)
+    write_shard(slot, layout, 8)
+    later = Membership(1, MEMBERSHIP.members)
+    with pytest.raises(RtrainError, match="node 1 did not publish"):
+        shards.prepare(rdzv, later, build_grid(Layout(), 1, NODES), 0, 1, timeout=0.2)
+    published = json.loads(rdzv.store.get(rdzv.keys.inventory(1, 0)))
+    assert published["reached"] == 8
+    assert [0, 0, 8] in published["shards"]
