@@ -304,7 +304,9 @@ class Agent:
             store_due = now >= next_store_check
             if store_due:
                 next_store_check = now + store_every
-                self._observer.sample(gen, *self._snapshots.progress())
+                progress = self._snapshots.progress()
+                self._observer.sample(gen, *progress)
+                self._observer.publish_status(rdzv, gen, *progress)
             look = False  # at the round, the abort record and the waiting nodes
             if store_due or group.failed:
                 if self._leases is not None:

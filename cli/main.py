@@ -19,6 +19,7 @@ from ..core.errors import ExitCode, RtrainError, UsageError, exit_code_for_signa
 from .health import health
 from .plan import plan_command
 from .report import report_command
+from .status import status_command
 
 app = typer.Typer(
     name="rtrain",
@@ -40,6 +41,7 @@ def launch(ctx: typer.Context) -> None:
 app.command("health")(health)
 app.command("plan")(plan_command)
 app.command("report")(report_command)
+app.command("status")(status_command)
 
 
 def _print_version(value: bool) -> None:
@@ -186,10 +188,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise
         _error(exc.format_message())  # type: ignore[attr-defined]
         code = ExitCode.USAGE
-    if args and args[0] == "launch":
+    if args and args[0] in ("launch", "status"):
         # A TCPStore connect that outlived its deadline still runs in a C++ thread;
         # interpreter shutdown would then abort ("terminate called without an active
-        # exception", exit -6). The agent has cleaned up by now: leave without it.
+        # exception", exit -6). Nothing is left to clean up by now: leave without it.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(int(code))

@@ -3,16 +3,20 @@ recovery between them) and its metrics file, in one place the agent calls."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import TYPE_CHECKING
 
 from ...core.config.launch_spec import LaunchSpec
+from ...core.errors import StoreUnavailable
+from ...core.observe.status import STATUS_EVERY_S, NodeStatus
 from ...core.rendezvous.decisions import Outcome
 from .events import EVENTS, emit
 from .metrics_file import MetricsFile
 
 if TYPE_CHECKING:
     from ..generation import Generation
+    from ..rendezvous.job import JobRendezvous
 
 
 class Observer:
@@ -25,6 +29,7 @@ class Observer:
             self._metrics = MetricsFile(spec.observe.metrics_file, spec.rdzv.run_id, agent)
             EVENTS.listen(self._metrics.on_event)
         self._started = time.monotonic()
+        self._status_due = 0.0  # when the next status record is due (rtrain status)
         # the generation that ended last: (number, outcome, when, newest step committed)
         self._ended: tuple[int, Outcome, float, int | None] | None = None
         emit(
@@ -37,6 +42,7 @@ class Observer:
 
     def generation_started(self, gen: Generation, restored_step: int | None) -> None:
         self._started = time.monotonic()
+        self._status_due = 0.0
         emit(
             "generation_start",
             nodes=gen.num_nodes,
@@ -75,6 +81,22 @@ class Observer:
             return
         self._metrics.sample(_newest_beat(gen), committed, replicated)
 
+    def publish_status(
+        self, rdzv: JobRendezvous, gen: Generation, committed: int | None, replicated: int | None
+    ) -> None:
+        """This node's status record for `rtrain status`, every STATUS_EVERY_S: one small
+        write, whose failure is left to the lease watch that reports a lost store."""
+        now = time.monotonic()
+        if now < self._status_due:
+            return
+        self._status_due = now + STATUS_EVERY_S
+        workers = gen.group.workers
+        steps = [_step(gen.hangs.read(w.local_rank)) for w in workers]
+        ranks = tuple(w.rank for w in workers)
+        record = NodeStatus(time.time(), "running", ranks, tuple(steps), committed, replicated)
+        with contextlib.suppress(StoreUnavailable):
+            rdzv.store.set(rdzv.keys.status(gen.number, gen.node_rank), record.encode())
+
     def job_ended(self, exit_code: int, message: str) -> None:
         emit("job_end", exit_code=exit_code, message=message)
 
@@ -84,6 +106,10 @@ class Observer:
 
 def _newest_beat(gen: Generation) -> int | None:
     """The newest step a local worker's heartbeat gave in this generation, or None."""
-    beats = [gen.hangs.read(w.local_rank) for w in gen.group.workers]
-    steps = [beat[1] for beat in beats if beat is not None and beat[1] >= 0]
-    return max(steps, default=None)
+    steps = [_step(gen.hangs.read(w.local_rank)) for w in gen.group.workers]
+    return max((s for s in steps if s is not None), default=None)
+
+
+def _step(beat: tuple[int, int] | None) -> int | None:
+    """The step of a heartbeat (count, step); None before the first or without a step."""
+    return beat[1] if beat is not None and beat[1] >= 0 else None

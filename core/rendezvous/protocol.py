@@ -17,6 +17,7 @@ A job's keys live under /rtrain/<run_id>/. Generations are rounds:
   r<g>/inv/<node>          the shards <node> holds and the steps its workers reached
   r<g>/shards/<node>       host:port of <node>'s shard server
   r<g>/restored/<a>/<node> attempt <a> of the restore: complete or not, bad copies
+  r<g>/status/<node>       the node's status record for `rtrain status` (core/observe)
   secret                   the job's shard secret, when none was given to the agents
   r<g>/charged             which node was charged the root cause of <g>'s failure (once)
   node_failures/<addr>     counter of failures charged to the node at <addr> (flapping)
@@ -129,6 +130,9 @@ class StoreKeys:
 
     def restore_outcome(self, generation: int, node_rank: int, attempt: int) -> str:
         return f"{self.prefix}/r{generation}/restored/{attempt}/{node_rank}"
+
+    def status(self, generation: int, node_rank: int) -> str:
+        return f"{self.prefix}/r{generation}/status/{node_rank}"
 
     @property
     def secret(self) -> str:

@@ -6,6 +6,9 @@ timeout, and a clear error past it."""
 from __future__ import annotations
 
 import http.server
+import json
+import subprocess
+import sys
 import threading
 import time
 
@@ -19,6 +22,7 @@ from tests.integration.cluster import (
     final_records,
     stop_agent_until_gone_on,
 )
+from tests.integration.helpers import error_lines
 
 FAST = ["--heartbeat-interval=0.5", "--heartbeat-timeout=2"]
 
@@ -28,6 +32,12 @@ def _cluster(tmp_path, etcd, nodes: int, nnodes: str, steps: str = STEPS, **kw) 
         tmp_path, nodes, nnodes, ["--nproc-per-node=2", *FAST], etcd=etcd.endpoints,
         PROBE_STEPS=steps, **kw,
     )  # fmt: skip
+
+
+def status(cluster: LocalCluster) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "rtrain.cli.main", "status", "--rdzv-backend=etcd"]
+    argv += [f"--rdzv-endpoint={cluster.etcd}", f"--rdzv-id={cluster.run_id}"]
+    return subprocess.run([*argv, "--json", "--timeout=2"], capture_output=True, text=True)
 
 
 def _finished_like(cluster: LocalCluster, reference: list[float], world: int) -> None:
@@ -74,10 +84,16 @@ def test_lost_quorum_is_waited_out_and_the_job_trains_through_it(tmp_path, etcd,
     cluster = _cluster(tmp_path, etcd, 2, "2", steps="250")
     try:
         cluster.wait_progress(5)
+        shown = status(cluster)
+        assert shown.returncode == 0, shown.stderr
+        assert [n["ranks"] for n in json.loads(shown.stdout)["nodes"]] == [[0, 1], [2, 3]]
         etcd.kill("e1")
         etcd.kill("e2")  # one member of three: no quorum
-        before = cluster.progress()
-        time.sleep(7.0)  # past the 2 s lease TTL, and past one 5 s request to each member
+        before, lost_at = cluster.progress(), time.monotonic()
+        blind = status(cluster)  # `rtrain status` says so in one line, and gives up
+        assert blind.returncode == 75 and len(error_lines(blind.stderr)) == 1, blind.stderr
+        # past the 2 s lease TTL, and past one 5 s request to each member
+        time.sleep(max(0.0, 7.0 - (time.monotonic() - lost_at)))
         during = cluster.progress()
         etcd.restart("e1")
         etcd.restart("e2")
