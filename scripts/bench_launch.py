@@ -9,6 +9,11 @@ so that both see the same machine state. A run that does not finish within --tim
 counts as hung and is reported, not averaged. Results go to docs/benchmarks.md.
 
     python scripts/bench_launch.py --runs 5 --timeout 30
+    python scripts/bench_launch.py --events-cost --runs 5
+
+--events-cost measures rtrain against itself instead: structured events and a
+--metrics-file on (the default events, plus the metrics file) against --events=off
+and no metrics file, interleaved the same way, in a section of its own.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -35,8 +41,14 @@ LAUNCHERS = {
     "torchrun": [sys.executable, "-m", "torch.distributed.run"],
     "rtrain": [sys.executable, "-m", "rtrain.cli.main", "launch"],
 }
+# --events-cost: the same launch with events and metrics on, and with both off.
+OBSERVE = {
+    "observed": [*LAUNCHERS["rtrain"], "--events=on"],
+    "quiet": [*LAUNCHERS["rtrain"], "--events=off"],
+}
 FLAGS = ["--standalone", "--nproc-per-node=2"]
 MARK_BEGIN, MARK_END = "<!-- bench_launch:begin -->", "<!-- bench_launch:end -->"
+EVENTS_BEGIN, EVENTS_END = "<!-- bench_launch_events:begin -->", "<!-- bench_launch_events:end -->"
 
 
 def _records(out: Path) -> dict[tuple[int, int], dict]:
@@ -53,7 +65,9 @@ def _run(launcher: str, scenario: str, timeout: float) -> float | str:
         out = Path(tmp)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "PROBE_"))}
         env.update(PROBE_OUT=str(out), PROBE_STEPS="3", OMP_NUM_THREADS="1")
-        cmd = [*LAUNCHERS[launcher], *FLAGS]
+        cmd = [*{**LAUNCHERS, **OBSERVE}[launcher], *FLAGS]
+        if launcher == "observed":
+            cmd += [f"--log-dir={out}/logs", f"--metrics-file={out}/node.prom"]
         if scenario == "restart":
             env["PROBE_FAULT"] = "rank=1,step=1,gen=0,action=exit"
             cmd.append("--max-restarts=1")
@@ -73,25 +87,30 @@ def _run(launcher: str, scenario: str, timeout: float) -> float | str:
         return first_after - found[(0, 1)]["t_fault"]
 
 
-def measure(runs: int, timeout: float) -> dict[tuple[str, str], list[float | str]]:
+def measure(
+    runs: int, timeout: float, launchers: Sequence[str] = tuple(LAUNCHERS)
+) -> dict[tuple[str, str], list[float | str]]:
     results: dict[tuple[str, str], list[float | str]] = {}
     with Progress(console=Console(stderr=True)) as progress:
-        task = progress.add_task("benchmark runs", total=runs * 4)
+        task = progress.add_task("benchmark runs", total=runs * 2 * len(launchers))
         for scenario in ("start", "restart"):
             for _ in range(runs):
-                for launcher in LAUNCHERS:
+                for launcher in launchers:
                     value = _run(launcher, scenario, timeout)
                     results.setdefault((launcher, scenario), []).append(value)
                     progress.advance(task)
     return results
 
 
+SCENARIO_LABELS = (
+    ("start", "(a) start -> first collective"),
+    ("restart", "(b) crash -> next generation's first collective"),
+)
+
+
 def summarize(results: dict[tuple[str, str], list[float | str]]) -> list[dict]:
     rows = []
-    for scenario, label in (
-        ("start", "(a) start -> first collective"),
-        ("restart", "(b) crash -> next generation's first collective"),
-    ):
+    for scenario, label in SCENARIO_LABELS:
         medians = {}
         hung = {}
         for launcher in LAUNCHERS:
@@ -117,12 +136,15 @@ def _fmt(value: float | None, unit: str = "s") -> str:
     return "n/a" if value is None else f"{value:.3f} {unit}".strip()
 
 
+def section_head(begin: str, title: str, command: str) -> list[str]:
+    """A benchmark section's first lines: its marker, title and the command that made it;
+    the machine line follows."""
+    return [begin, f"## {title}", "", f"Command: `{command}`  "]
+
+
 def render(rows: list[dict], runs: int, command: str) -> str:
     lines = [
-        MARK_BEGIN,
-        "## Launch and restart (`scripts/bench_launch.py`)",
-        "",
-        f"Command: `{command}`  ",
+        *section_head(MARK_BEGIN, "Launch and restart (`scripts/bench_launch.py`)", command),
         f"Machine: {os.cpu_count()} cores, {platform.platform()}, torch {torch.__version__}, "
         f"gloo on the CPU, 2 workers, median of {runs} interleaved runs, "
         f"{time.strftime('%Y-%m-%d')}.",
@@ -145,6 +167,44 @@ def render(rows: list[dict], runs: int, command: str) -> str:
     return "\n".join(lines)
 
 
+def summarize_cost(results: dict[tuple[str, str], list[float | str]]) -> list[dict]:
+    """Per scenario: the medians with events and metrics on and off, and their ratio."""
+    rows = []
+    for scenario, label in SCENARIO_LABELS:
+        row: dict = {"label": label}
+        for launcher in OBSERVE:
+            values = [v for v in results[(launcher, scenario)] if isinstance(v, float)]
+            row[launcher] = statistics.median(values) if values else None
+            row[f"{launcher}_spread"] = (min(values), max(values)) if values else None
+        on, off = row["observed"], row["quiet"]
+        row["ratio"] = on / off if on and off else None
+        rows.append(row)
+    return rows
+
+
+def render_cost(rows: list[dict], runs: int, command: str) -> str:
+    title = "What events and metrics cost at launch and restart (`scripts/bench_launch.py`)"
+    lines = [
+        *section_head(EVENTS_BEGIN, title, command),
+        f"Machine: {os.cpu_count()} cores, {platform.platform()}, torch {torch.__version__}; "
+        f"the scenarios above, rtrain only: `--events=on --metrics-file=...` against "
+        f"`--events=off`, median (min-max) of {runs} interleaved runs, "
+        f"{time.strftime('%Y-%m-%d')}.",
+        "",
+        "| scenario | events + metrics on | both off | on / off |",
+        "|---|---|---|---|",
+    ]
+    for row in rows:
+        cells = []
+        for launcher in OBSERVE:
+            spread = row[f"{launcher}_spread"]
+            extra = f" ({spread[0]:.3f}-{spread[1]:.3f})" if spread else ""
+            cells.append(_fmt(row[launcher]) + extra)
+        lines.append(f"| {row['label']} | {cells[0]} | {cells[1]} | {_fmt(row['ratio'], '')} |")
+    lines += ["", "Target (issue 18): on / off within the runs' own spread.", EVENTS_END]
+    return "\n".join(lines)
+
+
 def write_doc(section: str, path: Path, begin: str = MARK_BEGIN, end: str = MARK_END) -> None:
     """Replace the section between the begin/end markers (or append it)."""
     text = path.read_text() if path.exists() else "# Benchmarks\n"
@@ -162,7 +222,15 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--doc", default=str(ROOT / "docs" / "benchmarks.md"))
+    parser.add_argument("--events-cost", action="store_true", help="events on vs off")
     args = parser.parse_args()
+    if args.events_cost:
+        rows = summarize_cost(measure(args.runs, args.timeout, tuple(OBSERVE)))
+        command = f"python scripts/bench_launch.py --events-cost --runs {args.runs}"
+        section = render_cost(rows, args.runs, command)
+        print(section)
+        write_doc(section, Path(args.doc), EVENTS_BEGIN, EVENTS_END)
+        return
     rows = summarize(measure(args.runs, args.timeout))
     table = Table(title="rtrain vs torchrun")
     for column in ("scenario", "torchrun", "rtrain", "rtrain/torchrun", "speed-up"):

@@ -22,6 +22,10 @@ A run that does not finish within --timeout counts as "not recovered within N s"
 rtrain runs with its defaults (lease renewed every 1 s, node lost after 5 s).
 
     python scripts/bench_recovery.py --runs 3 --timeout 60
+    python scripts/bench_recovery.py --events-cost --runs 3 --scenarios crash,node
+
+--events-cost measures rtrain against itself instead: events and a --metrics-file on
+against --events=off, interleaved the same way, in a section of its own.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,13 +55,18 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import contextlib
 
-from bench_launch import write_doc
+from bench_launch import section_head, write_doc
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "tests" / "scripts" / "train_resumable.py")
 LAUNCHERS = {
     "torchrun": [sys.executable, "-m", "torch.distributed.run"],
     "rtrain": [sys.executable, "-m", "rtrain.cli.main", "launch"],
+}
+# --events-cost: rtrain with events and a metrics file, and with neither.
+OBSERVE = {
+    "observed": [*LAUNCHERS["rtrain"], "--events=on"],
+    "quiet": [*LAUNCHERS["rtrain"], "--events=off"],
 }
 SCENARIOS = {
     "crash": ("worker crash", "rank=1,step=5,gen=0,action=exit"),
@@ -66,6 +76,8 @@ SCENARIOS = {
 }
 STEPS = 60
 MARK_BEGIN, MARK_END = "<!-- bench_recovery:begin -->", "<!-- bench_recovery:end -->"
+EVENTS_BEGIN = "<!-- bench_recovery_events:begin -->"
+EVENTS_END = "<!-- bench_recovery_events:end -->"
 RTRAIN_LINE = re.compile(r"^\[rtrain (\d\d:\d\d:\d\d\.\d{3}) ")
 GLOG_LINE = re.compile(r"^[WEI]\d{4} (\d\d:\d\d:\d\d\.\d{6}) ")
 
@@ -89,7 +101,7 @@ def _start(
     launcher: str, index: int, port: int, env: dict[str, str], log: Path
 ) -> subprocess.Popen:
     cmd = [
-        *LAUNCHERS[launcher],
+        *{**LAUNCHERS, **OBSERVE}[launcher],
         "--nnodes=1:2",
         "--nproc-per-node=2",
         "--max-restarts=3",
@@ -98,8 +110,10 @@ def _start(
         f"--local-addr=127.0.0.{index + 1}",
         "--rdzv-id=bench",
     ]
-    if launcher == "rtrain":
+    if launcher != "torchrun":
         cmd += [f"--rdzv-conf=is_host={'true' if index == 0 else 'false'}", "--hang-timeout=5"]
+    if launcher == "observed":
+        cmd += [f"--log-dir={log.parent}/logs{index}", f"--metrics-file={log.parent}/{index}.prom"]
     handle = open(log, "w")  # noqa: SIM115 - the launcher writes to it until it exits
     return subprocess.Popen(
         [*cmd, SCRIPT], env=env, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT
@@ -206,13 +220,18 @@ def _observe(
     return Outcome(detection, min(firsts) - t_fault if firsts else None)
 
 
-def measure(runs: int, timeout: float) -> dict[tuple[str, str], list[Outcome]]:
+def measure(
+    runs: int,
+    timeout: float,
+    launchers: Sequence[str] = tuple(LAUNCHERS),
+    scenarios: Sequence[str] = tuple(SCENARIOS),
+) -> dict[tuple[str, str], list[Outcome]]:
     results: dict[tuple[str, str], list[Outcome]] = {}
     with Progress(console=Console(stderr=True)) as progress:
-        task = progress.add_task("recovery runs", total=runs * len(SCENARIOS) * len(LAUNCHERS))
-        for scenario in SCENARIOS:
+        task = progress.add_task("recovery runs", total=runs * len(scenarios) * len(launchers))
+        for scenario in scenarios:
             for _ in range(runs):
-                for launcher in LAUNCHERS:
+                for launcher in launchers:
                     results.setdefault((launcher, scenario), []).append(
                         run_once(launcher, scenario, timeout)
                     )
@@ -225,11 +244,15 @@ def _median(values: list[float | None]) -> float | None:
     return statistics.median(present) if present else None
 
 
-def summarize(results: dict[tuple[str, str], list[Outcome]]) -> list[dict]:
+def summarize(
+    results: dict[tuple[str, str], list[Outcome]], launchers: Sequence[str] = tuple(LAUNCHERS)
+) -> list[dict]:
     rows = []
     for scenario, (label, _) in SCENARIOS.items():
+        if (launchers[0], scenario) not in results:
+            continue
         row: dict = {"label": label}
-        for launcher in LAUNCHERS:
+        for launcher in launchers:
             outcomes = results[(launcher, scenario)]
             statuses = [o.status for o in outcomes]
             row[launcher] = {
@@ -237,8 +260,8 @@ def summarize(results: dict[tuple[str, str], list[Outcome]]) -> list[dict]:
                 "recovery": _median([o.recovery for o in outcomes if o.status == "recovered"]),
                 "outcomes": ", ".join(f"{statuses.count(s)}x {s}" for s in dict.fromkeys(statuses)),
             }
-        t, r = row["torchrun"]["recovery"], row["rtrain"]["recovery"]
-        row["speedup"] = t / r if t and r else None
+        first, second = (row[launcher]["recovery"] for launcher in launchers)
+        row["speedup"] = first / second if first and second else None  # cost: on / off
         rows.append(row)
     return rows
 
@@ -251,10 +274,7 @@ def _fmt(value: float | None, unit: str = " s") -> str:
 
 def render(rows: list[dict], runs: int, timeout: float, command: str) -> str:
     lines = [
-        MARK_BEGIN,
-        "## Fault recovery (`scripts/bench_recovery.py`)",
-        "",
-        f"Command: `{command}`  ",
+        *section_head(MARK_BEGIN, "Fault recovery (`scripts/bench_recovery.py`)", command),
         f"Machine: {os.cpu_count()} cores, {platform.platform()}, torch {torch.__version__}. "
         "Job: 2 nodes x 2 workers on localhost (gloo, CPU), `--nnodes=1:2 --max-restarts=3`, "
         f"checkpoint every step; median of {runs} interleaved runs, {time.strftime('%Y-%m-%d')}. "
@@ -267,14 +287,7 @@ def render(rows: list[dict], runs: int, timeout: float, command: str) -> str:
         "| speed-up | torchrun outcomes | rtrain outcomes |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for row in rows:
-        t, r = row["torchrun"], row["rtrain"]
-        lines.append(
-            f"| {row['label']} | {_fmt(t['detection'])} | {_fmt(t['recovery'])} | "
-            f"{_fmt(r['detection'])} | {_fmt(r['recovery'])} | "
-            f"{_fmt(row['speedup'], 'x')} | "
-            f"{t['outcomes']} | {r['outcomes']} |"
-        )
+    lines += [_row(row, "torchrun", "rtrain", _fmt(row["speedup"], "x")) for row in rows]
     lines += [
         "",
         "Targets (issue 3): node loss recovered in under 10 s with default settings; a hung "
@@ -284,13 +297,58 @@ def render(rows: list[dict], runs: int, timeout: float, command: str) -> str:
     return "\n".join(lines)
 
 
+def _row(row: dict, first: str, second: str, compared: str) -> str:
+    """A fault's table row: two launchers' detection and recovery, compared, outcomes."""
+    a, b = row[first], row[second]
+    return (
+        f"| {row['label']} | {_fmt(a['detection'])} | {_fmt(a['recovery'])} | "
+        f"{_fmt(b['detection'])} | {_fmt(b['recovery'])} | {compared} | "
+        f"{a['outcomes']} | {b['outcomes']} |"
+    )
+
+
+def ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def render_cost(rows: list[dict], runs: int, command: str) -> str:
+    title = "What events and metrics cost in recovery (`scripts/bench_recovery.py`)"
+    lines = [
+        *section_head(EVENTS_BEGIN, title, command),
+        f"Machine: {os.cpu_count()} cores, {platform.platform()}, torch {torch.__version__}. "
+        "The job and faults above, rtrain only: `--events=on --metrics-file=...` against "
+        f"`--events=off`; median of {runs} interleaved runs, {time.strftime('%Y-%m-%d')}.",
+        "",
+        "| fault | on: detection | on: recovery | off: detection | off: recovery "
+        "| recovery on / off | outcomes on | outcomes off |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [_row(row, "observed", "quiet", ratio(row["speedup"])) for row in rows]
+    lines += ["", "Target (issue 18): on / off within the runs' own spread.", EVENTS_END]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--doc", default=str(ROOT / "docs" / "benchmarks.md"))
+    parser.add_argument("--events-cost", action="store_true", help="events on vs off")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     args = parser.parse_args()
-    rows = summarize(measure(args.runs, args.timeout))
+    scenarios = args.scenarios.split(",")
+    if args.events_cost:
+        launchers = tuple(OBSERVE)
+        rows = summarize(measure(args.runs, args.timeout, launchers, scenarios), launchers)
+        command = (
+            f"python scripts/bench_recovery.py --events-cost --runs {args.runs} "
+            f"--scenarios {args.scenarios}"
+        )
+        section = render_cost(rows, args.runs, command)
+        print(section)
+        write_doc(section, Path(args.doc), EVENTS_BEGIN, EVENTS_END)
+        return
+    rows = summarize(measure(args.runs, args.timeout, scenarios=scenarios))
     table = Table(title="fault recovery: torchrun vs rtrain (median seconds after the fault)")
     for column in ("fault", "launcher", "detection", "recovery", "outcomes"):
         table.add_column(column)

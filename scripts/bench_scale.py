@@ -207,6 +207,8 @@ def real_run(backend: str, nodes: int, etcd: EtcdCluster | None) -> dict[str, ob
             )
         else:
             result["store_host_cpu_pct"] = round(used[0], 2)  # node 0 hosts the TCPStore
+        if backend != "torchrun":
+            result.update(status_figures(backend, endpoint, f"scale-{work.name}"))
         # a silent node loss: the last node's agent and worker stop
         victim = nodes - 1
         stopped = [
@@ -248,6 +250,40 @@ def real_run(backend: str, nodes: int, etcd: EtcdCluster | None) -> dict[str, ob
             proc.wait()
         if not os.environ.get("BENCH_SCALE_KEEP"):
             shutil.rmtree(work, ignore_errors=True)
+
+
+def status_figures(backend: str, endpoint: str, run_id: str) -> dict[str, object]:
+    """`rtrain status` against the running job: the whole command (a new process,
+    torch's import included), and the reads alone from a client already connected
+    (median of 5), with the number of store calls they made."""
+    from rtrain.agent.observe.status_reader import read_status
+    from rtrain.cli.status import open_reader_store, rdzv_spec
+
+    rdzv = ["--rdzv-backend=etcd" if backend == "etcd" else "--rdzv-backend=c10d"]
+    argv = [sys.executable, "-m", "rtrain.cli.main", "status", *rdzv, "--json"]
+    started = time.monotonic()
+    shown = subprocess.run(
+        [*argv, f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}"],
+        capture_output=True,
+        text=True,
+    )
+    command_s = time.monotonic() - started
+    if shown.returncode != 0:
+        return {"status_error": shown.stderr.strip().splitlines()[-1:]}
+    view = json.loads(shown.stdout)
+    seen = sum(1 for n in view["nodes"] if n["problem"] is None and n["age_s"] is not None)
+    store = open_reader_store(rdzv_spec(backend, endpoint, run_id, "", 10.0))
+    times = []
+    for _ in range(5):
+        started = time.monotonic()
+        read_status(store, run_id)
+        times.append(time.monotonic() - started)
+    return {
+        "status_command_s": round(command_s, 3),
+        "status_reads_s": round(sorted(times)[2], 4),
+        "status_store_calls": view["store_reads"],
+        "status_nodes_seen": seen,
+    }
 
 
 def real(args: argparse.Namespace) -> list[dict[str, object]]:
@@ -334,7 +370,10 @@ def main(argv: list[str]) -> int:
         args.backends = (args.backends or "c10d,etcd").split(",")
         results = simulate(args.nodes, args.backends)
     merged = json.loads(OUT.read_text()) if OUT.exists() else {}
-    merged[args.part] = results
+    today = time.strftime("%Y-%m-%d")
+    fresh = {(r["backend"], r["nodes"]) for r in results}
+    kept = [r for r in merged.get(args.part, []) if (r["backend"], r["nodes"]) not in fresh]
+    merged[args.part] = kept + [{**r, "measured": today} for r in results]
     merged[f"{args.part}_machine"] = (
         f"{os.cpu_count()} cores, {psutil.virtual_memory().total >> 30} GiB"
     )

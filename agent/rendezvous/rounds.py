@@ -27,6 +27,7 @@ from ...core.rendezvous.protocol import (
     members_to_close,
     order_members,
 )
+from ..observe.progress import WaitProgress
 from ..store.kv import KeyValueStore, decode_counter, increment
 from ..waiting import SYSTEM_CLOCK
 from .job_end import JobEndRecords
@@ -170,6 +171,7 @@ class Rounds:
         nodes = self._spec.nodes
         quorum_since: float | None = None
         closed: list[Membership | None] = []
+        sizes: list[int] = []  # of the membership that closed the round
         joined = 0
         # Slot 1, and the joiner that filled the round (it can close it at once).
         closer = slot == 1 or slot >= nodes.max_nodes
@@ -187,6 +189,7 @@ class Rounds:
         next_check = self._clock.now() + first_look
         closable_since: float | None = None  # when a follower first found it closable
         is_closed = self._store.notice(self._keys.closed(target))
+        progress = WaitProgress("rendezvous", self._clock.now, log=logger)
 
         def settled() -> bool:
             nonlocal quorum_since, joined, next_check, closable_since
@@ -197,12 +200,14 @@ class Rounds:
                 membership = self.read_membership(target)
                 inside = membership.node_rank_of(member.node_id) is not None
                 closed.append(membership if inside else None)
+                sizes.append(len(membership.members))
                 return True
             if not closer:
                 if self._clock.now() < next_check:
                     return False
                 next_check = self._clock.now() + BACKUP_CLOSE_S
             joined = self._store.counter(self._keys.joins(target))
+            progress.update(lambda: self._joined_text(target, joined, slot == 1, expected))
             if self.current_round() == target:
                 now = self._clock.now()
                 if joined >= nodes.min_nodes and quorum_since is None:
@@ -225,13 +230,36 @@ class Rounds:
             return False
 
         poll = POLL_S if closer else FOLLOWER_POLL_S
-        if self._clock.wait_until(settled, deadline - self._clock.now(), poll):
-            return closed[-1]
+        with progress:
+            if self._clock.wait_until(settled, deadline - self._clock.now(), poll):
+                ended = closed[-1]
+                without = "" if ended is not None else ", without this one"
+                progress.finish(f"round {target} closed with {sizes[-1]} nodes{without}")
+                return ended
         raise RendezvousTimeout(
             f"rendezvous timed out: {joined} of at least {nodes.min_nodes} nodes joined "
             f"generation {target} within join_timeout={self._spec.rdzv.join_timeout:g}s",
             target,
         )
+
+    def _joined_text(
+        self, target: int, joined: int, names: bool, expected: Callable[[], set[str]] | None
+    ) -> str:
+        """How far the round is; the first joiner also names the previous generation's
+        survivors it still waits for (reading the slots once: one joiner, not all)."""
+        nodes = self._spec.nodes
+        want = (
+            f"{nodes.min_nodes}"
+            if nodes.min_nodes == nodes.max_nodes
+            else (f"{nodes.min_nodes}-{nodes.max_nodes}")
+        )
+        text = f"{joined} of {want} nodes joined round {target}"
+        if names and expected is not None:
+            missing = sorted(expected() - self._joined_ids(target, joined))
+            if missing:
+                text += f", waiting for {', '.join(missing[:8])}"
+                text += f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+        return text
 
     def _wait(self, predicate: Callable[[], bool], timeout: float | None) -> bool:
         return self._clock.wait_until(predicate, timeout, POLL_S)

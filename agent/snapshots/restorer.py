@@ -38,6 +38,7 @@ from ...core.snapshots.restore_plan import (
     plan_restore,
     snapshots_existed,
 )
+from ..observe.progress import WaitProgress
 from ..rendezvous.job import JobRendezvous
 from ..waiting import SYSTEM_CLOCK
 from .checksums import verify
@@ -294,23 +295,26 @@ def _restore_planned(
     mine = [c for c in topology.coords if c.node_rank == node_rank]
     uses = Counter(sources[c.rank].shard for c in mine)
     complete = True
-    for coord in mine:
-        source = sources[coord.rank]
-        exclusive = uses[source.shard] == 1
-        used = _restore_one(
-            store, peers, topology.generation, coord.rank, source, node_rank, exclusive, bad
-        )
-        if used is None:
-            logger.error(
-                "no intact copy of %s for rank %d (every holder unreachable or corrupt)",
-                source.shard,
-                coord.rank,
+    with WaitProgress(f"restoring step {step}", log=logger) as progress:
+        for done, coord in enumerate(mine):
+            progress.update(f"{done} of {len(mine)} shards in place", done, len(mine))
+            source = sources[coord.rank]
+            exclusive = uses[source.shard] == 1
+            used = _restore_one(
+                store, peers, topology.generation, coord.rank, source, node_rank, exclusive, bad
             )
-            complete = False
-            continue
-        result.local += used == node_rank
-        result.fetched += used != node_rank
-        result.from_dp_peer += source.from_dp_peer
+            if used is None:
+                logger.error(
+                    "no intact copy of %s for rank %d (every holder unreachable or corrupt)",
+                    source.shard,
+                    coord.rank,
+                )
+                complete = False
+                continue
+            result.local += used == node_rank
+            result.fetched += used != node_rank
+            result.from_dp_peer += source.from_dp_peer
+        progress.update(f"{len(mine)} of {len(mine)} shards in place", len(mine), len(mine))
     return result, bad, complete
 
 

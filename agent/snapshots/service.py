@@ -22,6 +22,7 @@ from ...core.snapshots.format import COMMITTED, read_header
 from ...core.snapshots.redundancy import dp_twin
 from ...core.snapshots.restore_plan import Lineage, Reached, ring_successors
 from ..observe.events import emit
+from ..observe.progress import WaitProgress
 from ..rendezvous.job import JobRendezvous
 from .checksums import checksums
 from .disk_checkpoints import DiskCheckpointer, open_checkpoint_dir, write_checkpoint
@@ -252,24 +253,31 @@ class SnapshotService:
         if not self._checkpoint_dir or self._generation is None:
             return None
         steps = []
-        for shard, path in self.store.local_slots():
-            if shard.generation != self._generation:
-                continue
-            with open(path, "rb") as handle:
-                data = handle.read()
-            header = read_header(data)
-            if header is None or header.state != COMMITTED or header.step != shard.step:
-                continue
-            data = data[: header.size]
-            write_checkpoint(
-                self._checkpoint_dir,
-                shard.rank,
-                shard.step,
-                self._world_size,
-                data,
-                checksums(data, len(data)),
-            )
-            steps.append(shard.step)
+        slots = [(s, p) for s, p in self.store.local_slots() if s.generation == self._generation]
+        written = 0
+        with WaitProgress("saving snapshots to --checkpoint-dir", log=logger) as progress:
+            for shard, path in slots:
+                with open(path, "rb") as handle:
+                    data = handle.read()
+                header = read_header(data)
+                if header is None or header.state != COMMITTED or header.step != shard.step:
+                    continue
+                data = data[: header.size]
+                write_checkpoint(
+                    self._checkpoint_dir,
+                    shard.rank,
+                    shard.step,
+                    self._world_size,
+                    data,
+                    checksums(data, len(data)),
+                )
+                steps.append(shard.step)
+                written += len(data)
+                progress.update(
+                    f"{len(steps)} of {len(slots)} shards, {written / 2**20:.0f} MiB",
+                    len(steps),
+                    len(slots),
+                )
         return max(steps, default=None)
 
     def close(self) -> None:

@@ -396,3 +396,33 @@ def test_an_abort_reaches_a_running_generation_through_its_news(job) -> None:
     assert watch.due()
     with pytest.raises(JobAborted):
         watch.admits_waiting()
+
+
+def test_a_long_rendezvous_says_how_far_it_is_and_whom_it_waits_for(caplog) -> None:
+    clock = FakeClock()
+    spec = launch_spec("--nnodes=3", *FLAGS[1:], "--rdzv-conf=join_timeout=30")
+    rdzv = JobRendezvous.over(FaultyStore(memory_store()), spec, clock.clock)
+    clock.at(12.0, lambda: other_joins(rdzv.store, rdzv.keys, 0, member(2)))
+    clock.at(14.0, lambda: other_joins(rdzv.store, rdzv.keys, 0, member(3)))
+    with caplog.at_level("INFO", logger="rtrain.agent.rendezvous.rounds"):
+        rdzv.rounds.join(member(1))
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("rendezvous:")]
+    # nothing in the first 2 s, then one line every 5 s, and how it ended
+    assert lines == [
+        "rendezvous: 1 of 3 nodes joined round 0",
+        "rendezvous: 1 of 3 nodes joined round 0",
+        "rendezvous: 2 of 3 nodes joined round 0",
+        "rendezvous: round 0 closed with 3 nodes (after 14.0s)",
+    ]
+
+    # the next round: the first joiner names the survivors it still waits for
+    caplog.clear()
+    rdzv.rounds.open_next_round(0)
+    clock.at(clock.time + 9.0, lambda: other_joins(rdzv.store, rdzv.keys, 1, member(3)))
+    with (
+        caplog.at_level("INFO", logger="rtrain.agent.rendezvous.rounds"),
+        pytest.raises(RendezvousTimeout),
+    ):
+        rdzv.rounds.join(member(1), expected=lambda: {"id1", "id3"})
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("rendezvous:")]
+    assert lines[0] == "rendezvous: 1 of 3 nodes joined round 1, waiting for id3"
