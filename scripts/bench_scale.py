@@ -345,6 +345,19 @@ def report(data: dict[str, list[dict[str, object]]]) -> str:
             f"{_cell(r, 'last_left_after_declared_s', ' s')} | "
             f"{_cell(r, 'commit_after_declared_s', ' s')} |"
         )
+    lines += [
+        "",
+        "| agents | store | `rtrain status` command | its reads alone | store calls "
+        "| nodes shown live |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in sorted(data.get("real", []), key=lambda r: (r["nodes"], str(r["backend"]))):
+        if "status_command_s" in r:
+            lines.append(
+                f"| {r['nodes']} | {r['backend']} | {_cell(r, 'status_command_s', ' s')} | "
+                f"{_cell(r, 'status_reads_s', ' s')} | {_cell(r, 'status_store_calls')} | "
+                f"{_cell(r, 'status_nodes_seen')} of {r['nodes']} |"
+            )
     return "\n".join(lines)
 
 
