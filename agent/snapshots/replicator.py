@@ -23,6 +23,7 @@ from typing import Any
 from ...core.snapshots.format import (
     COMMITTED,
     HEADER_SIZE,
+    SLOTS_PER_RANK,
     read_header,
     replicated_step,
     set_replicated,
@@ -38,7 +39,7 @@ from .shard_wire import ShardError
 logger = logging.getLogger(__name__)
 
 # A worker's next snapshot waits for this pass: poll often, but only the slot headers
-# (mapped already); once every rank has its two slot files, the folder itself is listed
+# (mapped already); once every rank has all its slot files, the folder itself is listed
 # again only every RESCAN_S. Idle passes back off from POLL_S to IDLE_POLL_S and any
 # work brings the poll back to POLL_S: polling every 2 ms for ever, with a folder listing
 # each time while a job has no slot files (a job that never snapshots), took 7% of a core
@@ -126,14 +127,15 @@ class Replicator:
         local_ranks: int,
         twins: Mapping[int, list[int | None]] | None = None,
     ) -> None:
-        """Replicate the slots of `generation` (this node's local_ranks workers, two slot
-        files each) to these peers (host, shard port). twins: rank -> for each peer, the
-        rank there whose shard of the same step a replica is sent against (delta.py)."""
+        """Replicate the slots of `generation` (this node's local_ranks workers,
+        SLOTS_PER_RANK slot files each) to these peers (host, shard port). twins: rank ->
+        for each peer, the rank there whose shard of the same step a replica is sent
+        against (delta.py)."""
         with self._lock:
             self._report()
             self._twins = dict(twins or {})
             self._generation, self._peers = generation, list(peers)
-            self._slot_files = 2 * local_ranks
+            self._slot_files = SLOTS_PER_RANK * local_ranks
             self._paths, self._rescan_at = [], 0.0
             self._world_size = world_size
             for client in self._clients.values():

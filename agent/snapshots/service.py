@@ -18,7 +18,7 @@ from ...core.config.worker_env import SNAPSHOT_BUDGET, SNAPSHOT_DIR
 from ...core.layout.topology import Topology
 from ...core.rendezvous.protocol import Membership, StoreKeys
 from ...core.snapshots.admission import Admission
-from ...core.snapshots.format import COMMITTED, read_header
+from ...core.snapshots.format import COMMITTED, SLOTS_PER_RANK, read_header
 from ...core.snapshots.redundancy import dp_twin
 from ...core.snapshots.restore_plan import Lineage, Reached, ring_successors
 from ..observe.events import emit
@@ -30,7 +30,7 @@ from .fetcher import FetchContext, PeerFetcher, holders_of
 from .replicator import Replicator
 from .restorer import Peers, gather, publish, restore_agreed
 from .shard_server import ShardServer
-from .shard_store import ShardStore
+from .shard_store import KEEP_STEPS, ShardStore
 
 logger = logging.getLogger(__name__)
 
@@ -223,7 +223,9 @@ class SnapshotService:
         self._replicator.follow(generation, targets, topology.world_size, local_world_size, twins)
         self.store.recycle(generation, local_ranks, result.step)
         self.store.prune(keep_from=generation - 1)
-        per_slot = self._budget // max(local_world_size * 2 * self._copies, 1)
+        # each rank's own slots, and the newest KEEP_STEPS replicas of each of copies-1 peers
+        shares = SLOTS_PER_RANK + KEEP_STEPS * (self._copies - 1)
+        per_slot = self._budget // max(local_world_size * shares, 1)
         logger.info(
             "snapshot memory: %.1f MiB in use, budget %.1f MiB (%.1f MiB per snapshot slot)",
             self.store.used_bytes() / 2**20,
@@ -247,7 +249,7 @@ class SnapshotService:
 
     def save_to_disk(self) -> int | None:
         """Write this node's workers' snapshots to --checkpoint-dir now (a Slurm job about
-        to be stopped); the newest step written, or None. Both slots of every rank go,
+        to be stopped); the newest step written, or None. Every slot of every rank goes,
         so the ranks of all nodes share a complete step. Call with the workers stopped:
         a slot being rewritten must not be copied."""
         if not self._checkpoint_dir or self._generation is None:

@@ -1,6 +1,6 @@
 """ShardStore: the shards this node keeps in shared memory, owned by the agent.
 
-  <root>/snap/gen<G>/rank<R>.slot<0|1>   the workers' own slots (they write, we read)
+  <root>/snap/gen<G>/rank<R>.slot<0|1|2> the workers' own slots (they write, we read)
   <root>/snap/gen<G>/rank<R>.spare       a recycled file a worker may swap in for a slot
   <root>/replica/g<G>_r<R>.rep<0|1>       peers' shards kept here, newest two steps each
 
@@ -22,14 +22,14 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from ...core.snapshots.format import COMMITTED, HEADER_SIZE, read_header
+from ...core.snapshots.format import COMMITTED, HEADER_SIZE, SLOTS_PER_RANK, read_header
 from ...core.snapshots.restore_plan import ShardId
 from ..runtime_dir import make_folder, no_space
 from .checksums import checksums
 
 logger = logging.getLogger(__name__)
 
-SLOT = re.compile(r"gen(\d+)/rank(\d+)\.slot[01]$")
+SLOT = re.compile(r"gen(\d+)/rank(\d+)\.slot\d$")
 REPLICA = re.compile(r"g(\d+)_r(\d+)\.rep[01]$")
 KEEP_STEPS = 2
 
@@ -178,7 +178,7 @@ class ShardStore:
 
     def recycle(self, generation: int, ranks: list[int], keep_step: int | None) -> int:
         """Hand the slot files of earlier generations that nothing needs any more to the
-        new workers, as their second slot and then as a spare; returns how many.
+        new workers, as their other slots and then as a spare; returns how many.
 
         Why: memory that was written once is fast to write again, while fresh memory
         costs a page fault per page (about 0.25-1 GB/s on a VM whose host backs guest
@@ -202,7 +202,11 @@ class ShardStore:
                 candidates.append((_size(path), path))
         candidates.sort(reverse=True)
         directory = self.snap_dir(generation)
-        targets = [os.path.join(directory, f"rank{r}.slot1") for r in ranks]
+        targets = [
+            os.path.join(directory, f"rank{r}.slot{i}")
+            for i in range(1, SLOTS_PER_RANK)
+            for r in ranks
+        ]
         targets += [os.path.join(directory, f"rank{r}.spare") for r in ranks]
         done = 0
         for target, (_, source) in zip(targets, candidates, strict=False):

@@ -51,6 +51,12 @@ STATE_OFFSET = 12  # where the 4-byte state field sits, for the final commit wri
 REPLICATED_OFFSET = 40  # the step the agent last replicated (written by the agent)
 ALIGN = 64
 CHUNK = 8 << 20
+# A worker's slot files. With the wait policy (core/worker/snapshots.py) a node that
+# dies leaves its step before its newest safe on its peers, and the ranks of a
+# data-parallel job are at most a step apart: three slots keep that step on every
+# survivor, whichever side of the dead node's newest step it is (two did not, when a
+# survivor overwrote it while the dead node's newest replicas were still in flight).
+SLOTS_PER_RANK = 3
 
 
 DTYPE_NAMES: dict[Any, str] = {}  # torch.dtype -> its name in a shard, filled on first use

@@ -1,17 +1,18 @@
 """snapshot() and restore(): the training script's side of in-memory checkpoints.
 
-Each worker owns two slot files in the agent's shared-memory folder
+Each worker owns three slot files in the agent's shared-memory folder
 ($RTRAIN_SNAPSHOT_DIR, on /dev/shm). snapshot(state, step) copies the state into the
-older slot and marks it committed: that copy is the only work on the step's path. The
+oldest slot and marks it committed: that copy is the only work on the step's path. The
 agent then checksums the slot and replicates it to peers in the background, and marks
 it replicated.
 
 Policy when a snapshot comes while the previous one is still replicating: **wait**.
-The newer slot is only overwritten once the previous snapshot is safe on its peers, so
-every rank always has a replicated snapshot no more than one step behind its newest,
-and the ranks always share a step they can all restore. (Skipping instead would let
-ranks drift apart until they share none.) If replication is slower than a step, the
-step waits for it: take snapshots less often then.
+A slot is only overwritten once the newest snapshot is safe on its peers, so every
+rank always has a replicated snapshot no more than one step behind its newest, and
+the ranks always share a step they can all restore. (Skipping instead would let ranks
+drift apart until they share none.) If replication is slower than a step, the step
+waits for it: take snapshots less often then. Why three slots and not two:
+core/snapshots/format.py, SLOTS_PER_RANK.
 
 The slots outlive the worker: the agent owns the folder. After a restart the agent puts
 the restored shard into the new worker's slot before it starts, and restore() reads it.
@@ -30,6 +31,7 @@ from ..clock import wait_until
 from ..config.worker_env import SNAPSHOT_BUDGET, SNAPSHOT_DIR
 from ..snapshots.format import (
     COMMITTED,
+    SLOTS_PER_RANK,
     SnapshotError,
     plan_shard,
     read_header,
@@ -45,7 +47,7 @@ __all__ = ["SNAPSHOT_BUDGET", "SNAPSHOT_DIR", "SnapshotError", "restore", "slot_
 
 
 def slot_paths(directory: str, rank: int) -> list[str]:
-    return [os.path.join(directory, f"rank{rank}.slot{i}") for i in (0, 1)]
+    return [os.path.join(directory, f"rank{rank}.slot{i}") for i in range(SLOTS_PER_RANK)]
 
 
 class _Slot:
@@ -118,6 +120,16 @@ class _Slots:
         committed = [s for s in self.slots if s.header_step() is not None]
         return max(committed, key=lambda s: s.header_step() or 0, default=None)
 
+    def next_target(self, newest: _Slot | None) -> _Slot:
+        """The slot the next snapshot goes to: one holding no snapshot (never written, or
+        torn), else the one holding the oldest step."""
+
+        def age(slot: _Slot) -> int:
+            step = slot.header_step()
+            return -1 if step is None else step
+
+        return min((s for s in self.slots if s is not newest), key=age)
+
 
 _slots: _Slots | None = None
 
@@ -154,7 +166,7 @@ def snapshot(state: Any, step: int) -> bool:
     newest = slots.newest()
     if newest is not None:
         _wait_replicated(newest)
-    target = next(s for s in slots.slots if s is not newest)
+    target = slots.next_target(newest)
     target.reserve(layout.size)
     assert target.map is not None
     write_shard(target.map, layout, step)
@@ -186,7 +198,7 @@ def restore(copy: bool = True, *, into: Any = None, mesh: Any = None) -> tuple[A
     per GB. The mapping is private, so writing a tensor copies only the pages written,
     and rtrain never writes that file again. The price is memory: the whole shard stays
     mapped as long as any returned tensor lives (an optimizer that keeps its state
-    tensors keeps all of it), on top of the two snapshot slots.
+    tensors keeps all of it), on top of the snapshot slots.
     """
     slots = _my_slots()
     if slots is None:

@@ -226,7 +226,7 @@ def test_old_slots_are_recycled_wiped_and_never_restored(tmp_path, monkeypatch):
     store = ShardStore(str(tmp_path / "node"), budget=0)
     old = store.snap_dir(0)
     for rank, steps in ((0, (8, 9)), (1, (7, 8))):
-        for path, step in zip(slot_paths(old, rank), steps, strict=True):
+        for path, step in zip(slot_paths(old, rank)[:2], steps, strict=True):
             Path(path).write_bytes(shard_bytes(float(step), step))
     store.adopt(ShardId(0, 0, 8), generation=1, rank=0)
 
@@ -274,7 +274,7 @@ def test_a_slot_a_worker_starts_rewriting_is_not_sent_as_its_old_step(node):
     store_a, _ = node("a")
     store_b, server_b = node("b")
     slots = slot_paths(store_a.snap_dir(0), 0)
-    for path, step in zip(slots, (1, 2), strict=True):
+    for path, step in zip(slots[:2], (1, 2), strict=True):
         data = shard_bytes(step, step)
         set_replicated(data, step)  # both already replicated
         Path(path).write_bytes(data)

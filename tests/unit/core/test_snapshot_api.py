@@ -65,7 +65,7 @@ def test_zero_copy_tensors_survive_later_snapshots_and_writes_stay_private(
     assert again is not None and torch.equal(again[0]["w"], _state(1)["w"])
 
     snapshot_api._slots = None
-    restore(copy=False)  # pin the slot once more, then keep snapshotting over both slots
+    restore(copy=False)  # pin the slot once more, then keep snapshotting over the slots
     for step in (2, 3, 4):
         snapshot(_state(step), step)
         _mark_replicated(slot_dir)
@@ -189,3 +189,19 @@ def test_parameters_are_plain_tensors_to_snapshot(slot_dir: str) -> None:
     snapshot_api._slots = None
     restored = restore()
     assert restored is not None and torch.equal(restored[0]["w"], weight.detach())
+
+
+def test_each_rank_keeps_its_three_newest_steps(slot_dir: str) -> None:
+    # Why three: core/snapshots/format.py, SLOTS_PER_RANK. Each snapshot goes to the slot
+    # holding the oldest step, so the two steps before the newest stay.
+    for step in range(1, 8):
+        snapshot(_state(step), step)
+        _mark_replicated(slot_dir)
+        kept = set()
+        for path in slot_paths(slot_dir, 0):
+            if os.path.exists(path):
+                with open(path, "rb") as handle:
+                    header = read_header(handle.read(64))
+                if header is not None:
+                    kept.add(header.step)
+        assert kept == set(range(max(1, step - 2), step + 1))
