@@ -255,8 +255,13 @@ class Agent:
             requested_rank=self.spec.node_rank,
             prev_rank=self._starter.joined.node_rank if self._starter.joined is not None else None,
         )
-        expected = self._policy.survivors(self._starter.joined)
-        return rdzv.rounds.join(member, check_stop=self._check_signal, expected=expected)
+        last = self._starter.joined
+        return rdzv.rounds.join(
+            member,
+            check_stop=self._check_signal,
+            expected=self._policy.survivors(last),
+            last_seen=self._policy.last_seen(last),
+        )
 
     def _finish(self, rdzv: JobRendezvous, end: JobEnd, gen: Generation) -> RunResult | None:
         """Every local worker succeeded: the result once every node has, or None if the

@@ -126,6 +126,19 @@ class FaultPolicy:
 
         return alive
 
+    def last_seen(self, last: Joined | None) -> Callable[[str], float | None] | None:
+        """For the rendezvous' progress: seconds since a node of the last generation
+        (by node id) was last seen renewing its lease, where the leases say."""
+        if last is None:
+            return None
+        membership, peers = last.membership, last.peers
+
+        def seen(node_id: str) -> float | None:
+            rank = membership.node_rank_of(node_id)
+            return None if rank is None else peers.last_seen(rank)
+
+        return seen
+
     def log_fenced(self, gen: Generation) -> None:
         """Why this node's generation ended under it."""
         if gen.node_rank in self.lost(gen):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 
 from ...core.observe.events import Event
@@ -21,26 +22,40 @@ SAMPLE_S = 5.0
 
 
 class MetricsFile:
-    def __init__(self, path: str, run_id: str, agent: str) -> None:
+    """This node's metrics: folded from its events, kept in a file (path None: only
+    in memory, for --metrics-port), and read whole by exposition() from any thread."""
+
+    def __init__(self, path: str | None, run_id: str, agent: str) -> None:
         self.path = path
         self.metrics = NodeMetrics(run_id, agent)
         self._sampled = 0.0
         self._failed = False
+        # Events come from the agent's thread and the replicator's, scrapes from the
+        # HTTP server's: one at a time, and one writer of the temporary file.
+        self._lock = threading.Lock()
 
     def on_event(self, event: Event) -> None:
-        self.metrics.apply(event)
-        self.write()
+        with self._lock:
+            self.metrics.apply(event)
+            self._write()
+
+    def exposition(self) -> str:
+        with self._lock:
+            return self.metrics.exposition()
 
     def due(self) -> bool:
         """Whether fresh readings are wanted (at most every SAMPLE_S)."""
         return time.monotonic() - self._sampled >= SAMPLE_S
 
     def sample(self, step: int | None, committed: int | None, replicated: int | None) -> None:
-        self._sampled = now = time.monotonic()
-        self.metrics.sample(now, step, committed, replicated)
-        self.write()
+        with self._lock:
+            self._sampled = now = time.monotonic()
+            self.metrics.sample(now, step, committed, replicated)
+            self._write()
 
-    def write(self) -> None:
+    def _write(self) -> None:
+        if self.path is None:
+            return
         temporary = f"{self.path}.{os.getpid()}.tmp"
         try:
             with open(temporary, "w", encoding="utf-8") as handle:

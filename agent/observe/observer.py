@@ -13,6 +13,7 @@ from ...core.observe.status import STATUS_EVERY_S, NodeStatus
 from ...core.rendezvous.decisions import Outcome
 from .events import EVENTS, emit
 from .metrics_file import MetricsFile
+from .metrics_http import MetricsServer
 
 if TYPE_CHECKING:
     from ..generation import Generation
@@ -25,9 +26,13 @@ class Observer:
         if spec.observe.events:
             EVENTS.open(run_log_dir, agent)
         self._metrics: MetricsFile | None = None
-        if spec.observe.metrics_file:
-            self._metrics = MetricsFile(spec.observe.metrics_file, spec.rdzv.run_id, agent)
+        self._server: MetricsServer | None = None
+        observe = spec.observe
+        if observe.metrics_file or observe.metrics_port is not None:
+            self._metrics = MetricsFile(observe.metrics_file, spec.rdzv.run_id, agent)
             EVENTS.listen(self._metrics.on_event)
+        if self._metrics is not None and observe.metrics_port is not None:
+            self._server = MetricsServer(agent, observe.metrics_port, self._metrics.exposition)
         self._started = time.monotonic()
         self._status_due = 0.0  # when the next status record is due (rtrain status)
         # the generation that ended last: (number, outcome, when, newest step committed)
@@ -102,6 +107,8 @@ class Observer:
 
     def close(self) -> None:
         EVENTS.close()
+        if self._server is not None:
+            self._server.close()
 
 
 def _newest_beat(gen: Generation) -> int | None:

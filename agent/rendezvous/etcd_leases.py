@@ -176,3 +176,7 @@ class EtcdPeerLeases:
 
     def forget(self, node: int) -> None:
         self._by_key = {k: n for k, n in self._by_key.items() if n != node}
+
+    def last_seen(self, node: int) -> float | None:
+        """Not known: etcd keeps the lease's TTL, the watch sees only present or gone."""
+        return None

@@ -37,6 +37,10 @@ class PeerWatch(Protocol):
 
     def forget(self, node: int) -> None: ...
 
+    def last_seen(self, node: int) -> float | None:
+        """Seconds since the node's lease was last seen renewed (None: not known)."""
+        ...
+
 
 @runtime_checkable
 class Leases(Protocol):
@@ -203,3 +207,6 @@ class PeerLeases:
         if node in self._peers:
             self._peers.remove(node)
         self._tracker.forget(node)
+
+    def last_seen(self, node: int) -> float | None:
+        return self._tracker.silent_for(node, self._clock()) if node in self._peers else None

@@ -82,6 +82,7 @@ class Rounds:
         self._waiting: tuple[int, Callable[[], bytes | None]] | None = None
         self._waiting_seen: tuple[int, float] = (0, float("-inf"))  # count, next read
         self._slot_ids: dict[int, dict[int, str]] = {}
+        self._last_seen: Callable[[str], float | None] | None = None  # the join under way
 
     # -- the round counter --
 
@@ -131,12 +132,15 @@ class Rounds:
         member: MemberInfo,
         check_stop: Callable[[], None] | None = None,
         expected: Callable[[], set[str]] | None = None,
+        last_seen: Callable[[str], float | None] | None = None,
     ) -> Membership:
         """Block until a generation closes with this node in it; raise on timeout or abort.
 
         expected: the node ids known to be coming (the previous generation's survivors),
         asked on every pass so that a peer found dead meanwhile stops being waited for.
+        last_seen: seconds since a node id was last seen alive, for the progress lines.
         """
+        self._last_seen = last_seen
         deadline = self._clock.now() + self._spec.rdzv.join_timeout
         while True:
             current = self.current_round()
@@ -257,9 +261,13 @@ class Rounds:
         if names and expected is not None:
             missing = sorted(expected() - self._joined_ids(target, joined))
             if missing:
-                text += f", waiting for {', '.join(missing[:8])}"
+                text += f", waiting for {', '.join(self._named(n) for n in missing[:8])}"
                 text += f" and {len(missing) - 8} more" if len(missing) > 8 else ""
         return text
+
+    def _named(self, node_id: str) -> str:
+        seen = self._last_seen(node_id) if self._last_seen is not None else None
+        return node_id if seen is None else f"{node_id} (last seen {seen:.1f} s ago)"
 
     def _wait(self, predicate: Callable[[], bool], timeout: float | None) -> bool:
         return self._clock.wait_until(predicate, timeout, POLL_S)

@@ -128,6 +128,8 @@ class ObserveSpec:
     events: bool = default("events") == "on"
     # This node's metrics in Prometheus text format (core/observe/metrics.py); None: none.
     metrics_file: str | None = None
+    # ... and over HTTP on the node's address, at this port; None: not served.
+    metrics_port: int | None = None
 
 
 @dataclass(frozen=True)
@@ -332,6 +334,9 @@ def build_launch_spec(given: Mapping[str, Any]) -> LaunchSpec:
         observe=ObserveSpec(
             events=raw["events"] == "on",
             metrics_file=raw["metrics_file"] or None,
+            metrics_port=None
+            if raw["metrics_port"] in (None, "")
+            else port_number("--metrics-port", raw["metrics_port"]),
         ),
     )
 

@@ -322,6 +322,14 @@ SETTINGS: tuple[Setting, ...] = (
         "FILE",
         own=True,
     ),
+    S(
+        "metrics-port",
+        None,
+        "serve this node's metrics at http://ADDR:PORT/metrics (Prometheus text), on "
+        "the node's own address only (the one it joins the job with)",
+        "PORT",
+        own=True,
+    ),
 )
 del S
 

@@ -1,19 +1,21 @@
 """Seeing a job: a 3-node job whose worker crashes and then loses a node writes the
 structured events of both, `rtrain report` turns them into a table and a timeline, and
-each node's --metrics-file is valid Prometheus text all along."""
+each node's --metrics-file (and --metrics-port) is valid Prometheus text all along."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.cluster import LocalCluster
-from tests.integration.helpers import ROOT, error_lines
+from tests.integration.helpers import ROOT, error_lines, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -23,8 +25,18 @@ FAST = ["--heartbeat-interval=0.5", "--heartbeat-timeout=2"]
 
 def samples(path: Path) -> dict[tuple[str, str], float]:
     """(metric, kind label) -> value, parsed by Prometheus' own parser."""
+    return parse(path.read_text())
+
+
+def scrape(url: str) -> dict[tuple[str, str], float]:
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        assert answer.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        return parse(answer.read().decode())
+
+
+def parse(text: str) -> dict[tuple[str, str], float]:
     found = {}
-    for family in text_string_to_metric_families(path.read_text()):
+    for family in text_string_to_metric_families(text):
         for sample in family.samples:
             found[(sample.name, sample.labels.get("kind", ""))] = sample.value
     return found
@@ -32,17 +44,29 @@ def samples(path: Path) -> dict[tuple[str, str], float]:
 
 def test_a_crash_and_a_lost_node_as_events_a_report_and_metrics(tmp_path: Path) -> None:
     metrics = {i: tmp_path / f"node{i}.prom" for i in range(3)}
+    port = free_port()
     cluster = LocalCluster(
         tmp_path,
         3,
         "2:3",
         ["--nproc-per-node=1", "--max-restarts=1", *FAST],
-        node_env={i: {"PET_METRICS_FILE": str(path)} for i, path in metrics.items()},
+        node_env={
+            i: {"PET_METRICS_FILE": str(path), **({"PET_METRICS_PORT": str(port)} if i else {})}
+            for i, path in metrics.items()
+        },
         PROBE_STEPS="60",
         PROBE_FAULT="rank=1,step=3,gen=0,action=exit",
     )
     try:
         cluster.wait_progress(8)  # generation 1 trains after the crash
+        # node 1 also serves its metrics over HTTP, on its own address only
+        scraped = scrape(f"http://127.0.0.2:{port}/metrics")
+        assert scraped[("rtrain_restarts_total", "")] == 1
+        assert scraped[("rtrain_faults_total", "exit")] >= 1
+        with pytest.raises(urllib.error.HTTPError, match="404"):
+            urllib.request.urlopen(f"http://127.0.0.2:{port}/", timeout=10)
+        with pytest.raises(urllib.error.URLError):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10)
         cluster.kill_node(2)
         codes = cluster.wait()
     finally:

@@ -423,6 +423,8 @@ def test_a_long_rendezvous_says_how_far_it_is_and_whom_it_waits_for(caplog) -> N
         caplog.at_level("INFO", logger="rtrain.agent.rendezvous.rounds"),
         pytest.raises(RendezvousTimeout),
     ):
-        rdzv.rounds.join(member(1), expected=lambda: {"id1", "id3"})
+        rdzv.rounds.join(member(1), expected=lambda: {"id1", "id3"}, last_seen={"id3": 2.125}.get)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("rendezvous:")]
-    assert lines[0] == "rendezvous: 1 of 3 nodes joined round 1, waiting for id3"
+    assert (
+        lines[0] == "rendezvous: 1 of 3 nodes joined round 1, waiting for id3 (last seen 2.1 s ago)"
+    )
