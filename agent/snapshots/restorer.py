@@ -43,7 +43,7 @@ from ..rendezvous.job import JobRendezvous
 from ..waiting import SYSTEM_CLOCK
 from .checksums import verify
 from .disk_checkpoints import CheckpointDir, load_verified, newest_complete
-from .shard_client import ShardClient
+from .shard_client import Peers, ShardClient
 from .shard_store import ShardStore
 from .shard_wire import ShardError
 
@@ -155,15 +155,6 @@ def _wait_for(
 
     if not SYSTEM_CLOCK.wait_until(there, timeout, POLL_S):
         raise RendezvousError(f"{what} for generation {generation}")
-
-
-@dataclass
-class Peers:
-    """How this node reaches the others' shard servers."""
-
-    secret: bytes
-    source: str | None  # this node's job address: servers judge requests by it
-    servers: dict[int, tuple[str, int]]
 
 
 def restore_agreed(

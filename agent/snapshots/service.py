@@ -28,7 +28,8 @@ from .checksums import checksums
 from .disk_checkpoints import DiskCheckpointer, open_checkpoint_dir, write_checkpoint
 from .fetcher import FetchContext, PeerFetcher, holders_of
 from .replicator import Replicator
-from .restorer import Peers, gather, publish, restore_agreed
+from .restorer import gather, publish, restore_agreed
+from .shard_client import Peers
 from .shard_server import ShardServer
 from .shard_store import KEEP_STEPS, ShardStore
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 from rtrain.agent.snapshots.checksums import checksums
-from rtrain.agent.snapshots.restorer import Peers, restore_once
-from rtrain.agent.snapshots.shard_client import ShardClient
+from rtrain.agent.snapshots.restorer import restore_once
+from rtrain.agent.snapshots.shard_client import Peers, ShardClient
 from rtrain.agent.snapshots.shard_server import ShardServer
 from rtrain.agent.snapshots.shard_store import ShardStore
 from rtrain.agent.snapshots.shard_wire import ShardError
