@@ -50,9 +50,13 @@ def test_killed_worker_restores_its_last_step_bitwise(tmp_path, reference):
         cluster.close()
     assert codes == [0, 0], cluster.log(0) + cluster.log(1)
     assert digests(cluster) == {reference}
-    # every rank came back with step 8: the last one all of them had finished
-    assert {rec["step"] for rec in restored(cluster).values()} == {8}
-    assert "restored step 8: 2 shards from local memory" in cluster.log(0) + cluster.log(1)
+    # Every rank came back at one step, from its own slot in local memory: step 8, the
+    # last one all of them computed, or 7 when a rank was still in snapshot(8) waiting
+    # for step 7's replication as the kill came (the wait policy; seen on a loaded CI
+    # machine), so step 8 was not committed on every rank.
+    (step,) = {rec["step"] for rec in restored(cluster).values()}
+    assert step in (7, 8)
+    assert f"restored step {step}: 2 shards from local memory" in cluster.log(0) + cluster.log(1)
 
 
 # Before each rank kept three slots, node 0's ranks could commit step s+1, overwriting

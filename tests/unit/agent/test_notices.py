@@ -74,7 +74,9 @@ def test_a_key_asked_for_while_the_wait_is_on_another_is_read_until_the_wait_mov
     assert _until(lambda: notices.waiting_on == "r0/news")
     assert not notices.check("r1/closed", second) and second.count == 1  # read, not guessed
     server.set("r1/closed", "x")
-    assert notices.check("r1/closed", second)  # the old wait still blocks: the read answers
+    # the old wait still blocks, and the read answers; or (under load, seen in CI) the
+    # wait has moved on to this key and answers once it returns: within the bound
+    assert _until(lambda: notices.check("r1/closed", second))
     server.set("r0/news", "round")  # frees the wait, which has nothing newer to wait on
     assert _until(lambda: notices.waiting_on is None)
     assert notices.check("r0/news", first) and notices.check("r1/closed", second)
