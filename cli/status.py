@@ -13,6 +13,7 @@ Exit 0; 1 with one line if the store holds no such job or garbage under its keys
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Annotated, Any
@@ -113,8 +114,6 @@ def run_status(
     if watch and not 0.2 <= interval <= 3600:
         raise UsageError(f"--interval: {interval:g} is not in [0.2, 3600] seconds")
     rdzv = rdzv_spec(backend, endpoint, run_id, conf, timeout)
-    import os
-
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")  # one line, not a C++ trace
     from ..agent.observe.status_reader import read_status
     from .render_status import print_status, watch_status

@@ -288,9 +288,8 @@ def status_figures(backend: str, endpoint: str, run_id: str) -> dict[str, object
 
 def real(args: argparse.Namespace) -> list[dict[str, object]]:
     etcd = None
-    if "etcd" in args.backends:
-        base = 20000 + free_port() % 12000  # below the ephemeral range, as the tests' etcd
-        etcd = EtcdCluster(tempfile.mkdtemp(prefix="scale-etcd-"), 3, base)
+    if "etcd" in args.backends:  # ports below the ephemeral range, as the tests' etcd
+        etcd = EtcdCluster(tempfile.mkdtemp(prefix="scale-etcd-"), 3, 20000 + free_port() % 12000)
         etcd.start()
     results = []
     try:
