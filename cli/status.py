@@ -90,13 +90,22 @@ def rdzv_spec(backend: str, endpoint: str, run_id: str, conf_text: str, timeout:
 
 def open_reader_store(rdzv: RdzvSpec) -> Any:
     """A client of the job's store that never hosts it: a status request must not
-    start a store where the job's is gone."""
+    start a store where the job's is gone. Over TCPStore, a client of its wire protocol
+    that does not load torch (most of the command's time otherwise) where the installed
+    torch is one it knows and the store answers its handshake; torch's client if not."""
     from ..agent.store.backends import open_etcd
-    from ..agent.store.opening import connect_store
-    from ..agent.store.torch_store import TorchKeyValueStore
+    from ..agent.store.tcpstore_wire import TCPStoreReader, WireUnsupported, torch_version_supported
 
     if rdzv.is_etcd:
         return open_etcd(rdzv)
+    if torch_version_supported():
+        try:
+            return TCPStoreReader.connect(rdzv.host, rdzv.port, rdzv.read_timeout)
+        except WireUnsupported:
+            pass
+    from ..agent.store.opening import connect_store
+    from ..agent.store.torch_store import TorchKeyValueStore
+
     opened = connect_store(rdzv.host, rdzv.port, rdzv.read_timeout, rdzv.read_timeout)
     return TorchKeyValueStore(opened.store, f"{rdzv.host}:{rdzv.port}", rdzv.read_timeout)
 

@@ -1,0 +1,199 @@
+"""A read-only client of torch's TCPStore that does not import torch: for `rtrain status`.
+
+`import torch` takes 1.5-2 s, most of a status command's time over TCPStore (etcd's
+answers in 0.4 s), so the reader speaks TCPStore's wire protocol itself for the four
+reads it makes. That protocol is torch's private interface (c10d's TCPStore.cpp and
+its two server backends), so everything that knows it is in this module:
+
+- it is used only when the installed torch is a version it was written against
+  (TESTED_TORCH; read from the package metadata, not by importing torch), and the
+  server answers the handshake (a validation word, then a ping whose nonce must come
+  back); otherwise `rtrain status` uses torch's own client;
+- tests/unit/agent/test_tcpstore_wire.py runs it against the installed torch's real
+  TCPStore, both server backends, and fails when torch changes what it answers.
+
+What it sends: a one-byte query type, then its arguments; a string or a value is a
+little-endian uint64 length and the bytes, as TCPStore's client writes them. Keys get
+TCPStore's "/" prefix. It never writes: a read of a key that may be unset is a
+compare-and-set whose expected value is a sentinel, which the server answers with the
+sentinel for a missing key without writing (the agents' TorchKeyValueStore reads the
+same way); several keys are checked first and multi-read only when all are set (the
+server would wait on a missing one). Every answer's length is bounded before anything
+is allocated for it, and every call is bounded by the socket's deadline.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import struct
+import time
+from collections.abc import Callable, Sequence
+from importlib import metadata
+from typing import TypeVar
+
+from ...core.errors import RendezvousError, StoreUnavailable
+from .kv import as_bytes, decode_counter
+
+# torch minor versions whose TCPStore this client was written against (2.4: the libuv
+# server became the default; the protocol below is the same for both servers). Only
+# 2.13 is tested on this project's machines.
+TESTED_TORCH = ((2, 4), (2, 13))
+MAGIC = 0x3C85F7CE
+# c10d's QueryType values (TCPStoreBackend.hpp) this client sends.
+VALIDATE, COMPARE_SET, CHECK, MULTI_GET, PING = 0, 2, 5, 10, 13
+READY = 0  # CheckResponseType
+KEY_PREFIX = b"/"
+UNSET = b"\x00rtrain:unset\x00"  # as TorchKeyValueStore: never a value rtrain writes
+MAX_VALUE = 64 << 20  # the largest answer accepted (a 2,048-node membership is 18 KB)
+MAX_KEYS = 1 << 16
+T = TypeVar("T")
+
+
+class WireUnsupported(Exception):
+    """This client should not talk to this store: use torch's."""
+
+
+def torch_version_supported(version: Callable[[str], str] = metadata.version) -> bool:
+    """Whether the installed torch is one whose TCPStore protocol this client speaks."""
+    try:
+        found = re.match(r"(\d+)\.(\d+)", version("torch"))
+    except metadata.PackageNotFoundError:
+        return False
+    if found is None:
+        return False
+    minor = (int(found.group(1)), int(found.group(2)))
+    return TESTED_TORCH[0] <= minor <= TESTED_TORCH[1]
+
+
+class TCPStoreReader:
+    """get, exists, counter and multi_get (the KeyValueStore reads) over one connection.
+
+    connect() raises StoreUnavailable when nothing answers within deadline_s, and
+    WireUnsupported when something answers but not as TCPStore does."""
+
+    def __init__(self, sock: socket.socket, endpoint: str) -> None:
+        self._sock = sock
+        self.endpoint = endpoint
+        self._broken: str | None = None
+
+    @classmethod
+    def connect(cls, host: str, port: int, deadline_s: float) -> TCPStoreReader:
+        endpoint = f"{host}:{port}"
+        deadline = time.monotonic() + deadline_s
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                sock = socket.create_connection((host, port), timeout=max(left, 0.05))
+                break
+            except OSError as exc:
+                # refused: the store may be starting (torch's client retries too)
+                if left <= 0.1 or not isinstance(exc, ConnectionRefusedError):
+                    raise StoreUnavailable(
+                        f"cannot reach the rendezvous store at {endpoint} within "
+                        f"{deadline_s:g}s ({exc.strerror or exc})"
+                    ) from None
+                time.sleep(0.1)
+        sock.settimeout(deadline_s)
+        reader = cls(sock, endpoint)
+        nonce = int(time.monotonic_ns() & 0xFFFFFFFF)
+        try:
+            sock.sendall(struct.pack("<BI", VALIDATE, MAGIC) + struct.pack("<BI", PING, nonce))
+            echoed = struct.unpack("<I", reader._read(4))[0]
+        except TimeoutError:  # connected, but nothing answers: stopped or frozen
+            sock.close()
+            raise StoreUnavailable(
+                f"the rendezvous store at {endpoint} did not answer within {deadline_s:g}s "
+                "(its host is stopped, frozen or cut off)"
+            ) from None
+        except (OSError, RendezvousError):  # it answers, but not as TCPStore does
+            sock.close()
+            raise WireUnsupported(f"{endpoint} did not answer TCPStore's handshake") from None
+        if echoed != nonce:
+            sock.close()
+            raise WireUnsupported(f"{endpoint} answered TCPStore's ping with another nonce")
+        return reader
+
+    def close(self) -> None:
+        self._sock.close()
+
+    # -- the KeyValueStore reads ------------------------------------------------------
+
+    def get(self, key: str) -> bytes | None:
+        value = self._ask(
+            bytes([COMPARE_SET]) + _string(_key(key)) + _string(UNSET) + _string(UNSET),
+            self._value,
+        )
+        return None if value == UNSET else value
+
+    def exists(self, key: str) -> bool:
+        return self._check([key])
+
+    def counter(self, key: str) -> int:
+        return decode_counter(self.get(key), key)
+
+    def multi_get(self, keys: Sequence[str]) -> list[bytes | None]:
+        listed = list(keys)
+        if not listed:
+            return []
+        if len(listed) > MAX_KEYS:
+            raise RendezvousError(f"multi_get of {len(listed)} keys (at most {MAX_KEYS})")
+        if not self._check(listed):
+            return [self.get(key) for key in listed]
+        query = bytes([MULTI_GET]) + struct.pack("<Q", len(listed))
+        query += b"".join(_string(_key(k)) for k in listed)
+        return self._ask(query, lambda: [self._value() for _ in listed])
+
+    # -- the wire -----------------------------------------------------------------------
+
+    def _check(self, keys: list[str]) -> bool:
+        query = bytes([CHECK]) + struct.pack("<Q", len(keys))
+        query += b"".join(_string(_key(k)) for k in keys)
+        answer = self._ask(query, lambda: self._read(1))[0]
+        if answer not in (0, 1):
+            raise self._fail(f"answered a check with {answer}")
+        return answer == READY
+
+    def _ask(self, query: bytes, answer: Callable[[], T]) -> T:
+        if self._broken is not None:
+            raise StoreUnavailable(self._broken)
+        try:
+            self._sock.sendall(query)
+            return answer()
+        except TimeoutError:
+            raise self._fail(
+                "did not answer within the deadline (stopped, frozen or cut off)"
+            ) from None
+        except OSError as exc:
+            raise self._fail(f"dropped the connection ({exc.strerror or exc})") from None
+
+    def _value(self) -> bytes:
+        size = struct.unpack("<Q", self._read(8))[0]
+        if size > MAX_VALUE:
+            raise self._fail(f"announced a {size}-byte value (at most {MAX_VALUE})")
+        return self._read(size)
+
+    def _read(self, size: int) -> bytes:
+        chunks, left = [], size
+        while left:
+            chunk = self._sock.recv(min(left, 1 << 20))
+            if not chunk:
+                raise self._fail("closed the connection")
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+
+    def _fail(self, what: str) -> StoreUnavailable:
+        # A connection left mid-answer cannot be trusted for the next query.
+        self._broken = f"the rendezvous store at {self.endpoint} {what}"
+        self._sock.close()
+        return StoreUnavailable(self._broken)
+
+
+def _key(key: str) -> bytes:
+    return KEY_PREFIX + key.encode()
+
+
+def _string(data: bytes | str) -> bytes:
+    raw = as_bytes(data)
+    return struct.pack("<Q", len(raw)) + raw
