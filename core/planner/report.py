@@ -12,6 +12,7 @@ The alternatives for one failure set:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from html import escape
 from typing import Any
@@ -129,6 +130,27 @@ def action_list(p: Plan, sim: SimResult) -> dict[str, Any]:
         "iteration_time": sim.iteration_time,
         "workers": workers,
     }
+
+
+def disordered_pairs(actions: Mapping[str, Any], iteration: int = 0) -> list[tuple[Worker, Worker]]:
+    """The (sender, receiver) pairs of an action list whose messages of one iteration
+    the receiver takes in another order than the sender sends them: what a backend
+    that matches point-to-point messages by order alone (NCCL; no tags) cannot run."""
+    sent: dict[tuple[Worker, Worker], list[tuple[str, int, int]]] = {}
+    taken: dict[tuple[Worker, Worker], list[tuple[str, int, int]]] = {}
+    for worker in actions["workers"]:
+        me = (int(worker["worker"][0]), int(worker["worker"][1]))
+        for a in worker["actions"]:
+            if a["iteration"] != iteration or a["op"] not in ("F", "B"):
+                continue
+            message = (a["op"], int(a["replica"]), int(a["microbatch"]))
+            if a["send_to"] is not None:
+                to = (int(a["send_to"][0]), int(a["send_to"][1]))
+                sent.setdefault((me, to), []).append(message)
+            if a["recv_from"] is not None:
+                source = (int(a["recv_from"][0]), int(a["recv_from"][1]))
+                taken.setdefault((source, me), []).append(message)
+    return sorted(pair for pair in set(sent) | set(taken) if sent.get(pair) != taken.get(pair))
 
 
 @dataclass(frozen=True)

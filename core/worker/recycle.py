@@ -29,6 +29,9 @@ class WorkerPlan:
     pp: int
     microbatches: int
     failed: list[Worker]
+    # Whether every worker receives its peers' messages in the order they send them
+    # (core.planner.report.disordered_pairs): what a backend without tags needs.
+    messages_in_order: bool = True
 
     @property
     def stage(self) -> int | None:
@@ -42,6 +45,9 @@ class WorkerPlan:
 
 def worker_plan(data: Mapping[str, Any], rank: int) -> WorkerPlan:
     """Rank `rank`'s part of a plan file's content."""
+    # here, not at the top: `import rtrain` in every worker need not load the planner
+    from ..planner.report import disordered_pairs
+
     holders: dict[Worker, list[int]] = {}
     for other, pos in data["positions"].items():
         holders.setdefault((int(pos[0]), int(pos[1])), []).append(int(other))
@@ -60,6 +66,7 @@ def worker_plan(data: Mapping[str, Any], rank: int) -> WorkerPlan:
         pp=int(data["pp"]),
         microbatches=int(data["microbatches"]),
         failed=[(int(r), int(s)) for r, s in data["failed"]],
+        messages_in_order=not disordered_pairs(data),
     )
 
 

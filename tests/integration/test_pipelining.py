@@ -1,7 +1,7 @@
 """ScheduleReCycle against torch's own Schedule1F1B, on real gloo processes under real
 torchrun: fault-free it trains to bitwise the same weights, and so it does with failed
 workers whose micro-batches its plan re-routes to their stages' peers (a middle stage,
-two failures in different replicas)."""
+two failures in different replicas), also untagged as over NCCL."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ pytestmark = pytest.mark.integration
 SCRIPT = str(ROOT / "tests" / "scripts" / "pipeline_parity.py")
 
 
-def trained(tmp: Path, name: str, dp: int, pp: int, schedule: str, *failed: str) -> dict:
+def trained(
+    tmp: Path, name: str, dp: int, pp: int, schedule: str, *failed: str, untagged: bool = False
+) -> dict:
     """stage -> the sha256 of its parameters after training, the same on every worker of
     that stage (asserted)."""
     out = tmp / name
@@ -25,7 +27,7 @@ def trained(tmp: Path, name: str, dp: int, pp: int, schedule: str, *failed: str)
     alive = dp * pp - len(failed)
     args = ["--standalone", f"--nproc-per-node={alive}", SCRIPT, "--dp", str(dp)]
     args += ["--pp", str(pp), "--schedule", schedule, "--out", str(out)]
-    args += [f"--fail={f}" for f in failed]
+    args += [f"--fail={f}" for f in failed] + (["--untagged"] if untagged else [])
     result = run_torchrun(args, probe_env(out), timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     records = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
@@ -52,3 +54,6 @@ def test_failures_in_two_replicas_re_routed_train_bitwise_like_torch_1f1b(
 ) -> None:
     reference = trained(tmp_path, "torch", 3, 2, "1f1b")
     assert trained(tmp_path, "lost", 3, 2, "recycle", "1:0", "2:1") == reference
+    # untagged, as over NCCL: gloo then matches the messages between two ranks by their
+    # order alone, and the plan's order on both ends keeps them apart
+    assert trained(tmp_path, "untagged", 3, 2, "recycle", "1:0", "2:1", untagged=True) == reference

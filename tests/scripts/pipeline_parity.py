@@ -4,7 +4,7 @@ ScheduleReCycle (optionally with planned failures), for parity tests. Run by tor
     torchrun --standalone --nproc-per-node=4 pipeline_parity.py --dp 2 --pp 2 \\
         --schedule 1f1b --out DIR
     torchrun --standalone --nproc-per-node=3 pipeline_parity.py --dp 2 --pp 2 \\
-        --schedule recycle --fail 1:1 --out DIR
+        --schedule recycle --fail 1:1 --out DIR [--untagged]
 
 Every rank writes DIR/rank<R>.json: its stage, position and the sha256 of its stage's
 parameters after the last step. Ranks are the surviving (replica, stage) positions in
@@ -71,6 +71,7 @@ def main() -> None:
     parser.add_argument("--microbatches", type=int, default=4)
     parser.add_argument("--schedule", choices=("1f1b", "recycle"), required=True)
     parser.add_argument("--fail", action="append", default=[])
+    parser.add_argument("--untagged", action="store_true", help="as over NCCL: by order")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--hidden", type=int, default=16)
@@ -113,7 +114,8 @@ def main() -> None:
         stage_index = plan.position[1]
         module = make_stage(stage_index, pp, args.hidden)
         stage = recycle_stage(module, "cpu", plan)
-        schedule = ScheduleReCycle(stage, m, loss_fn, plan=plan)
+        untagged = False if args.untagged else None  # None: tags where the backend has them
+        schedule = ScheduleReCycle(stage, m, loss_fn, plan=plan, tagged=untagged)
         position = list(plan.position)
 
         def train_step(step: int) -> None:

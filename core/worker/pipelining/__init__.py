@@ -8,7 +8,8 @@
 Imports torch (unlike rtrain.core itself): import it from the training script.
 """
 
-from .schedule import OpTiming, PlanMismatch, ScheduleReCycle, recycle_stage
+from .plan_checks import PlanMismatch
+from .schedule import OpTiming, ScheduleReCycle, recycle_stage
 from .wire import WireError
 
 __all__ = ["OpTiming", "PlanMismatch", "ScheduleReCycle", "WireError", "recycle_stage"]

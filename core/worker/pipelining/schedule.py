@@ -19,9 +19,13 @@ follows the plan's action list for the current generation instead:
      across the pipeline.
 
 It builds on the stage's public surface (submod, stage_index, num_stages, is_first,
-is_last, device) and plain autograd; no private torch API. Activations are sent with
-tags, which gloo supports and NCCL does not: on GPUs this runtime needs a backend with
-tagged point-to-point messages.
+is_last, device) and plain autograd; no private torch API. Over gloo, activations are
+sent with tags (a micro-batch's and direction's own). NCCL has no tags: it matches the
+messages between two ranks by their order alone, so over any backend but gloo they
+are sent untagged, and a plan is run only if every receiver takes its messages in the
+order their sender sends them (WorkerPlan.messages_in_order; every plan the planner
+made in this project's tests and benchmarks is). Untagged runs are tested over gloo
+with tags off, which matches by order too; not on a GPU.
 """
 
 from __future__ import annotations
@@ -36,16 +40,13 @@ import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.microbatch import split_args_kwargs_into_chunks
 
-from ..recycle import WorkerPlan, recycle_worker_plan
+from ..recycle import WorkerPlan
 from . import reduction, wire
+from .plan_checks import PlanMismatch, check_schedule, plan_or_file
 
 Key = tuple[int, int]  # (replica, micro-batch)
 Batch = tuple[tuple[Any, ...], torch.Tensor | None]  # (stage-0 inputs, target)
 FORWARD, BACKWARD = 0, 1
-
-
-class PlanMismatch(ValueError):
-    """The plan and the stage or the schedule's arguments disagree."""
 
 
 @dataclass
@@ -93,7 +94,7 @@ def recycle_stage(
     the plan. Its communication group is this rank alone: ScheduleReCycle does the
     stage's communication, so the stage needs no pipeline group (after a loss there is
     no fixed one), and torch refuses a group larger than the number of stages."""
-    plan = _plan_or_file(plan)
+    plan = plan_or_file(plan)
     if plan.stage is None:
         raise PlanMismatch(f"rank {plan.rank} holds no position in the ReCycle plan")
     alone = dist.new_group([plan.rank], use_local_synchronization=True)
@@ -107,7 +108,8 @@ class ScheduleReCycle:
     plan is this generation's (rtrain launch --recycle-profile writes it; pass plan= to
     run one made otherwise). reduction: "exact" (bitwise independent of failures) or
     "sum" (cheaper); see reduction.py. record_timings keeps when each action began, had
-    its input and ended in .timings (the benchmark's measured timeline).
+    its input and ended in .timings (the benchmark's measured timeline). tagged: send
+    activations with tags (None: where the stage device's backend is gloo).
 
     step() takes this worker's replica's whole batch like torch's step(): `args` on the
     first stage, `target` on the last. After a failure a worker also runs micro-batches
@@ -126,9 +128,10 @@ class ScheduleReCycle:
         scale_grads: bool = True,
         reduction: str = "exact",
         record_timings: bool = False,
+        tagged: bool | None = None,
     ) -> None:
-        plan = _plan_or_file(plan)
-        _check(plan, stage, n_microbatches, reduction)
+        plan = plan_or_file(plan)
+        self.tagged = check_schedule(plan, stage, n_microbatches, reduction, tagged)
         assert plan.position is not None
         self.plan = plan
         self.replica: int = plan.position[0]
@@ -293,9 +296,12 @@ class ScheduleReCycle:
     def _rank_at(self, position: Sequence[int]) -> int:
         return self.plan.holders[(int(position[0]), int(position[1]))][0]
 
-    def _tag(self, key: Key, direction: int) -> int:
+    def _tag(self, key: Key, direction: int) -> int | None:
         """Unique per micro-batch and direction within a step, alternating between steps
-        (a fast stage may send the next step's while a slow one still receives)."""
+        (a fast stage may send the next step's while a slow one still receives); None
+        when untagged (the plan's order keeps messages apart)."""
+        if not self.tagged:
+            return None
         index = key[0] * self.plan.microbatches + key[1]
         per_step = self.plan.dp * self.plan.microbatches
         return ((self._step_count % 2) * per_step + index) * 2 + direction
@@ -349,30 +355,3 @@ def _leaf(value: Any, grad: bool) -> Any:
         return value
     leaf = value.detach()
     return leaf.requires_grad_(grad and leaf.is_floating_point())
-
-
-def _plan_or_file(plan: WorkerPlan | None) -> WorkerPlan:
-    found = plan if plan is not None else recycle_worker_plan()
-    if found is None:
-        raise PlanMismatch(
-            "no ReCycle plan: run under rtrain launch --pp=N --recycle-profile=FILE, or pass plan="
-        )
-    return found
-
-
-def _check(plan: WorkerPlan, stage: PipelineStage, n_microbatches: int, how: str) -> None:
-    if plan.position is None:
-        raise PlanMismatch(f"rank {plan.rank} holds no position in the ReCycle plan")
-    if (stage.stage_index, stage.num_stages) != (plan.position[1], plan.pp):
-        raise PlanMismatch(
-            f"the stage is {stage.stage_index} of {stage.num_stages}; the plan gives rank "
-            f"{plan.rank} stage {plan.position[1]} of {plan.pp}"
-        )
-    if n_microbatches != plan.microbatches:
-        raise PlanMismatch(
-            f"n_microbatches={n_microbatches}, the plan was made for {plan.microbatches}"
-        )
-    if any(len(ranks) != 1 for ranks in plan.holders.values()):
-        raise PlanMismatch("ScheduleReCycle runs plans of one rank per position (TP=1)")
-    if how not in reduction.REDUCTIONS:
-        raise PlanMismatch(f"reduction={how!r}: one of {', '.join(reduction.REDUCTIONS)}")

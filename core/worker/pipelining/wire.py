@@ -6,7 +6,8 @@ stage, so a receiver cannot know shapes in advance the way torch's PipelineStage
 two tagged point-to-point messages: an int64 header (dtype code, number of
 dimensions, the dimensions) and the tensor. The header is checked before a buffer is
 allocated for it: a peer's bad header is an error naming the peer, never a huge
-allocation. Only tensors travel; nothing is pickled.
+allocation. Only tensors travel; nothing is pickled. The header lives on the data's
+device, so that a backend for that device (NCCL for CUDA) carries both.
 """
 
 from __future__ import annotations
@@ -76,11 +77,12 @@ class Sent:
         self._works: list[dist.Work] = []
         self._buffers: list[torch.Tensor] = []
 
-    def send(self, tensor: torch.Tensor, peer: int, tag: int) -> None:
-        """Start sending `tensor` to global rank `peer`."""
+    def send(self, tensor: torch.Tensor, peer: int, tag: int | None) -> None:
+        """Start sending `tensor` to global rank `peer` (tag None: untagged, matched by
+        order alone, as NCCL matches them)."""
         data = tensor.detach().contiguous()
-        header = header_of(data)
-        for buffer, part in ((header, 2 * tag), (data, 2 * tag + 1)):
+        header = header_of(data).to(data.device)
+        for buffer, part in ((header, _part(tag, 0)), (data, _part(tag, 1))):
             work = dist.isend(buffer, peer, tag=part)
             if work is not None:
                 self._works.append(work)
@@ -93,11 +95,17 @@ class Sent:
         self._buffers.clear()
 
 
-def recv(peer: int, tag: int, device: torch.device) -> torch.Tensor:
+def recv(peer: int, tag: int | None, device: torch.device) -> torch.Tensor:
     """The tensor global rank `peer` sent with `tag` (blocks until it is here)."""
-    header = torch.empty(HEADER_LEN, dtype=torch.int64)
-    dist.recv(header, peer, tag=2 * tag)
+    header = torch.empty(HEADER_LEN, dtype=torch.int64, device=device)
+    dist.recv(header, peer, tag=_part(tag, 0))
     dtype, shape = parse_header(header, peer)
     data = torch.empty(shape, dtype=dtype, device=device)
-    dist.recv(data, peer, tag=2 * tag + 1)
+    dist.recv(data, peer, tag=_part(tag, 1))
     return data
+
+
+def _part(tag: int | None, part: int) -> int:
+    """The tag of a transfer's header (part 0) or data (1); untagged: 0 for both, which
+    order keeps apart (the header is sent, and received, first)."""
+    return 0 if tag is None else 2 * tag + part

@@ -3,6 +3,7 @@ ScheduleReCycle refuses before it sends anything."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -11,7 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rtrain.core.layout.recycle import failure_plan
 from rtrain.core.planner.job import PipelineJob
-from rtrain.core.worker.pipelining import PlanMismatch, ScheduleReCycle, WireError
+from rtrain.core.planner.report import disordered_pairs
+from rtrain.core.worker.pipelining import PlanMismatch, ScheduleReCycle, WireError, plan_checks
+from rtrain.core.worker.pipelining.plan_checks import check_schedule
 from rtrain.core.worker.pipelining.wire import (
     DTYPES,
     HEADER_LEN,
@@ -96,3 +99,68 @@ def test_a_rank_without_a_position_or_a_plan_is_refused(monkeypatch) -> None:
     monkeypatch.delenv("RTRAIN_RECYCLE_PLAN", raising=False)
     with pytest.raises(PlanMismatch, match="no ReCycle plan: run under rtrain launch"):
         ScheduleReCycle(FakeStage(0, 2), 4)  # type: ignore[arg-type]
+
+
+def _crossed(data: dict) -> dict:
+    """`data` with the worker at (0, 1) taking its first two activations from (0, 0) in
+    the other order than (0, 0) sends them."""
+    crossed = copy.deepcopy(data)
+    worker = next(w for w in crossed["workers"] if w["worker"] == [0, 1])
+    actions = worker["actions"]
+    first, second = [
+        i
+        for i, a in enumerate(actions)
+        if a["op"] == "F" and a["iteration"] == 0 and a["recv_from"] == [0, 0]
+    ][:2]
+    actions[first], actions[second] = actions[second], actions[first]
+    return crossed
+
+
+def test_a_plan_whose_messages_cross_is_run_tagged_only() -> None:
+    data = failure_plan(PipelineJob.uniform(2, 2, 4), [(1, 1)])
+    assert disordered_pairs(data) == [] and PLAN.messages_in_order
+    crossed = _crossed(data)
+    assert disordered_pairs(crossed) == [((0, 0), (0, 1))]
+    plan = worker_plan(crossed, 1)  # the worker at (0, 1)
+    assert not plan.messages_in_order
+    with pytest.raises(PlanMismatch, match="untagged \\(NCCL\\) it would take one for another"):
+        ScheduleReCycle(FakeStage(1, 2), 4, plan=plan, tagged=False)  # type: ignore[arg-type]
+    check_schedule(plan, FakeStage(1, 2), 4, "exact", tagged=True)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("dp", "pp", "failed"),
+    [
+        (2, 2, []),
+        (2, 2, [(1, 1)]),
+        (2, 3, [(0, 1)]),
+        (3, 2, [(1, 0), (2, 1)]),
+        (4, 4, [(1, 2), (3, 0)]),
+        (8, 4, [(0, 0), (3, 1), (5, 3)]),
+    ],
+)
+def test_the_planner_s_plans_keep_every_pair_s_messages_in_order(
+    dp: int, pp: int, failed: list[tuple[int, int]]
+) -> None:
+    """The jobs the tests, the example and the benchmarks run (and two larger): each can
+    run untagged. Not a guarantee of the list scheduler; the schedule checks each plan."""
+    for profile in ((1.0, 1.0, 1.0, 0.2, 0.05), (0.04, 0.04, 0.04, 0.02, 0.002)):
+        for schedule in ("recycle", "drop") if failed else ("1f1b", "recycle"):
+            data = failure_plan(PipelineJob.uniform(dp, pp, 4, *profile), failed, schedule)
+            assert disordered_pairs(data) == [], (schedule, profile)
+
+
+@pytest.mark.parametrize(
+    ("backend", "device", "found"),
+    [
+        ("gloo", "cpu", "gloo"),
+        ("nccl", "cuda", "nccl"),
+        ("cpu:gloo,cuda:nccl", "cpu", "gloo"),
+        ("cpu:gloo,cuda:nccl", "cuda", "nccl"),
+    ],
+)
+def test_tags_follow_the_backend_of_the_stage_s_device(
+    monkeypatch: pytest.MonkeyPatch, backend: str, device: str, found: str
+) -> None:
+    monkeypatch.setattr(plan_checks.dist, "get_backend", lambda group=None: backend)
+    assert plan_checks.backend_of(torch.device(device)) == found
