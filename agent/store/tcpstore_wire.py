@@ -34,6 +34,7 @@ from typing import TypeVar
 
 from ...core.errors import RendezvousError, StoreUnavailable
 from .kv import as_bytes, decode_counter
+from .torch_store import UNSET  # the same sentinel as the agents' reads (no torch import)
 
 # torch minor versions whose TCPStore this client was written against (2.4: the libuv
 # server became the default; the protocol below is the same for both servers). Only
@@ -44,7 +45,6 @@ MAGIC = 0x3C85F7CE
 VALIDATE, COMPARE_SET, CHECK, MULTI_GET, PING = 0, 2, 5, 10, 13
 READY = 0  # CheckResponseType
 KEY_PREFIX = b"/"
-UNSET = b"\x00rtrain:unset\x00"  # as TorchKeyValueStore: never a value rtrain writes
 MAX_VALUE = 64 << 20  # the largest answer accepted (a 2,048-node membership is 18 KB)
 MAX_KEYS = 1 << 16
 T = TypeVar("T")
