@@ -170,10 +170,12 @@ def test_fsdp2_state_restores_in_place_bitwise_after_a_killed_worker(tmp_path):
     reference = per_rank_digests(runs["reference"])
     assert len(reference) == 2 * nodes and len(set(reference.values())) == 2 * nodes
     assert per_rank_digests(runs["killed"]) == reference
-    # every rank came back at step 5, the last one all of them had finished (the kill
-    # comes at the top of step 6, after rank 1 committed step 5)
+    # every rank came back at one step: 5, the last one all of them had finished (the
+    # kill comes at the top of step 6, after rank 1 committed step 5), or 4 when another
+    # rank was still in snapshot(5) waiting for step 4's replication (the wait policy,
+    # as for the killed worker above; seen on a loaded CI machine)
     (step,) = {rec["step"] for rec in restored(runs["killed"]).values()}
-    assert step == 5
+    assert step in (4, 5)
     assert len(restored(runs["killed"])) == 2 * nodes
 
 
