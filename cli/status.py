@@ -107,7 +107,8 @@ def open_reader_store(rdzv: RdzvSpec) -> Any:
     from ..agent.store.torch_store import TorchKeyValueStore
 
     opened = connect_store(rdzv.host, rdzv.port, rdzv.read_timeout, rdzv.read_timeout)
-    return TorchKeyValueStore(opened.store, f"{rdzv.host}:{rdzv.port}", rdzv.read_timeout)
+    endpoint = f"{rdzv.host}:{rdzv.port}"
+    return TorchKeyValueStore(opened.store, endpoint, rdzv.read_timeout, quiet_reads=True)
 
 
 def run_status(

@@ -14,12 +14,14 @@ its two server backends), so everything that knows it is in this module:
 
 What it sends: a one-byte query type, then its arguments; a string or a value is a
 little-endian uint64 length and the bytes, as TCPStore's client writes them. Keys get
-TCPStore's "/" prefix. It never writes: a read of a key that may be unset is a
-compare-and-set whose expected value is a sentinel, which the server answers with the
-sentinel for a missing key without writing (the agents' TorchKeyValueStore reads the
-same way); several keys are checked first and multi-read only when all are set (the
-server would wait on a missing one). Every answer's length is bounded before anything
-is allocated for it, and every call is bounded by the socket's deadline.
+TCPStore's "/" prefix. It never writes, and it never wakes an agent: a key is checked
+before it is read, and read (a multi-get) only once it is set, since the server would
+wait on a missing one. It sends no compare-and-set, not even the agents' read with a
+sentinel that writes nothing: torch's server wakes every client waiting on a key when
+any client compare-sets it, set or not, and agents wait on the keys status reads (a
+round's closed membership; issue 32: one status request in an open round had every
+waiting agent take the round for closed). Every answer's length is bounded before
+anything is allocated for it, and every call is bounded by the socket's deadline.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ from typing import TypeVar
 
 from ...core.errors import RendezvousError, StoreUnavailable
 from .kv import as_bytes, decode_counter
-from .torch_store import UNSET  # the same sentinel as the agents' reads (no torch import)
 
 # torch minor versions whose TCPStore this client was written against (2.4: the libuv
 # server became the default; the protocol below is the same for both servers). Only
@@ -42,7 +43,7 @@ from .torch_store import UNSET  # the same sentinel as the agents' reads (no tor
 TESTED_TORCH = ((2, 4), (2, 13))
 MAGIC = 0x3C85F7CE
 # c10d's QueryType values (TCPStoreBackend.hpp) this client sends.
-VALIDATE, COMPARE_SET, CHECK, MULTI_GET, PING = 0, 2, 5, 10, 13
+VALIDATE, CHECK, MULTI_GET, PING = 0, 5, 10, 13
 READY = 0  # CheckResponseType
 KEY_PREFIX = b"/"
 MAX_VALUE = 64 << 20  # the largest answer accepted (a 2,048-node membership is 18 KB)
@@ -120,11 +121,9 @@ class TCPStoreReader:
     # -- the KeyValueStore reads ------------------------------------------------------
 
     def get(self, key: str) -> bytes | None:
-        value = self._ask(
-            bytes([COMPARE_SET]) + _string(_key(key)) + _string(UNSET) + _string(UNSET),
-            self._value,
-        )
-        return None if value == UNSET else value
+        if not self._check([key]):
+            return None
+        return self._multi_get([key])[0]
 
     def exists(self, key: str) -> bool:
         return self._check([key])
@@ -140,11 +139,15 @@ class TCPStoreReader:
             raise RendezvousError(f"multi_get of {len(listed)} keys (at most {MAX_KEYS})")
         if not self._check(listed):
             return [self.get(key) for key in listed]
-        query = bytes([MULTI_GET]) + struct.pack("<Q", len(listed))
-        query += b"".join(_string(_key(k)) for k in listed)
-        return self._ask(query, lambda: [self._value() for _ in listed])
+        return self._multi_get(listed)
 
     # -- the wire -----------------------------------------------------------------------
+
+    def _multi_get(self, keys: list[str]) -> list[bytes | None]:
+        """Keys checked set (rtrain deletes none of a job's keys over TCPStore)."""
+        query = bytes([MULTI_GET]) + struct.pack("<Q", len(keys))
+        query += b"".join(_string(_key(k)) for k in keys)
+        return self._ask(query, lambda: [self._value() for _ in keys])
 
     def _check(self, keys: list[str]) -> bool:
         query = bytes([CHECK]) + struct.pack("<Q", len(keys))

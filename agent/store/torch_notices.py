@@ -12,6 +12,13 @@ was set), or when its connection failed, a check falls back to the caller's own 
 slower, never wrong. The wait has no deadline of its own (a long one, so that its
 timeout, which torch logs, is all but never reached); the key being set, the store
 going away or the process ending is what ends it.
+
+A wait's return is not "set": torch's server wakes every client waiting on a key
+whenever any client compare-sets it, also when the key is missing and nothing is
+written (a read through compare_set with a sentinel, as `rtrain status` read once).
+So the thread confirms the key with a check on its own connection before it counts
+it as set, and waits again when it is not (issue 32: a status request in an open
+round had every waiting agent take the round for closed).
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ class KeyNotices:
         self._waiting_on: str | None = None
         self._seen: dict[str, None] = {}  # insertion-ordered set
         self._broken = False
+        self.spurious_wakeups = 0  # waits that returned on a key still unset
         # Connected now, with the agent's other connections: TCPStore's server looks up
         # each new client's name, and on a host without DNS that stalls every client
         # for the resolver's timeout, which must not happen once leases are renewed.
@@ -88,12 +96,17 @@ class KeyNotices:
                 key = self._waiting_on = self._wanted
             try:
                 store.wait([key], WAIT_TIMEOUT)
+                confirmed = bool(store.check([key]))
             except Exception as exc:
                 if "timeout" in str(exc).lower():
                     continue
                 self._give_up(first_line(exc, 120))
                 return
-            self._remember(key)
+            if confirmed:
+                self._remember(key)
+            else:  # woken by a compare-set that wrote nothing: wait again
+                with self._lock:
+                    self.spurious_wakeups += 1
 
     def _give_up(self, why: str) -> None:
         # The agent's own reads find a lost store and say so; this only stops helping.

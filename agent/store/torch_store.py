@@ -65,10 +65,15 @@ class TorchKeyValueStore:
         deadline_s: float | None = None,
         clock: Clock = SYSTEM_CLOCK,
         connect: Callable[[], Any] | None = None,
+        quiet_reads: bool = False,
     ) -> None:
         """store: a torch.distributed Store; deadline_s: the longest a call may take
         (None: called directly, for in-process stores); connect: opens another
-        connection to the same store, on which notice() waits (None: notice() polls)."""
+        connection to the same store, on which notice() waits (None: notice() polls);
+        quiet_reads: get checks a key before reading it and sends no compare-set, which
+        wakes every client waiting on the key, set or not (for a reader from outside the
+        job: `rtrain status` over torch's client)."""
+        self._quiet_reads = quiet_reads
         self.endpoint = endpoint
         self._store = store
         self._deadline_s = deadline_s
@@ -103,6 +108,10 @@ class TorchKeyValueStore:
             ) from None
 
     def get(self, key: str) -> bytes | None:
+        if self._quiet_reads:
+            if not self._call("check", [key]):
+                return None
+            return as_bytes(self._call("multi_get", [key])[0])
         value = as_bytes(self._call("compare_set", key, UNSET, UNSET))
         return None if value == UNSET else value
 

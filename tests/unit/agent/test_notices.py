@@ -116,3 +116,23 @@ def test_a_wait_that_cannot_connect_leaves_the_checks_to_reads(server: Any) -> N
     assert not notices.check("k", read) and read.count == 2
     server.set("k", "v")
     assert notices.check("k", read)
+
+
+def test_a_wake_up_without_the_key_set_is_not_taken_for_set(server: Any) -> None:
+    """torch's server wakes every client waiting on a key when any client compare-sets
+    it, also when the key is missing and nothing is written: what a read of an unset key
+    through compare_set (an older `rtrain status`, an agent's get) does. The wait checks
+    the key after it wakes and waits again (issue 32)."""
+    reader = TorchKeyValueStore(_client(server), "test", deadline_s=5.0)
+    notices = KeyNotices(lambda: _client(server), "test")
+    read = CountedReads(reader, "r0/closed")
+    assert not notices.check("r0/closed", read)
+    assert _until(lambda: notices.waiting_on == "r0/closed")
+    assert reader.get("r0/closed") is None  # compare_set(key, UNSET, UNSET): wakes the wait
+    # the wait has woken: either counted as spurious, or (the fault) taken for "set"
+    assert _until(lambda: notices.spurious_wakeups == 1 or notices.check("r0/closed", read))
+    assert not notices.check("r0/closed", read)
+    assert notices.waiting_on == "r0/closed"  # waiting again, not polling
+    server.set("r0/closed", "membership")
+    assert _until(lambda: notices.check("r0/closed", read))
+    assert notices.spurious_wakeups == 1

@@ -6,6 +6,7 @@ TCPStore, stopped, or answer garbage, it refuses or gives up within its deadline
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import subprocess
@@ -21,11 +22,18 @@ import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from rtrain.agent.store.tcpstore_wire import (
+    CHECK,
+    MAGIC,
+    PING,
+    VALIDATE,
     TCPStoreReader,
     WireUnsupported,
     torch_version_supported,
 )
+from rtrain.agent.store.torch_store import TorchKeyValueStore
 from rtrain.core.errors import RendezvousError, StoreUnavailable
+
+WAIT = 6  # c10d's QueryType.WAIT: a client's wait, which the readers never send
 
 VALUES = {
     "rtrain/job/round": b"3",
@@ -72,6 +80,69 @@ def test_it_reads_what_torch_reads_and_writes_nothing(server: Any) -> None:
     server.set("rtrain/job/round", "4")  # a later read sees a later write
     assert reader.counter("rtrain/job/round") == 4
     reader.close()
+
+
+def _waiting_on(port: int, key: str) -> socket.socket:
+    """A client of the store blocked in a wait on key, as an agent's notice thread is."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5.0)
+    sock.sendall(struct.pack("<BI", VALIDATE, MAGIC) + struct.pack("<BI", PING, 7))
+    assert struct.unpack("<I", _exactly(sock, 4))[0] == 7
+    sock.sendall(_query(WAIT, key))
+    return sock
+
+
+def _query(kind: int, key: str) -> bytes:
+    named = b"/" + key.encode()
+    return bytes([kind]) + struct.pack("<QQ", 1, len(named)) + named
+
+
+def _exactly(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        assert chunk, "the store closed the connection"
+        data += chunk
+    return data
+
+
+def _was_woken(waiter: socket.socket) -> bool:
+    """Whether the store told waiter to stop waiting. The server answers one connection
+    in order: a wake-up it sent before this check comes before the check's answer."""
+    waiter.sendall(_query(CHECK, "rtrain/job/never"))
+    first = _exactly(waiter, 1)[0]
+    if first == 1:  # the check's NOT_READY: no wake-up came first
+        return False
+    assert first == 0 and _exactly(waiter, 1) == b"\x01"  # STOP_WAITING, then NOT_READY
+    return True
+
+
+@pytest.mark.parametrize("client", ["wire", "torch"])
+def test_reads_never_wake_a_client_waiting_on_an_unset_key(server: Any, client: str) -> None:
+    """torch's server wakes every client waiting on a key when any client compare-sets
+    it, set or not: a status read through compare-set had every agent waiting for its
+    round to close take it for closed (issue 32). The readers check, then read."""
+    key = "rtrain/job/r1/closed"
+    reader: Any = (
+        TCPStoreReader.connect("127.0.0.1", server.port, 5.0)
+        if client == "wire"
+        else TorchKeyValueStore(_torch_client(server), "test", 5.0, quiet_reads=True)
+    )
+    waiter = _waiting_on(server.port, key)
+    try:
+        assert not _was_woken(waiter)
+        assert reader.get(key) is None and not reader.exists(key)
+        assert reader.counter(key) == 0
+        assert reader.multi_get([key, "rtrain/job/round"]) == [None, b"3"]
+        assert not _was_woken(waiter)
+        server.set(key, "membership")  # the real thing wakes it
+        assert _was_woken(waiter)
+        assert reader.get(key) == b"membership"
+    finally:
+        waiter.close()
+
+
+def _torch_client(server: Any) -> Any:
+    return dist.TCPStore("127.0.0.1", server.port, is_master=False)
 
 
 def test_nothing_listening_is_unavailable_within_the_deadline() -> None:
@@ -136,14 +207,18 @@ def test_a_server_that_is_not_tcpstore_is_refused(reply: bytes) -> None:
 
 
 def _answering(reply: bytes) -> TCPStoreReader:
-    """A reader past its handshake whose store answers its first query with `reply` and
-    then closes the connection."""
+    """A reader past its handshake whose store answers its first query with `reply`,
+    then sends nothing more (it reads the queries that follow until the reader closes)."""
     mine, theirs = socket.socketpair()
     mine.settimeout(2.0)
 
     def answer() -> None:
         theirs.recv(1 << 16)
         theirs.sendall(reply)
+        theirs.shutdown(socket.SHUT_WR)
+        with contextlib.suppress(OSError):
+            while theirs.recv(1 << 16):
+                pass
         theirs.close()
 
     threading.Thread(target=answer, daemon=True).start()
@@ -151,7 +226,7 @@ def _answering(reply: bytes) -> TCPStoreReader:
 
 
 def test_an_oversized_answer_is_refused_before_allocating_and_ends_the_connection() -> None:
-    reader = _answering(struct.pack("<Q", 1 << 62))
+    reader = _answering(b"\x00" + struct.pack("<Q", 1 << 62))  # set; then its length
     with pytest.raises(StoreUnavailable, match="announced a 4611686018427387904-byte value"):
         reader.get("k")
     with pytest.raises(StoreUnavailable, match="announced"):  # not reused mid-answer
@@ -159,7 +234,7 @@ def test_an_oversized_answer_is_refused_before_allocating_and_ends_the_connectio
 
 
 def test_a_store_that_closes_mid_answer_is_unavailable() -> None:
-    reader = _answering(struct.pack("<Q", 10) + b"abc")
+    reader = _answering(b"\x00" + struct.pack("<Q", 10) + b"abc")
     with pytest.raises(StoreUnavailable, match="closed the connection"):
         reader.get("k")
 
