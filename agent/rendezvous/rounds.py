@@ -200,8 +200,8 @@ class Rounds:
             self._ends.raise_if_aborted()
             if check_stop is not None:
                 check_stop()
-            if is_closed():
-                membership = self.read_membership(target)
+            membership = self.closed_membership(target) if is_closed() else None
+            if membership is not None:
                 inside = membership.node_rank_of(member.node_id) is not None
                 closed.append(membership if inside else None)
                 sizes.append(len(membership.members))

@@ -4,6 +4,8 @@ are played by writing what they would write, at the fake time they would write i
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from rtrain.agent.rendezvous.generation_watch import SWEEP_S, GenerationWatch
 from rtrain.agent.rendezvous.job import JobRendezvous
@@ -428,3 +430,21 @@ def test_a_long_rendezvous_says_how_far_it_is_and_whom_it_waits_for(caplog) -> N
     assert (
         lines[0] == "rendezvous: 1 of 3 nodes joined round 1, waiting for id3 (last seen 2.1 s ago)"
     )
+
+
+class WokenStore(FaultyStore):
+    """notice() answers yes for every key: what a wait woken by a compare-set that wrote
+    nothing told the agents (`rtrain status` reading an open round, issue 32)."""
+
+    def notice(self, key: str) -> Callable[[], bool]:
+        return lambda: True
+
+
+def test_a_closed_flag_without_a_membership_means_not_yet() -> None:
+    clock = FakeClock()
+    store = WokenStore(memory_store())
+    rdzv = JobRendezvous.over(store, launch_spec(*FLAGS), clock.clock)
+    clock.at(10.0, lambda: other_joins(store, rdzv.keys, 0, member(2)))
+    membership = rdzv.rounds.join(member(1))  # not "generation 0 has no membership"
+    assert [m.node_id for m in membership.members] == ["id1", "id2"]
+    assert clock.slept == pytest.approx(10.0, abs=0.05)
