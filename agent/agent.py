@@ -320,7 +320,7 @@ class Agent:
                 if (look and watch.fenced()) or self._lease_lapsed(generation):
                     self._policy.log_fenced(gen)
                     return Ended(Outcome.MEMBERSHIP_CHANGE)
-            hung = gen.hangs.hung([w.local_rank for w in group.running])
+            hung = gen.hangs.hung({w.local_rank: w.pid for w in group.running})
             if hung:
                 kill_hung(group, gen.hangs, hung)
             if group.failed:

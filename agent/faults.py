@@ -18,8 +18,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import psutil
-
 from ..core.clock import Clock
 from ..core.config.launch_spec import LaunchSpec
 from ..core.errors import ExitCode
@@ -33,7 +31,7 @@ from .rendezvous.job import JobRendezvous
 from .rendezvous.lease import PeerWatch
 from .waiting import SYSTEM_CLOCK
 from .workers.group import WorkerGroup
-from .workers.hang_watch import HangWatch, capture_stack
+from .workers.hang_watch import HangWatch, inspect_hang
 
 logger = logging.getLogger(__name__)
 
@@ -237,38 +235,14 @@ def kill_hung(group: WorkerGroup, hangs: HangWatch, hung: list[int]) -> None:
     """Take each hung worker's stack into its failure record, then kill it.
 
     One hung rank leaves its peers waiting in a collective, so they go silent too.
-    The likely culprit is killed (and so recorded) first: a stopped process, or one
-    whose stack is not inside torch.distributed; the waiting peers after it.
+    The likely culprit is killed (and so recorded) first: a held process (stopped, or in
+    state D), or one that is not a victim (waiting in a collective, or exiting after a
+    collective error); the victims after it.
     """
     by_rank = {w.local_rank: w for w in group.workers}
-    found = []
-    for local_rank in hung:
-        worker = by_rank[local_rank]
-        stack = capture_stack(worker.pid, hangs.stack_file(local_rank))
-        stopped = _is_stopped(worker.pid)
-        waiting = not stopped and "torch/distributed/" in stack
-        found.append((stopped, waiting, worker, stack))
-    found.sort(key=lambda item: (not item[0], item[1], item[2].local_rank))
-    for stopped, waiting, worker, stack in found:
-        beat = hangs.read(worker.local_rank)
-        step = f" after step {beat[1]}" if beat is not None and beat[1] >= 0 else ""
-        state = (
-            " (process stopped)"
-            if stopped
-            else " (waiting in a collective: likely a victim of another rank)"
-            if waiting
-            else ""
-        )
-        message = (
-            f"hung: no heartbeat for {hangs.silent_for(worker.local_rank):.1f}s{step}{state} "
-            f"(--hang-timeout={hangs.timeout:g}s)"
-        )
-        logger.warning("worker rank %d %s; stack:\n%s", worker.rank, message, stack)
-        group.kill_hung(worker, message, stack)
-
-
-def _is_stopped(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
-    except psutil.Error:
-        return False
+    found = [
+        (by_rank[r], inspect_hang(hangs, r, by_rank[r].pid, by_rank[r].error_file)) for r in hung
+    ]
+    found.sort(key=lambda item: (not item[1].held, item[1].victim, item[0].local_rank))
+    for worker, finding in found:
+        group.kill_hung(worker, finding)

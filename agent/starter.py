@@ -128,6 +128,7 @@ class GenerationStarter:
             self._base_env,
             self._tail,
             extra_env,
+            hangs,
         )
         return Generation(membership, node_rank, group, peers, hangs, topology, planned.plan)
 

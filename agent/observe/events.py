@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from ...core.observe.events import EVENTS_FILE, Event, EventError, event_line, parse_event
-from ...core.rendezvous.failures import FailureRecord
+from ...core.rendezvous.failures import FailureRecord, is_collective_victim
 from .. import log
 
 logger = logging.getLogger(__name__)
@@ -113,6 +113,8 @@ def emit_failure(
         "fault_t": record.time if fault_t is None else fault_t,
         "message": record.message,
         "exitcode": record.exitcode,
+        # a consequence of another rank's fault (its collective broke under it)
+        "victim": is_collective_victim(record),
     }
     detected = time.time() - record.time if detect_s is None else detect_s
     fields["detect_s"] = round(max(detected, 0.0), 6)

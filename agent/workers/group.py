@@ -23,6 +23,7 @@ from ...core.config.worker_env import (
     worker_environment,
 )
 from ...core.rendezvous.failures import FailureKind, FailureRecord, RecordError, parse_error_file
+from .hang_watch import STOPPED_STATES, HangFinding, HangWatch, inspect_hang, process_state
 from .log_tail import LogTail
 from .pool import PoolDied, WorkerPool
 
@@ -42,9 +43,8 @@ class Worker:
     exit_time: float = 0.0
     # Exits after the agent asked the group to stop are the agent's doing, not failures.
     stopped_by_agent: bool = False
-    # Set when the agent found the worker hung and killed it: why, and its stack.
-    hang_message: str = ""
-    hang_stack: str = ""
+    # Set when the agent found the worker hung and killed it: why, its stack, its part.
+    hang: HangFinding | None = None
 
     @property
     def worker_id(self) -> str:
@@ -61,8 +61,10 @@ class WorkerGroup:
         base_env: Mapping[str, str],
         tail: LogTail,
         extra_env: Callable[[int, str], Mapping[str, str]] | None = None,
+        hangs: HangWatch | None = None,
     ) -> None:
         self._pool = pool
+        self._hangs = hangs
         self._extra_env = extra_env
         self._spec = spec
         self.assignment = assignment
@@ -189,9 +191,10 @@ class WorkerGroup:
     def succeeded(self) -> bool:
         return bool(self.workers) and all(w.exitcode == 0 for w in self.workers)
 
-    def kill_hung(self, worker: Worker, message: str, stack: str) -> None:
+    def kill_hung(self, worker: Worker, finding: HangFinding) -> None:
         """SIGKILL one hung worker (SIGTERM would stay pending on a stopped process)."""
-        worker.hang_message, worker.hang_stack = message, stack
+        logger.warning("worker rank %d %s; stack:\n%s", worker.rank, finding.message, finding.stack)
+        worker.hang = finding
         self._pool.signal(worker.worker_id, signal.SIGKILL)
         # Waiting for an exit is polling the pool for one: poll() is the sleep.
         wait_until(
@@ -201,8 +204,10 @@ class WorkerGroup:
             worker.exitcode, worker.exit_time = -int(signal.SIGKILL), time.time()
 
     def stop(self, sig: int, timeout: float) -> None:
-        """Send `sig` to every worker, wait up to `timeout`, then SIGKILL what is left."""
+        """Send `sig` to every worker, wait up to `timeout`, then SIGKILL what is left.
+        A held worker (stopped, or stuck in D) is killed at once: it cannot act on `sig`."""
         if not self._stopping:
+            self._kill_held()
             self._stopping, self._stop_time = True, time.time()
         if self.running:
             self._pool.signal_all(sig)
@@ -216,6 +221,20 @@ class WorkerGroup:
         if self.running:
             self._mark_all_lost()
         self._tail.flush_and_reset()
+
+    def _kill_held(self) -> None:
+        """SIGKILL each worker whose process is held, and record it hung (before the stop
+        begins, so its death is a failure of its own): the job moved on before this
+        node's hang check fired, and it may be what the others were waiting for."""
+        for worker in self.running:
+            state = process_state(worker.pid)
+            if self._hangs is not None and self._hangs.still_held(worker.local_rank, state):
+                found = inspect_hang(
+                    self._hangs, worker.local_rank, worker.pid, worker.error_file, ending=True
+                )
+                self.kill_hung(worker, found)
+            elif state in STOPPED_STATES:
+                self._pool.signal(worker.worker_id, signal.SIGKILL)
 
     def _wait_all(self, timeout: float) -> None:
         wait_until(lambda: not self.running, timeout, 0.05, time.monotonic, self.poll)
@@ -243,13 +262,13 @@ class WorkerGroup:
             except (OSError, RecordError) as exc:
                 message = f"unreadable error file ({exc})"
         assert worker.exitcode is not None
-        if worker.hang_message:
-            message, trace = worker.hang_message, worker.hang_stack
+        if worker.hang is not None:
+            message, trace = worker.hang.message, worker.hang.stack
         kind = (
             FailureKind.STOPPED
             if stopped
             else FailureKind.HANG
-            if worker.hang_message
+            if worker.hang is not None
             else FailureKind.SIGNAL
             if worker.exitcode < 0
             else FailureKind.EXIT
@@ -259,7 +278,8 @@ class WorkerGroup:
             generation=self.assignment.generation,
             node_rank=self.assignment.node_rank,
             host=host,
-            time=worker.exit_time,
+            # a hang happened when the worker went silent (or was first seen held)
+            time=worker.hang.fault_time if worker.hang is not None else worker.exit_time,
             local_rank=worker.local_rank,
             rank=worker.rank,
             pid=worker.pid,

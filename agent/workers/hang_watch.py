@@ -3,9 +3,18 @@
 Each worker gets a small file that rtrain.core.heartbeat() bumps through a shared
 mapping; the agent reads it twice a second. A worker whose count has not moved
 for --hang-timeout after its first heartbeat is hung, whether it is deadlocked, stuck
-in a collective, or stopped by SIGSTOP. Before it is killed its Python stack is taken
-with py-spy (which can read a stopped process), else with faulthandler inside the
-worker (which works while it runs, even in C code holding the GIL).
+in a collective, or stopped by SIGSTOP. A worker whose process is held (state T:
+SIGSTOP, a debugger; or D: uninterruptible sleep) for the whole --hang-timeout is hung
+too, whatever its heartbeat (a thread of its own may bump it) says; a slow step in a
+process that runs is not, until the timeout. Before it is killed its Python stack is
+taken with py-spy (which can read a stopped process), else with faulthandler inside the
+worker (which works while it runs, even in C code holding the GIL, but not while it is
+held: then it is not asked).
+
+Which rank is the culprit (inspect_hang): a held process is; a rank found waiting in a
+collective, or exiting after a collective error, is a victim of another rank; the
+failure's time is when the worker went silent or was first seen held (the oldest last
+heartbeat goes first among the culprits, core/rendezvous/failures.root_cause_first).
 """
 
 from __future__ import annotations
@@ -18,9 +27,13 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import psutil
 
 from ...core.config.worker_env import HEARTBEAT_FILE, HEARTBEAT_FORMAT, HEARTBEAT_SIZE
+from ...core.rendezvous.failures import RecordError, is_collective_error, parse_error_file
 from ...core.rendezvous.liveness import StalenessTracker
 from ..runtime_dir import write_small_file
 from ..waiting import SYSTEM_CLOCK
@@ -38,6 +51,11 @@ MAX_STACK_CHARS = 8000
 # on every 0.1 s monitor pass: a hang is counted in tens of seconds, and an idle agent
 # should do as little as it can between passes.
 HANG_CHECK_S = 0.5
+# A process in one of these states cannot run its step: stopped (SIGSTOP, a debugger's
+# stop) or in uninterruptible sleep (a hung file system or driver call). Signals stay
+# pending on it: only SIGKILL ends a stopped process at once.
+STOPPED_STATES = frozenset({psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP})
+HELD_STATES = STOPPED_STATES | {psutil.STATUS_DISK_SLEEP}
 
 
 class HangWatch:
@@ -54,6 +72,7 @@ class HangWatch:
         self.timeout = timeout
         self._check_every = min(HANG_CHECK_S, timeout / 4)
         self._next_check = float("-inf")
+        self._held_since: dict[int, float] = {}  # local rank -> first seen held (T or D)
 
     def worker_env(self, local_rank: int, log_dir: str) -> dict[str, str]:
         """Create the worker's heartbeat file; the variables that point the worker at it.
@@ -70,18 +89,40 @@ class HangWatch:
     def stack_file(self, local_rank: int) -> str:
         return self._stacks[local_rank]
 
-    def hung(self, running: list[int]) -> list[int]:
-        """Local ranks among `running` whose heartbeat stopped for longer than the timeout
-        (found at most HANG_CHECK_S late)."""
+    def hung(self, running: Mapping[int, int] | Sequence[int]) -> list[int]:
+        """Local ranks among `running` whose heartbeat stopped for longer than the timeout,
+        or (given local rank -> pid) whose process was held in state T or D for the whole
+        timeout (found at most HANG_CHECK_S late)."""
         now = self._clock()
         if now < self._next_check:
             return []
         self._next_check = now + self._check_every
+        pids = running if isinstance(running, Mapping) else {}
         for local_rank in running:
             beat = self.read(local_rank)
             if beat is not None:
                 self._tracker.observe(local_rank, beat[0], now)
-        return [r for r in self._tracker.stale(now) if r in running]
+            if local_rank in pids:
+                self._observe_state(local_rank, process_state(pids[local_rank]), now)
+        stale = set(self._tracker.stale(now))
+        return [r for r in running if r in stale or self.held_for(r) >= self.timeout]
+
+    def _observe_state(self, local_rank: int, state: str | None, now: float) -> None:
+        if state in HELD_STATES:
+            self._held_since.setdefault(local_rank, now)
+        else:
+            self._held_since.pop(local_rank, None)
+
+    def held_for(self, local_rank: int) -> float:
+        """Seconds the worker's process has been seen held (T or D) without a break; 0 if
+        it was not at the last check."""
+        since = self._held_since.get(local_rank)
+        return 0.0 if since is None else self._clock() - since
+
+    def still_held(self, local_rank: int, state: str | None) -> bool:
+        """Whether a process in `state` now is held for good: stopped, or in D now and at
+        the last check too (a moment in D is an ordinary disk read)."""
+        return state in STOPPED_STATES or (state in HELD_STATES and local_rank in self._held_since)
 
     def read(self, local_rank: int) -> tuple[int, int] | None:
         """(count, step) of the worker's last heartbeat, or None if the file is unreadable."""
@@ -99,17 +140,86 @@ class HangWatch:
         return self._tracker.silent_for(local_rank, self._clock())
 
 
-def capture_stack(pid: int, stack_file: str) -> str:
-    """The worker's Python stack, by py-spy if it works, else by its faulthandler.
+def process_state(pid: int) -> str | None:
+    """The process's state, as psutil names it; None if it is gone."""
+    try:
+        return str(psutil.Process(pid).status())
+    except psutil.Error:
+        return None
+
+
+@dataclass(frozen=True)
+class HangFinding:
+    """A hung worker looked at before it is killed: what its failure record says, and
+    whether it is the likely culprit or a victim of another rank."""
+
+    message: str
+    stack: str
+    fault_time: float  # wall clock: when it went silent, or was first seen held
+    held: bool  # its process was stopped or in uninterruptible sleep: a culprit
+    victim: bool  # waiting in a collective, or exiting after a collective error
+
+
+def inspect_hang(
+    hangs: HangWatch, local_rank: int, pid: int, error_file: str, ending: bool = False
+) -> HangFinding:
+    """Why the worker is hung, its stack, and its part. ending: found as the generation
+    ended (the job moved on before this node's own hang check fired)."""
+    state = process_state(pid)
+    held = hangs.still_held(local_rank, state)
+    stack = capture_stack(pid, hangs.stack_file(local_rank), held=held)
+    error = None if held else _error_text(error_file)
+    if held:
+        victim = False
+        what = " (process stopped)" if state in STOPPED_STATES else " (process in state D)"
+    elif error is not None:
+        victim = is_collective_error(error)
+        first = error.splitlines()[0][:300] if error else ""
+        what = (
+            f" (exiting after a collective error, likely a victim of another rank: {first})"
+            if victim
+            else f" (exiting after its error: {first})"
+        )
+    else:
+        victim = "torch/distributed/" in stack
+        what = " (waiting in a collective: likely a victim of another rank)" if victim else ""
+    silent, held_for = hangs.silent_for(local_rank), hangs.held_for(local_rank)
+    beat = hangs.read(local_rank)
+    step = f" after step {beat[1]}" if beat is not None and beat[1] >= 0 else ""
+    held_text = f", held for {held_for:.1f}s" if held and held_for > 0 else ""
+    when = ", found as the generation ended" if ending else ""
+    message = (
+        f"hung: no heartbeat for {silent:.1f}s{step}{what}{held_text}{when} "
+        f"(--hang-timeout={hangs.timeout:g}s)"
+    )
+    return HangFinding(message, stack, time.time() - max(silent, held_for), held, victim)
+
+
+def _error_text(error_file: str) -> str | None:
+    """The error the worker wrote before it hung on its way out (its message, then its
+    traceback), or None if it wrote none."""
+    try:
+        with open(error_file) as handle:
+            content = parse_error_file(handle.read())
+    except (OSError, RecordError):
+        return None
+    return f"{content.message}\n{content.traceback[-2000:]}"
+
+
+def capture_stack(pid: int, stack_file: str, held: bool = False) -> str:
+    """The worker's Python stack, by py-spy if it works, else by its faulthandler (not
+    asked while the process is held: it could not answer).
 
     RTRAIN_STACK_TOOL=faulthandler skips py-spy (where ptrace is not allowed it only
     costs time).
     """
     use_py_spy = os.environ.get("RTRAIN_STACK_TOOL", "py-spy") != "faulthandler"
     text = _py_spy(pid) if use_py_spy else None
-    if text is None:
+    if text is None and not held:
         text = _faulthandler(pid, stack_file)
     if text is None:
+        if held:
+            return "(no stack: the process is held, and py-spy is not installed or not permitted)"
         return (
             "(no stack: py-spy is not installed or not permitted, and faulthandler did not answer)"
         )

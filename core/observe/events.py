@@ -45,7 +45,8 @@ SCHEMA: dict[str, tuple[tuple[str, ...], str]] = {
         "a fault this node saw or declared: kind (FailureKind: exited, signaled, hung, "
         "lost_node, gpu, ...), the global rank (null: the node), the node rank and host "
         "it happened on, when it happened (fault_t) and what it was; detect_s: how long "
-        "it took to notice, where known",
+        "it took to notice, where known; victim: true for a consequence of another rank's "
+        "fault (its collective broke under it, or it hung waiting in one)",
     ),
     "generation_end": (
         ("outcome", "seconds", "last_step", "reached_step"),

@@ -117,20 +117,47 @@ class FailureRecord:
 
 # What a worker dies of when a *peer* went away in the middle of a collective. A worker
 # that exits on its own can take longer to be reaped (interpreter shutdown) than its
-# peers take to fail, so time alone would blame a victim.
+# peers take to fail, so time alone would blame a victim. The last two are the agent's
+# own words for a hung worker found waiting in a collective, or exiting after a
+# collective error (agent/workers/hang_watch.py).
 VICTIM_MARKERS = (
     "Connection closed by peer",
     "Connection reset by peer",
     "connectFullMesh",
     "Broken pipe",
     "NCCL communicator was aborted",
+    "DistBackendError",
     "waiting in a collective",
+    "likely a victim of another rank",
 )
 
 
-def is_collective_victim(record: FailureRecord) -> bool:
-    text = f"{record.message}\n{record.traceback[-2000:]}"
+def is_collective_error(text: str) -> bool:
+    """The text of an error (its message, its traceback) says a collective broke under it."""
     return any(marker in text for marker in VICTIM_MARKERS)
+
+
+def is_collective_victim(record: FailureRecord) -> bool:
+    """A consequence, not a cause: the worker's collective broke because a peer failed."""
+    return is_collective_error(f"{record.message}\n{record.traceback[-2000:]}")
+
+
+def failure_roles(records: list[FailureRecord]) -> list[str]:
+    """Each record's part in its generation's failure, in the order given: "root cause"
+    (the first of root_cause_first among its generation's records), "victim" (a rank
+    whose collective broke under it: a consequence), or "" (another failure of its own,
+    or a worker rtrain stopped)."""
+    roots: dict[int, FailureRecord] = {}
+    for record in root_cause_first(records):
+        roots.setdefault(record.generation, record)
+    return [
+        "root cause"
+        if roots[r.generation] is r
+        else "victim"
+        if r.kind != FailureKind.STOPPED and is_collective_victim(r)
+        else ""
+        for r in records
+    ]
 
 
 def root_cause_first(records: list[FailureRecord]) -> list[FailureRecord]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rtrain.core.rendezvous.failures import FailureRecord, root_cause_first
+from rtrain.core.rendezvous.failures import FailureRecord, failure_roles, root_cause_first
 
 
 def _record(
@@ -33,3 +33,29 @@ def test_stopped_workers_come_after_every_failure_even_a_victims() -> None:
 def test_a_stopped_record_survives_encoding() -> None:
     record = _record("stopped", 1.0, 0, -15)
     assert FailureRecord.decode(record.encode()) == record
+
+
+def test_a_hung_rank_that_stopped_is_the_root_cause_the_blocked_ranks_its_victims() -> None:
+    """Node 0's healthy rank, found hung first (waiting in the collective), and a rank
+    exiting after gloo's error are victims of the rank whose process stopped, later."""
+    waiting = _record(
+        "hang",
+        1.0,
+        0,
+        -9,
+        "hung: no heartbeat for 2.0s (waiting in a collective: likely a victim of another rank)",
+    )
+    exiting = _record(
+        "hang",
+        1.5,
+        2,
+        -9,
+        "hung: no heartbeat for 2.1s (exiting after a collective error, "
+        "likely a victim of another rank: RuntimeError: timed out)",
+    )
+    gloo = _record("exit", 1.2, 3, 1, "DistBackendError: [../gloo/pair.cc] Timed out")
+    stopped = _record("hang", 2.0, 1, -9, "hung: no heartbeat for 2.2s (process stopped)")
+    later = _record("stopped", 0.5, 4, -15)
+    records = [waiting, exiting, gloo, stopped, later]
+    assert root_cause_first(records)[0] is stopped
+    assert failure_roles(records) == ["victim", "victim", "victim", "root cause", ""]

@@ -1,0 +1,96 @@
+"""HangWatch and inspect_hang on real processes (a stopped one, a running one, one that
+wrote a collective error and hangs on its way out), on a fake clock."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from rtrain.agent.workers.hang_watch import HangWatch, inspect_hang, process_state
+from rtrain.core.clock import wait_until
+from rtrain.core.rendezvous.failures import error_file_payload
+
+TIMEOUT = 2.0
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    """A process that runs (sleeping) and never heartbeats, as a slow first step does."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        yield proc
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _watch(tmp_path: Path, now: list[float]) -> HangWatch:
+    watch = HangWatch(TIMEOUT, str(tmp_path), clock=lambda: now[0])
+    watch.worker_env(0, str(tmp_path))
+    return watch
+
+
+def _stop(pid: int) -> None:
+    os.kill(pid, signal.SIGSTOP)
+    stopped = {psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP}
+    assert wait_until(lambda: process_state(pid) in stopped, 10, 0.01, time.monotonic, time.sleep)
+
+
+def _ran_again(pid: int) -> bool:
+    running = {psutil.STATUS_SLEEPING, psutil.STATUS_RUNNING}
+    return wait_until(lambda: process_state(pid) in running, 10, 0.01, time.monotonic, time.sleep)
+
+
+def test_a_process_stopped_for_the_whole_timeout_is_hung_without_a_heartbeat(tmp_path, sleeper):
+    now = [0.0]
+    watch = _watch(tmp_path, now)
+    running = {0: sleeper.pid}
+    assert watch.hung(running) == []
+    now[0] = 10.0  # a slow step in a process that runs: never armed, not hung
+    assert watch.hung(running) == []
+    _stop(sleeper.pid)
+    now[0] = 11.0
+    assert watch.hung(running) == []  # held for less than the timeout
+    now[0] = 11.0 + TIMEOUT
+    assert watch.hung(running) == [0]
+    found = inspect_hang(watch, 0, sleeper.pid, str(tmp_path / "error.json"))
+    assert found.held and not found.victim
+    assert "(process stopped), held for 2.0s" in found.message, found.message
+
+
+def test_a_process_that_runs_again_is_not_held(tmp_path, sleeper):
+    now = [0.0]
+    watch = _watch(tmp_path, now)
+    running = {0: sleeper.pid}
+    _stop(sleeper.pid)
+    watch.hung(running)
+    os.kill(sleeper.pid, signal.SIGCONT)
+    assert _ran_again(sleeper.pid)
+    now[0] = 1.0
+    watch.hung(running)
+    now[0] = 1.0 + TIMEOUT
+    assert watch.hung(running) == []
+    assert watch.held_for(0) == 0.0
+
+
+def test_a_rank_exiting_after_a_collective_error_is_a_victim(tmp_path, sleeper):
+    error_file = tmp_path / "error.json"
+    error = "DistBackendError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer"
+    error_file.write_text(error_file_payload(error, "Traceback ...\n", 0.0))
+    now = [0.0]
+    found = inspect_hang(_watch(tmp_path, now), 0, sleeper.pid, str(error_file))
+    assert found.victim and not found.held
+    assert (
+        "exiting after a collective error" in found.message and "Connection closed" in found.message
+    )
+    # an error of its own is not a victim's
+    error_file.write_text(error_file_payload("ValueError: bad batch", "", 0.0))
+    found = inspect_hang(_watch(tmp_path, now), 0, sleeper.pid, str(error_file))
+    assert not found.victim and "exiting after its error: ValueError" in found.message
