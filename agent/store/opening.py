@@ -7,6 +7,12 @@ TCPStore's server listens on every interface whatever host it is given; a store
 hosted here listens on the job address only: rtrain binds the socket itself and hands
 it over (TCPStore's public master_listen_fd), unless the address is a name that
 resolves to loopback (a Debian /etc/hosts quirk: peers reach the node elsewhere).
+
+A node waits for the job's store as long as join_timeout allows (torchrun's rule),
+whether nothing listens there yet or the port is taken by a store that does not answer
+yet (its host still importing torch on a loaded machine), with a line every
+WAIT_LINE_S saying on what it waits; no shorter window (issue 31: the second node of
+a localhost job gave up after a fixed 10 s while node 0 was still starting).
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ import logging
 import os
 import socket
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,8 +34,8 @@ from ...core.errors import RendezvousError, first_line
 
 logger = logging.getLogger(__name__)
 
-# A store already listening on this machine answers at once; longer means it is not one.
-LOCAL_CONNECT_S = 10.0
+WAIT_LINE_S = 10.0  # a line this often while the store has not answered
+JOIN_SLICE_S = 0.25  # how often a wait for the store looks for a signal
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
 
 
@@ -125,6 +133,8 @@ def _is_ip_literal(host: str) -> bool:
 def host_store(host: str, port: int, timeout_s: float) -> OpenedStore:
     """Start a TCPStore server on this node, listening on `host` (see the module's note).
     Raises OSError(EADDRINUSE) if the port is taken."""
+    import torch.distributed  # noqa: F401 - first: the port listens only once it can answer
+
     sock = listening_socket(host, port)
     bound: dict[str, Any] = {"port": port}
     if sock is not None:
@@ -148,8 +158,16 @@ def host_store(host: str, port: int, timeout_s: float) -> OpenedStore:
     return OpenedStore(store=store, host=host, port=store.port, is_host=True)
 
 
-def connect_store(host: str, port: int, deadline_s: float, timeout_s: float) -> OpenedStore:
-    """Connect as a client, giving up after deadline_s whatever TCPStore itself does."""
+def connect_store(
+    host: str,
+    port: int,
+    deadline_s: float,
+    timeout_s: float,
+    interrupt: Callable[[], None] | None = None,
+) -> OpenedStore:
+    """Connect as a client, giving up after deadline_s whatever TCPStore itself does; a
+    line every WAIT_LINE_S while nothing answers; interrupt() (it raises on a signal) is
+    called every JOIN_SLICE_S meanwhile."""
     result: dict[str, Any] = {}
 
     def attempt() -> None:
@@ -165,7 +183,7 @@ def connect_store(host: str, port: int, deadline_s: float, timeout_s: float) -> 
 
     thread = threading.Thread(target=attempt, name="rtrain-store-connect", daemon=True)
     thread.start()
-    thread.join(deadline_s + 2.0)
+    _wait_for(thread, f"the rendezvous store at {host}:{port}", deadline_s, interrupt)
     if "store" in result:
         store = result["store"]
         store.set_timeout(datetime.timedelta(seconds=timeout_s))
@@ -181,6 +199,31 @@ def connect_store(host: str, port: int, deadline_s: float, timeout_s: float) -> 
     )
 
 
+def _wait_for(
+    thread: threading.Thread, what: str, deadline_s: float, interrupt: Callable[[], None] | None
+) -> None:
+    """Join thread (a connect under TCPStore's own timeout of deadline_s) for up to
+    deadline_s + 2 s, saying every WAIT_LINE_S on what it waits."""
+    started = time.monotonic()
+    end, next_line = started + deadline_s + 2.0, started + WAIT_LINE_S
+    while thread.is_alive():
+        now = time.monotonic()
+        if now >= end:
+            return
+        if now >= next_line:
+            next_line += WAIT_LINE_S
+            logger.info(
+                "waiting for %s: no answer in %.0fs, waiting up to %gs (join_timeout); "
+                "its host may still be starting",
+                what,
+                now - started,
+                deadline_s,
+            )
+        thread.join(min(JOIN_SLICE_S, end - now, next_line - now))
+        if interrupt is not None:
+            interrupt()
+
+
 def open_rendezvous_store(
     host: str,
     port: int,
@@ -188,8 +231,10 @@ def open_rendezvous_store(
     local_addr: str | None,
     join_timeout: float,
     read_timeout: float,
+    interrupt: Callable[[], None] | None = None,
 ) -> OpenedStore:
-    """Host the store if this node owns the endpoint, else (or if already hosted) connect."""
+    """Host the store if this node owns the endpoint, else (or if already hosted) connect,
+    waiting for it up to join_timeout."""
     wants_host = endpoint_is_local(host, local_addr) if is_host is None else is_host
     if wants_host:
         try:
@@ -201,10 +246,7 @@ def open_rendezvous_store(
                 raise RendezvousError(
                     f"cannot host the rendezvous store: port {port} on {host} is in use"
                 ) from None
-            # Another agent on this machine hosts it (tests, several agents per host). Its
-            # server is already listening, so a short deadline tells it from a foreign program.
+            # Another agent on this machine hosts it (tests, several agents per host); it
+            # may still be starting, so it gets join_timeout like a store on another host.
             logger.info("port %d is taken; joining as a client", port)
-            return connect_store(
-                host, port, deadline_s=min(join_timeout, LOCAL_CONNECT_S), timeout_s=read_timeout
-            )
-    return connect_store(host, port, deadline_s=join_timeout, timeout_s=read_timeout)
+    return connect_store(host, port, join_timeout, read_timeout, interrupt)
