@@ -38,7 +38,14 @@ class ShardClient:
         """source: this node's job address, which the server judges requests by."""
         self._sock = connect(host, port, source)
         try:
-            hello = recv_exact(self._sock, len(MAGIC) + NONCE)
+            try:
+                hello = recv_exact(self._sock, len(MAGIC) + NONCE)
+            except (ConnectionError, ShardError):
+                raise ShardError(
+                    f"{host}:{port} refused the connection before its handshake (this "
+                    "address is not a member of its generation, or has too many "
+                    "connections open)"
+                ) from None
             if hello[: len(MAGIC)] != MAGIC:
                 raise ShardError(f"{host}:{port} is not an rtrain shard server")
             mine = secrets.token_bytes(NONCE)

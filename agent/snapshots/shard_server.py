@@ -1,10 +1,14 @@
 """ShardServer: agents hand each other shards over TCP, authenticated (shard_wire.py).
 
 An authenticated request is judged by core.snapshots.admission (who may put what, who
-may get). Before authentication a connection costs a thread and a descriptor, so at
-most MAX_UNAUTHENTICATED are open at once and each must finish the handshake within
-HANDSHAKE_S in all (not per read): a slow or flooding client is cut off, and a flood
-is logged once a minute, not once per connection.
+may get). Before authentication a connection costs a thread and a descriptor, so a
+connection from an address that is no member's of the current generation is closed
+at once, before any thread or handshake; from each member's address at most
+MAX_UNAUTHENTICATED are open at once (MAX_UNAUTHENTICATED_TOTAL in all), and each must
+finish the handshake within HANDSHAKE_S in all (not per read): a slow or flooding
+client is cut off, and cannot take the places of the other members' connections.
+Every kind of refusal, and every reason of a refused request, is logged once a minute
+at most, each on its own line: a flood of one kind never hides another.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from collections import Counter
 from typing import Any
 
 from ...core.errors import RtrainError
-from ...core.snapshots.admission import Admission
+from ...core.snapshots.admission import Admission, superseded_by
 from ...core.snapshots.format import HEADER_SIZE
 from ...core.snapshots.restore_plan import ShardId
 from .delta import assemble, find_base, needed_chunks
@@ -41,7 +45,8 @@ from .shard_wire import (
 
 logger = logging.getLogger(__name__)
 
-MAX_UNAUTHENTICATED = 32
+MAX_UNAUTHENTICATED = 32  # per source address
+MAX_UNAUTHENTICATED_TOTAL = 256
 LOG_EVERY_S = 60.0
 
 
@@ -103,7 +108,7 @@ class _Handler(socketserver.BaseRequestHandler):
             self.server.refuse("handshake", "shard client %s did not authenticate: %s", peer, exc)
             return False
         finally:
-            self.server.authenticated()
+            self.server.authenticated(peer)
 
     def _serve(self, sock: socket.socket, request: dict[str, Any], peer: str) -> bool:
         """Answer one request; False: close the connection (a refused put's payload
@@ -129,16 +134,25 @@ class _Handler(socketserver.BaseRequestHandler):
                 else admission.refuse_put(peer, shard.generation, shard.step, kept)
             )
             if why is not None:
-                self.server.refuse("put", "refused a replica of %s from %s: %s", shard, peer, why)
+                self.server.refuse(
+                    "put",
+                    "refused a replica of %s from %s: %s",
+                    shard,
+                    peer,
+                    why,
+                    line=f"put/{why.reason.value}",
+                )
                 send_message(sock, {"ok": False, "error": f"refused: {why}"})
                 return False
-            with store.receive(shard, size) as buffer:
+            if admission is not None:
+                self._drop_unconfirmed(shard, kept, peer)
+            with store.receive(shard, size) as (path, buffer):
                 if "base" in request:
                     ok = self._against_base(sock, request["base"], buffer, size, crcs)
                 else:
                     ok = recv_verified(sock, buffer, size) == crcs
                 if ok:
-                    store.keep_replica(shard, size, crcs)
+                    store.keep_replica(shard, path, size, crcs)
             if not ok:  # the sender checks its slot did not change: this is corruption
                 self.server.refuse(
                     "mismatch", "a replica of %s from %s failed its checksum", shard, peer
@@ -148,7 +162,8 @@ class _Handler(socketserver.BaseRequestHandler):
         if request.get("op") == "get":
             why = None if admission is None else admission.refuse_get(peer)
             if why is not None:
-                self.server.refuse("get", "refused %s to %s: %s", shard, peer, why)
+                line = f"get/{why.reason.value}"
+                self.server.refuse("get", "refused %s to %s: %s", shard, peer, why, line=line)
                 send_message(sock, {"ok": False, "error": f"refused: {why}"})
                 return True
             found = store.open_shard(shard)
@@ -160,6 +175,21 @@ class _Handler(socketserver.BaseRequestHandler):
             return True
         send_message(sock, {"ok": False, "error": "unknown op"})
         return True
+
+    def _drop_unconfirmed(self, shard: ShardId, kept: list[int], peer: str) -> None:
+        """Its sender is at shard.step: newer replicas of the rank kept here are ones it
+        never confirmed (forged, or a confused peer's), and go."""
+        stale = superseded_by(shard.step, kept)
+        if stale:
+            self.server.store.forget_replicas(shard.generation, shard.rank, stale)
+            self.server.refuse(
+                "unconfirmed",
+                "dropped the replica of rank %d at step %s: its sender %s is at step %d",
+                shard.rank,
+                ", ".join(map(str, stale)),
+                peer,
+                shard.step,
+            )
 
     def _against_base(
         self, sock: socket.socket, raw: Any, buffer: Any, size: int, crcs: list[int]
@@ -192,29 +222,53 @@ class _Server(socketserver.ThreadingTCPServer):
         self.admission = admission
         self.refusals: Counter[str] = Counter()
         self._log = _RateLimitedLog()
-        self._unauthenticated = threading.BoundedSemaphore(MAX_UNAUTHENTICATED)
+        self._unauthenticated: Counter[str] = Counter()  # source address -> connections
+        self._places = threading.Lock()
         super().__init__(addr, _Handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        # The bound is taken before a thread exists: a flood costs no threads.
-        if not self._unauthenticated.acquire(blocking=False):
+        # Judged before a thread exists: a stranger or a flood costs no threads.
+        source = str(client_address[0])
+        why = None if self.admission is None else self.admission.refuse_connection(source)
+        if why is not None:
+            self.refuse("stranger", "refused a shard connection before its handshake: %s", why)
+            self.shutdown_request(request)
+            return
+        if not self._take_place(source):
             self.refuse(
                 "flood",
-                "refusing shard connections: %d are already authenticating (latest from %s)",
+                "refusing shard connections from %s: %d are already authenticating "
+                "(%d at most from one address, %d in all)",
+                source,
+                self._unauthenticated[source],
                 MAX_UNAUTHENTICATED,
-                client_address[0],
+                MAX_UNAUTHENTICATED_TOTAL,
             )
             self.shutdown_request(request)
             return
         super().process_request(request, client_address)
 
-    def authenticated(self) -> None:
-        """A connection left the handshake (authenticated or not): free its place."""
-        self._unauthenticated.release()
+    def _take_place(self, source: str) -> bool:
+        with self._places:
+            if self._unauthenticated[source] >= MAX_UNAUTHENTICATED:
+                return False
+            if sum(self._unauthenticated.values()) >= MAX_UNAUTHENTICATED_TOTAL:
+                return False
+            self._unauthenticated[source] += 1
+            return True
 
-    def refuse(self, kind: str, message: str, *args: object) -> None:
+    def authenticated(self, source: str) -> None:
+        """A connection left the handshake (authenticated or not): free its place."""
+        with self._places:
+            self._unauthenticated[source] -= 1
+            if self._unauthenticated[source] <= 0:
+                del self._unauthenticated[source]
+
+    def refuse(self, kind: str, message: str, *args: object, line: str | None = None) -> None:
+        """Count a refusal of `kind` and log it, once a minute per `line` (its kind,
+        unless a request's reason gives it a line of its own)."""
         self.refusals[kind] += 1
-        self._log.warn(kind, message, *args)
+        self._log.warn(line or kind, message, *args)
 
 
 class ShardServer:
@@ -233,7 +287,9 @@ class ShardServer:
 
     @property
     def refusals(self) -> Counter[str]:
-        """Requests and connections refused so far, by kind (flood, secret, put, ...)."""
+        """Requests and connections refused so far, by kind (stranger, flood, secret,
+        put, get, ...; unconfirmed: replicas dropped as their sender went on without
+        them)."""
         return self._server.refusals
 
     def close(self) -> None:

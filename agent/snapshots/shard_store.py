@@ -3,6 +3,7 @@
   <root>/snap/gen<G>/rank<R>.slot<0|1|2> the workers' own slots (they write, we read)
   <root>/snap/gen<G>/rank<R>.spare       a recycled file a worker may swap in for a slot
   <root>/replica/g<G>_r<R>.rep<0|1>       peers' shards kept here, newest two steps each
+                                         (.rep2 and on: while puts of one rank overlap)
 
 <root> is on /dev/shm, so everything here is memory, and it outlives the workers:
 a restarted worker finds its state here. Space is reserved with posix_fallocate, so a
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import itertools
 import logging
 import mmap
 import os
@@ -30,7 +32,7 @@ from .checksums import checksums
 logger = logging.getLogger(__name__)
 
 SLOT = re.compile(r"gen(\d+)/rank(\d+)\.slot\d$")
-REPLICA = re.compile(r"g(\d+)_r(\d+)\.rep[01]$")
+REPLICA = re.compile(r"g(\d+)_r(\d+)\.rep\d+$")
 KEEP_STEPS = 2
 
 
@@ -40,6 +42,7 @@ class ShardStore:
         self.budget = budget
         self._crcs: dict[ShardId, list[int]] = {}
         self._replicas: dict[ShardId, tuple[str, int]] = {}  # complete ones: path, size
+        self._receiving: set[str] = set()  # replica files being written now
         self._maps: dict[str, mmap.mmap] = {}
         self._lock = threading.Lock()
         os.makedirs(os.path.join(root, "snap"), exist_ok=True)
@@ -104,50 +107,69 @@ class ShardStore:
     # -- receiving --
 
     @contextlib.contextmanager
-    def receive(self, shard: ShardId, size: int) -> Iterator[Any]:
-        """A writable buffer for an incoming replica, within the memory budget.
+    def receive(self, shard: ShardId, size: int) -> Iterator[tuple[str, Any]]:
+        """(its file, a writable buffer) for an incoming replica, within the memory budget.
 
         Each (generation, rank) has two replica files used in turn, kept mapped, so in
         steady state a replica lands in memory that is already allocated and faulted in.
+        A file is written by one receipt at a time: puts of one rank that overlap (a
+        forged one, a confused peer's) each get their own, never the other's.
         """
         path = self._replica_target(shard)
-        buffer = self._maps.get(path)
-        if buffer is None or len(buffer) < size:
-            grow = size - (len(buffer) if buffer is not None else 0)
-            if self.budget and self.used_bytes() + grow > self.budget:
-                raise OSError(f"replica of {size} bytes would exceed --snapshot-memory")
-            if buffer is not None:
-                buffer.close()
-            buffer = allocate(path, size)
-            self._maps[path] = buffer
-        yield buffer
+        try:
+            buffer = self._maps.get(path)
+            if buffer is None or len(buffer) < size:
+                grow = size - (len(buffer) if buffer is not None else 0)
+                if self.budget and self.used_bytes() + grow > self.budget:
+                    raise OSError(f"replica of {size} bytes would exceed --snapshot-memory")
+                if buffer is not None:
+                    buffer.close()
+                buffer = allocate(path, size)
+                self._maps[path] = buffer
+            yield path, buffer
+        finally:
+            with self._lock:
+                self._receiving.discard(path)
 
-    def keep_replica(self, shard: ShardId, size: int, crcs: list[int]) -> None:
-        path = self._replica_target(shard)
+    def keep_replica(self, shard: ShardId, path: str, size: int, crcs: list[int]) -> None:
+        """List a replica received whole into `path` (from receive); the newest
+        KEEP_STEPS of its rank stay listed."""
         with self._lock:
             self._replicas[shard] = (path, size)
+            for older in self._same_rank(shard)[:-KEEP_STEPS]:
+                del self._replicas[older]
         self.remember_crcs(shard, crcs)
 
-    def _replica_target(self, shard: ShardId) -> str:
-        """The older of the two replica files of (generation, rank), now no longer listed."""
+    def forget_replicas(self, generation: int, rank: int, steps: list[int]) -> None:
+        """Stop listing these replicas of (generation, rank); their files are reused."""
         with self._lock:
-            same = sorted(
-                (
-                    s
-                    for s in self._replicas
-                    if (s.generation, s.rank) == (shard.generation, shard.rank)
-                ),
-                key=lambda s: s.step,
-            )
-            paths = [self._replicas[s][0] for s in same]
+            for step in steps:
+                shard = ShardId(generation, rank, step)
+                self._replicas.pop(shard, None)
+                self._crcs.pop(shard, None)
+
+    def _same_rank(self, shard: ShardId) -> list[ShardId]:
+        """The replicas listed of shard's (generation, rank), oldest first (lock held)."""
+        key = (shard.generation, shard.rank)
+        return sorted(
+            (s for s in self._replicas if (s.generation, s.rank) == key), key=lambda s: s.step
+        )
+
+    def _replica_target(self, shard: ShardId) -> str:
+        """A replica file of (generation, rank) for an incoming replica, reserved for it
+        until its receipt ends: the step's own file when it is sent again, else the
+        older of the two once it is no longer listed; never one listed or being written."""
+        with self._lock:
+            again = self._replicas.pop(shard, None)  # rewritten: no longer listed
+            same = self._same_rank(shard)
+            while len(same) >= KEEP_STEPS:
+                del self._replicas[same.pop(0)]
+            taken = {self._replicas[s][0] for s in same} | self._receiving
             base = os.path.join(self.root, "replica", f"g{shard.generation}_r{shard.rank}")
-            if shard in self._replicas:
-                return self._replicas[shard][0]
-            if len(same) < KEEP_STEPS:
-                free = next(p for p in (f"{base}.rep0", f"{base}.rep1") if p not in paths)
-                return free
-            oldest = same[0]
-            path = self._replicas.pop(oldest)[0]
+            names = (f"{base}.rep{i}" for i in itertools.count())
+            path = again[0] if again and again[0] not in taken else None
+            path = path or next(p for p in names if p not in taken)
+            self._receiving.add(path)
             return path
 
     def restore_target(self, generation: int, rank: int, size: int) -> Any:
