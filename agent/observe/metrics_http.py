@@ -5,21 +5,86 @@ A small threaded server on the node's own address (the one it joined the job wit
 not every interface), answering GET /metrics with the text the metrics file holds and
 nothing else: 404 for any other path, 405 for any other method. It serves what the
 agent already keeps in memory; a scrape costs the agent no store request.
+
+Anyone who reaches the address can connect, so connections are capped before a thread
+exists (MAX_PER_SOURCE from one address, MAX_CONNECTIONS in all; a scraper needs one)
+and each has IO_TIMEOUT_S for its request and answer: idle clients cannot take the
+agent's descriptors, which the next generation's files need.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
+import time
+from collections import Counter
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from ...core.errors import UsageError
+from ..net.limits import ConnectionPlaces, RateLimitedLog
 
 logger = logging.getLogger(__name__)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus' text format
+MAX_PER_SOURCE = 4
+MAX_CONNECTIONS = 16
+IO_TIMEOUT_S = 5.0
+# When accept() itself finds no descriptor left, the listening socket stays readable:
+# wait this long before the next accept instead of spinning on the error.
+OUT_OF_DESCRIPTORS_PAUSE_S = 0.2
+
+
+class _CappedServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 64
+
+    def __init__(self, addr: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        self.places = ConnectionPlaces(MAX_PER_SOURCE, MAX_CONNECTIONS)
+        self.refusals: Counter[str] = Counter()
+        self._log = RateLimitedLog(logger)
+        super().__init__(addr, handler)
+
+    def get_request(self) -> tuple[Any, Any]:
+        try:
+            return super().get_request()
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                self.refusals["descriptors"] += 1
+                self._log.warn(
+                    "descriptors", "metrics server: no file descriptor left to accept a scrape"
+                )
+                time.sleep(OUT_OF_DESCRIPTORS_PAUSE_S)
+            raise  # socketserver drops the attempt and goes on serving
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        source = str(client_address[0])
+        if not self.places.take(source):
+            self.refusals["cap"] += 1
+            self._log.warn(
+                "cap",
+                "metrics server: refused a connection from %s (%d open from it, %d at most "
+                "from one address, %d in all)",
+                source,
+                self.places.held(source),
+                MAX_PER_SOURCE,
+                MAX_CONNECTIONS,
+            )
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.places.free(source)
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.places.free(str(client_address[0]))
 
 
 class MetricsServer:
@@ -27,6 +92,8 @@ class MetricsServer:
         """render: the metrics as Prometheus text, called on the server's threads."""
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = IO_TIMEOUT_S  # the socket's: a client that sends nothing is dropped
+
             def do_GET(self) -> None:
                 if self.path.split("?", 1)[0] != "/metrics":
                     self.send_error(404, "only /metrics is here")
@@ -47,18 +114,26 @@ class MetricsServer:
                 pass  # a scrape every 15 s is not news for the agent's log
 
         try:
-            self._server = ThreadingHTTPServer((host, port), Handler)
+            self._server = _CappedServer((host, port), Handler)
         except OSError as exc:
             raise UsageError(
                 f"--metrics-port {port}: cannot listen on {host}:{port} ({exc.strerror})"
             ) from None
-        self._server.daemon_threads = True
         self.port = int(self._server.server_address[1])
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="rtrain-metrics-http", daemon=True
         )
         self._thread.start()
         logger.info("metrics at http://%s:%d/metrics", host, self.port)
+
+    @property
+    def refusals(self) -> Counter[str]:
+        """Connections refused so far, by kind (cap, descriptors)."""
+        return self._server.refusals
+
+    @property
+    def open_connections(self) -> int:
+        return self._server.places.held()
 
     def close(self) -> None:
         self._server.shutdown()
