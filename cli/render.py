@@ -10,7 +10,7 @@ from rich.table import Table
 
 from ..core.config.launch_spec import LaunchSpec
 from ..core.layout.topology import LayoutError, NodeSlot, build_grid
-from ..core.rendezvous.failures import FailureKind, FailureRecord
+from ..core.rendezvous.failures import FailureKind, FailureRecord, failure_roles
 
 
 def _when(stamp: float) -> str:
@@ -28,7 +28,8 @@ def report_console() -> Console:
 def failure_report(
     console: Console, script: str, failures: list[FailureRecord], message: str
 ) -> None:
-    """torchrun's FAILED summary as a table: the root cause (earliest failure) first."""
+    """torchrun's FAILED summary as a table: the root cause (earliest failure) first, its
+    victims marked."""
     _failure_table(console, f"{escape(script)} FAILED", "bold red", failures)
     root = failures[0] if failures else None
     if root is not None and root.traceback:
@@ -62,10 +63,12 @@ def _failure_table(console: Console, title: str, style: str, failures: list[Fail
     for column in ("", "time", "gen", "kind", "node", "host", "rank (local)", "exit", "pid"):
         table.add_column(column, no_wrap=True)
     table.add_column("error")
-    for index, record in enumerate(failures):
+    # each generation's root cause (the first row is one), and the ranks whose collective
+    # broke under it: its victims
+    for record, role in zip(failures, failure_roles(failures), strict=True):
         rank = "" if record.rank is None else f"{record.rank} ({record.local_rank})"
         table.add_row(
-            "root cause" if index == 0 else "",
+            role,
             _when(record.time),
             str(record.generation),
             record.kind.value,

@@ -60,14 +60,13 @@ def status_view(view: JobStatus, seconds: float | None = None) -> Group:
         failures = Table(
             title=f"failures ({scope})", box=None, pad_edge=False, title_justify="left"
         )
-        for column in ("generation", "at", "kind", "node", "rank", "message"):
+        for column in ("generation", "at", "kind", "node", "rank", "role", "message"):
             failures.add_column(column)
         for f in view.failures:
             when = time.strftime("%H:%M:%S", time.localtime(f.time))
             rank = "-" if f.rank is None else str(f.rank)
-            failures.add_row(
-                str(f.generation), when, f.kind, f"{f.node_rank} ({f.host})", rank, f.message
-            )
+            where = f"{f.node_rank} ({f.host})"
+            failures.add_row(str(f.generation), when, f.kind, where, rank, f.role, f.message)
         parts.append(failures)
     else:
         parts.append(Text(f"no failures ({scope})"))

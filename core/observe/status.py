@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..rendezvous.failures import FailureRecord
+from ..rendezvous.failures import FailureRecord, failure_roles
 from ..rendezvous.protocol import Membership, ProtocolError, json_object
 
 STATUS_VERSION = 1
@@ -113,6 +113,9 @@ class FailureView:
     rank: int | None
     time: float
     message: str
+    # its part in its generation's failure: "root cause", "victim" (a consequence: its
+    # collective broke under it), or "" (core.rendezvous.failures.failure_roles)
+    role: str = ""
 
 
 @dataclass(frozen=True)
@@ -189,10 +192,12 @@ def node_views(
 
 
 def failure_views(by_generation: Mapping[int, Sequence[FailureRecord]]) -> tuple[FailureView, ...]:
-    """Every failure record read, oldest generation first, each in time order."""
+    """Every failure record read, oldest generation first, each in time order, with its
+    part in its generation's failure."""
     out = []
     for generation in sorted(by_generation):
-        for r in sorted(by_generation[generation], key=lambda r: r.time):
+        records = sorted(by_generation[generation], key=lambda r: r.time)
+        for r, role in zip(records, failure_roles(records), strict=True):
             out.append(
                 FailureView(
                     generation,
@@ -202,6 +207,7 @@ def failure_views(by_generation: Mapping[int, Sequence[FailureRecord]]) -> tuple
                     r.rank,
                     r.time,
                     r.message.splitlines()[0][:200] if r.message else "",
+                    role,
                 )
             )
     return tuple(out)

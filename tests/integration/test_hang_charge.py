@@ -74,6 +74,12 @@ def _assert_charged(cluster: LocalCluster, culprits: list[int], tmp_path) -> Non
     summary = log[log.index("succeeded after") :]
     root = next(line for line in summary.splitlines() if "root cause" in line)
     assert "hang" in root and any(host in root for host in hosts), summary
+    victims = [
+        row
+        for row in summary.splitlines()
+        if [c.strip() for c in row.split("│")[1:2]] == ["victim"]
+    ]
+    assert len(victims) == sum(e["victim"] for e in faults), summary
     # a culprit's node was charged the failure when the next round closed
     logs = "".join(cluster.log(n) for n in range(len(cluster.procs)))
     assert any(f"charged to {host}" in logs for host in hosts), logs

@@ -113,3 +113,21 @@ def test_the_job_step_is_the_slowest_workers_and_failures_come_in_order() -> Non
     assert out["failures"][2]["message"] == "boom"
     assert out["nodes"][2]["state"] is None and out["store_reads"] == 5
     json.dumps(out)  # plain JSON all the way down
+
+
+def test_each_failure_says_its_part_the_blocked_ranks_are_victims() -> None:
+    """The hang charged to the rank that stopped, not to the healthy rank found hung
+    first, waiting in the collective for it (rtrain status's "role")."""
+    waiting = (
+        "hung: no heartbeat for 2.0s (waiting in a collective: likely a victim of another rank)"
+    )
+    records = {
+        0: [
+            FailureRecord(FailureKind.HANG, 0, 0, "10.0.0.0", 50.0, 0, 0, message=waiting),
+            FailureRecord(
+                FailureKind.HANG, 0, 1, "10.0.0.1", 50.2, 0, 1, message="(process stopped)"
+            ),
+        ]
+    }
+    out = [(f.node_rank, f.role) for f in failure_views(records)]
+    assert out == [(0, "victim"), (1, "root cause")]
