@@ -24,8 +24,6 @@ logger = logging.getLogger(__name__)
 
 # One etcd request waits this long for a member before trying the next.
 ETCD_ATTEMPT_S = 5.0
-# A second connection to a TCPStore that already answered the first.
-CONNECT_S = 10.0
 
 
 @dataclass
@@ -41,16 +39,25 @@ class JobStore:
 def open_job_store(
     rdzv: RdzvSpec, local_addr: str | None, interrupt: Callable[[], None]
 ) -> JobStore:
-    """interrupt: called while an etcd call waits for a member (it raises on a signal)."""
+    """interrupt: called while an etcd call waits for a member, or while the TCPStore
+    has not answered yet (it raises on a signal)."""
     if rdzv.is_etcd:
         return JobStore(open_etcd(rdzv, interrupt), is_host=False, connect=None)
     opened = open_rendezvous_store(
-        rdzv.host, rdzv.port, rdzv.is_host, local_addr, rdzv.join_timeout, rdzv.read_timeout
+        rdzv.host,
+        rdzv.port,
+        rdzv.is_host,
+        local_addr,
+        rdzv.join_timeout,
+        rdzv.read_timeout,
+        interrupt,
     )
     endpoint = f"{rdzv.host}:{opened.port}"
 
     def connect_raw() -> Any:
-        return connect_store(rdzv.host, opened.port, CONNECT_S, rdzv.read_timeout).store
+        # A second connection to a store that answered the first: read_timeout, the bound
+        # of any call to it, not a window of its own (a loaded host answers late).
+        return connect_store(rdzv.host, opened.port, rdzv.read_timeout, rdzv.read_timeout).store
 
     def connect() -> KeyValueStore:
         return TorchKeyValueStore(connect_raw(), endpoint, rdzv.read_timeout)

@@ -13,7 +13,10 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 from rtrain.agent.store import opening
+from rtrain.agent.store.backends import open_job_store
 from rtrain.agent.store.opening import listening_socket, open_rendezvous_store
+
+from .fakes import launch_spec
 
 
 class Lines(logging.Handler):
@@ -84,3 +87,31 @@ def test_a_node_waits_for_a_store_host_still_starting_past_10s(lines: Lines) -> 
     assert not opened.is_host
     opened.store.set("joined", "yes")
     assert server.get("joined") == b"yes"
+
+
+def test_a_wait_for_the_store_ends_at_a_signal() -> None:
+    """A wait of up to join_timeout (30 s here) stays responsive: the agent's signal
+    check (it raises once a signal came) is called while the store does not answer."""
+    port = _free_port()
+    bound = listening_socket("127.0.0.1", port)  # listens; nothing will ever answer
+    spec = launch_spec(
+        "--nnodes=2",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-conf=is_host=false,join_timeout=30",
+    )
+    checks: list[float] = []
+
+    def interrupt() -> None:
+        checks.append(time.monotonic())
+        if len(checks) == 3:
+            raise KeyboardInterrupt  # what the agent's check raises after SIGTERM
+
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            open_job_store(spec.rdzv, None, interrupt)
+    finally:
+        assert bound is not None
+        bound.close()
+    assert time.monotonic() - started < 5.0
