@@ -1,10 +1,18 @@
 """The agent's own events (its start and end, each generation's start and end, the
-recovery between them) and its metrics file, in one place the agent calls."""
+recovery between them) and its metrics file, in one place the agent calls.
+
+A recovery lasts until the new workers' first step, which their heartbeats give (read
+with the metrics, every STORE_CHECK_S of the agent's watch): workers that started but
+wait (a restore, a first snapshot whose replication cannot get through) are still
+down. Workers that never give a step (a script without heartbeat(step)) end it at
+their start, as before, when their generation or the job ends.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ...core.config.launch_spec import LaunchSpec
@@ -18,6 +26,17 @@ from .metrics_http import MetricsServer
 if TYPE_CHECKING:
     from ..generation import Generation
     from ..rendezvous.job import JobRendezvous
+
+
+@dataclass(frozen=True)
+class _Recovery:
+    """A recovery whose end (the new workers' first step) is not seen yet."""
+
+    from_generation: int
+    cause: str
+    ended_at: float  # the failed generation's end (time.monotonic)
+    started_at: float  # the new workers' start
+    lost_steps: int
 
 
 class Observer:
@@ -37,6 +56,7 @@ class Observer:
         self._status_due = 0.0  # when the next status record is due (rtrain status)
         # the generation that ended last: (number, outcome, when, newest step committed)
         self._ended: tuple[int, Outcome, float, int | None] | None = None
+        self._recovering: _Recovery | None = None
         emit(
             "agent_start",
             nproc=nproc,
@@ -55,21 +75,35 @@ class Observer:
             members=[m.addr for m in gen.membership.members],
             restored_step=restored_step,
         )
+        self._end_recovery(None)  # a generation that ended before its first step
         if self._ended is None or self._ended[1] is Outcome.SUCCEEDED:
             return
         number, outcome, when, last_step = self._ended
         lost = 0
         if last_step is not None:
             lost = last_step - (restored_step if restored_step is not None else -1)
+        self._recovering = _Recovery(
+            number, outcome.name.lower(), when, self._started, max(lost, 0)
+        )
+
+    def _end_recovery(self, first_step: int | None) -> None:
+        """The `recovery` event: down until the first step (None: none seen, so until
+        the workers' start)."""
+        recovery, self._recovering = self._recovering, None
+        if recovery is None:
+            return
+        end = time.monotonic() if first_step is not None else recovery.started_at
         emit(
             "recovery",
-            from_generation=number,
-            cause=outcome.name.lower(),
-            down_s=round(time.monotonic() - when, 6),
-            lost_steps=max(lost, 0),
+            from_generation=recovery.from_generation,
+            cause=recovery.cause,
+            down_s=round(end - recovery.ended_at, 6),
+            lost_steps=recovery.lost_steps,
+            at_step=first_step,
         )
 
     def generation_ended(self, gen: Generation, outcome: Outcome, last_step: int | None) -> None:
+        self._end_recovery(_first_step(gen))
         now = time.monotonic()
         self._ended = (gen.number, outcome, now, last_step)
         emit(
@@ -81,7 +115,12 @@ class Observer:
         )
 
     def sample(self, gen: Generation, committed: int | None, replicated: int | None) -> None:
-        """Fresh readings for the metrics file, when it wants them (every few seconds)."""
+        """Fresh readings for the metrics file, when it wants them (every few seconds);
+        the end of a recovery, at the workers' first step."""
+        if self._recovering is not None:
+            step = _first_step(gen)
+            if step is not None:
+                self._end_recovery(step)
         if self._metrics is None or not self._metrics.due():
             return
         self._metrics.sample(_newest_beat(gen), committed, replicated)
@@ -103,6 +142,7 @@ class Observer:
             rdzv.store.set(rdzv.keys.status(gen.number, gen.node_rank), record.encode())
 
     def job_ended(self, exit_code: int, message: str) -> None:
+        self._end_recovery(None)
         emit("job_end", exit_code=exit_code, message=message)
 
     def close(self) -> None:
@@ -115,6 +155,14 @@ def _newest_beat(gen: Generation) -> int | None:
     """The newest step a local worker's heartbeat gave in this generation, or None."""
     steps = [_step(gen.hangs.read(w.local_rank)) for w in gen.group.workers]
     return max((s for s in steps if s is not None), default=None)
+
+
+def _first_step(gen: Generation) -> int | None:
+    """The newest step a local worker of this generation gave in a heartbeat it made
+    (the files start zeroed), or None: none stepped yet."""
+    beats = [gen.hangs.read(w.local_rank) for w in gen.group.workers]
+    steps = [b[1] for b in beats if b is not None and b[0] > 0 and b[1] >= 0]
+    return max(steps, default=None)
 
 
 def _step(beat: tuple[int, int] | None) -> int | None:

@@ -56,9 +56,11 @@ SCHEMA: dict[str, tuple[tuple[str, ...], str]] = {
     ),
     "recovery": (
         ("from_generation", "down_s", "lost_steps"),
-        "this node's workers run again after a failure ended from_generation: down_s "
-        "from that generation's end to the new workers' start; lost_steps: steps its "
-        "workers had committed past the restored step",
+        "this node's workers train again after a failure ended from_generation: down_s "
+        "from that generation's end to their first step after it (at_step: the step "
+        "their heartbeats gave then, seen within 0.25 s; null: they gave none, and "
+        "down_s runs to their start); lost_steps: steps its workers had committed past "
+        "the restored step",
     ),
     "replication": (
         ("replicas", "sent_bytes", "full_bytes", "seconds"),
@@ -101,6 +103,7 @@ FIELD_TYPES: dict[str, tuple[str, bool]] = {  # field -> (type, may be null)
     "from_generation": (INTEGER, True),
     "down_s": (NUMBER, False),
     "lost_steps": (INTEGER, False),
+    "at_step": (INTEGER, True),
     "replicas": (INTEGER, False),
     "sent_bytes": (NUMBER, False),
     "full_bytes": (NUMBER, False),
