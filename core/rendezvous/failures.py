@@ -127,6 +127,7 @@ VICTIM_MARKERS = (
     "Broken pipe",
     "NCCL communicator was aborted",
     "DistBackendError",
+    "/gloo/transport/",  # every gloo transport error names its source file
     "waiting in a collective",
     "likely a victim of another rank",
 )

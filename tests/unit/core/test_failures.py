@@ -53,7 +53,7 @@ def test_a_hung_rank_that_stopped_is_the_root_cause_the_blocked_ranks_its_victim
         "hung: no heartbeat for 2.1s (exiting after a collective error, "
         "likely a victim of another rank: RuntimeError: timed out)",
     )
-    gloo = _record("exit", 1.2, 3, 1, "DistBackendError: [../gloo/pair.cc] Timed out")
+    gloo = _record("exit", 1.2, 3, 1, "RuntimeError: [../gloo/transport/tcp/pair.cc] Timed out")
     stopped = _record("hang", 2.0, 1, -9, "hung: no heartbeat for 2.2s (process stopped)")
     later = _record("stopped", 0.5, 4, -15)
     records = [waiting, exiting, gloo, stopped, later]
