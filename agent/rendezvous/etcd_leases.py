@@ -11,6 +11,14 @@ A fenced agent, one whose lease lapsed while it was stopped, learns it from etcd
 its next keep-alive: the lease is gone, and every write bound to it is refused. It
 reports the lapse (Leases.lapsed), takes a new lease, and binds a key again only
 when it holds a place in a new generation, so it can never revive the old one.
+
+A member that does not answer (frozen: it accepts connections and answers nothing) is
+left within a quarter of the lease, by the keeper and the store's client alike
+(EtcdClient.limit_attempts), so a keep-alive that tried it first still renews in time.
+And a peer whose key vanished is declared lost only once this node's own lease was
+renewed after it saw the key go: when every node's lease lapses at once (etcd, or the
+way to it, stalled for everyone), each node finds its own lapsed too, and none is
+declared lost or charged for what none of them did.
 """
 
 from __future__ import annotations
@@ -31,6 +39,10 @@ logger = logging.getLogger(__name__)
 
 MIN_TTL_S = 2  # etcd refuses shorter leases on default election settings
 NEVER_SEEN_TIMEOUTS = 3
+# A request waits at most this share of the lease on one member before the next: a
+# failover and the answer fit in a third of it.
+ATTEMPT_SHARE = 0.25
+KEPT_GENERATIONS = 8  # which lease bound each of the last few generations' keys
 
 
 class EtcdLeases:
@@ -39,14 +51,17 @@ class EtcdLeases:
     ) -> None:
         self._store = store
         self._keys = keys
-        self._client = store.client.copy()  # the keeper's own connection
         self.ttl = max(MIN_TTL_S, math.ceil(timeout))
+        store.client.limit_attempts(self.ttl * ATTEMPT_SHARE)  # copies made later too
+        self._client = store.client.copy()  # the keeper's own connection
         self._interval = interval
         self._timeout = timeout
         self._key: str | None = None
         self._generation: int | None = None
         self._bound: str | None = None
         self._lease = 0
+        self._lease_of: dict[int, int] = {}  # generation -> the lease its key was bound to
+        self._renewed: float | None = None  # when the last good keep-alive of _lease was sent
         self._lapsed: int | None = None
         self._store_lost: StoreUnavailable | None = None
         self._binding = threading.Lock()
@@ -57,8 +72,9 @@ class EtcdLeases:
     # -- Leases --
 
     def hold(self, generation: int, node_rank: int) -> None:
-        self._key = self._keys.lease(generation, node_rank)
-        self._generation = generation
+        with self._binding:  # read together by the keeper's _bind
+            self._key = self._keys.lease(generation, node_rank)
+            self._generation = generation
         # The key is written here, on the caller's thread, so that it exists as soon as
         # this node takes its place; renewals are the thread's.
         with contextlib.suppress(RendezvousError):
@@ -70,6 +86,22 @@ class EtcdLeases:
 
     def lapsed(self) -> int | None:
         return self._lapsed
+
+    def renewed_at(self) -> float | None:
+        """When (time.monotonic) the last keep-alive etcd answered for the lease held now
+        was sent; None before the first."""
+        return self._renewed
+
+    def _renewed_since(self, generation: int, since: float) -> bool:
+        """Whether the lease bound to generation's key was renewed by a keep-alive sent
+        after `since`: this node was alive in that generation after `since`."""
+        # Not under _binding, which the keeper holds through a grant (up to the store's
+        # deadline); read in this order, a lapse between the reads reads as not renewed
+        # (it clears _renewed first, and a new lease is granted only after a lapse).
+        renewed = self._renewed
+        held = self._lease
+        bound = self._lease_of.get(generation)
+        return bound is not None and bound == held and renewed is not None and renewed > since
 
     def raise_if_store_lost(self) -> None:
         if self._store_lost is not None:
@@ -85,6 +117,8 @@ class EtcdLeases:
             generation,
             [n for n in range(num_nodes) if n != node_rank],
             self._timeout,
+            alive_since=lambda since: self._renewed_since(generation, since),
+            renew_now=self._wake.set,
         )
 
     def close(self) -> None:
@@ -114,16 +148,25 @@ class EtcdLeases:
         with self._binding:
             if not self._lease:
                 self._lease = self._client.grant(self.ttl)
+                self._renewed = None
                 logger.info("holding etcd lease %x (ttl %ds)", self._lease, self.ttl)
             key = self._key
             if key is not None and key != self._bound:
                 self._client.put(key, str(self._lease), lease=self._lease)
                 self._bound = key
+                if self._generation is not None:
+                    self._lease_of[self._generation] = self._lease
+                    for old in sorted(self._lease_of)[:-KEPT_GENERATIONS]:
+                        del self._lease_of[old]
 
     def _renew(self) -> None:
         self._bind()
-        if self._client.keepalive(self._lease) <= 0:
+        lease, sent = self._lease, time.monotonic()
+        if self._client.keepalive(lease) <= 0:
             raise LeaseNotFound("the lease expired")
+        with self._binding:
+            if self._lease == lease:
+                self._renewed = sent
 
     def _on_lapse(self) -> None:
         logger.warning(
@@ -135,6 +178,7 @@ class EtcdLeases:
             self.ttl,
         )
         with self._binding:
+            self._renewed = None  # first: _renewed_since reads it without the lock
             self._lapsed = self._generation
             self._lease = 0
             self._bound = self._key  # never bind the lapsed generation's key again
@@ -144,7 +188,12 @@ class EtcdPeerLeases:
     """The peers' lease keys of one generation, as one watch sees them: a peer whose key
     was seen and is gone was expired by etcd (lost now); one whose key never appeared
     within NEVER_SEEN_TIMEOUTS lease timeouts never took its place (the longer wait is
-    for a peer slow to start, e.g. on a loaded machine: only a dead one pays it)."""
+    for a peer slow to start, e.g. on a loaded machine: only a dead one pays it).
+
+    alive_since(t): whether this node's own lease was renewed by a keep-alive sent after
+    t. Given, a peer is named only once that holds for the time its key was first found
+    gone (renew_now asks the keeper for that keep-alive at once): a node whose own lease
+    lapsed in the same stall names nobody."""
 
     def __init__(
         self,
@@ -154,28 +203,42 @@ class EtcdPeerLeases:
         peers: list[int],
         timeout: float,
         clock: Callable[[], float] = time.monotonic,
+        alive_since: Callable[[float], bool] | None = None,
+        renew_now: Callable[[], None] | None = None,
     ) -> None:
         self.generation = generation
         self.timeout = timeout
         self._present = present  # the generation's lease keys, as the watch has them
         self._by_key = {keys.lease(generation, n): n for n in peers}
         self._seen: set[int] = set()
+        self._gone_at: dict[int, float] = {}
         self._clock = clock
         self._since = clock()
+        self._alive_since = alive_since
+        self._renew_now = renew_now
 
     def stale(self) -> list[int]:
         present = self._present()
-        late = self._clock() - self._since > NEVER_SEEN_TIMEOUTS * self.timeout
+        now = self._clock()
+        late = now - self._since > NEVER_SEEN_TIMEOUTS * self.timeout
         stale = []
+        unconfirmed = False
         for key, node in self._by_key.items():
             if key in present:
                 self._seen.add(node)
             elif node in self._seen or late:
-                stale.append(node)
+                gone_at = self._gone_at.setdefault(node, now)
+                if self._alive_since is None or self._alive_since(gone_at):
+                    stale.append(node)
+                else:
+                    unconfirmed = True
+        if unconfirmed and self._renew_now is not None:
+            self._renew_now()
         return sorted(stale)
 
     def forget(self, node: int) -> None:
         self._by_key = {k: n for k, n in self._by_key.items() if n != node}
+        self._gone_at.pop(node, None)
 
     def last_seen(self, node: int) -> float | None:
         """Not known: etcd keeps the lease's TTL, the watch sees only present or gone."""

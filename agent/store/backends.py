@@ -14,7 +14,7 @@ from typing import Any
 
 from ...core.config.launch_spec import RdzvSpec
 from ...core.errors import RendezvousError, first_line
-from .etcd_client import EtcdClient, EtcdTls, NotEtcd
+from .etcd_client import EtcdClient, EtcdTls, Members, NotEtcd, first_member
 from .etcd_store import EtcdKeyValueStore
 from .kv import KeyValueStore
 from .opening import connect_store, open_rendezvous_store
@@ -42,7 +42,7 @@ def open_job_store(
     """interrupt: called while an etcd call waits for a member, or while the TCPStore
     has not answered yet (it raises on a signal)."""
     if rdzv.is_etcd:
-        return JobStore(open_etcd(rdzv, interrupt), is_host=False, connect=None)
+        return JobStore(open_etcd(rdzv, interrupt, local_addr), is_host=False, connect=None)
     opened = open_rendezvous_store(
         rdzv.host,
         rdzv.port,
@@ -67,10 +67,13 @@ def open_job_store(
     return JobStore(kv, opened.is_host, connect)
 
 
-def open_etcd(rdzv: RdzvSpec, interrupt: Callable[[], None] | None = None) -> EtcdKeyValueStore:
+def open_etcd(
+    rdzv: RdzvSpec, interrupt: Callable[[], None] | None = None, local_addr: str | None = None
+) -> EtcdKeyValueStore:
     """A client of the etcd cluster; checks that it answers as etcd before returning.
     Calls wait for quorum up to join_timeout: the job survives an etcd outage that ends
-    within it, its workers training meanwhile."""
+    within it, its workers training meanwhile. The client starts on a member picked by
+    this node's address, so that the job's nodes spread over the members."""
     tls = None
     if rdzv.protocol == "https":
         try:
@@ -86,6 +89,7 @@ def open_etcd(rdzv: RdzvSpec, interrupt: Callable[[], None] | None = None) -> Et
         attempt_s=min(ETCD_ATTEMPT_S, rdzv.read_timeout),
         deadline_s=rdzv.join_timeout,
         interrupt=_once(interrupt),
+        members=Members(len(rdzv.endpoints), first_member(local_addr, len(rdzv.endpoints))),
     )
     status = client.call("maintenance/status", {})
     if not isinstance(status.get("header"), dict) or "version" not in status:

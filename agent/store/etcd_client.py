@@ -13,6 +13,16 @@ answers are JSON, and keys and values base64 inside it.
 A call tries the members in turn, each for attempt_s; while none answers (quorum lost,
 all down) it retries until deadline_s, calling interrupt() between rounds so that the
 agent still sees its signals, then raises StoreUnavailable naming every endpoint.
+
+A client and its copies (one per thread: the lease keeper, each watch) share one
+Members: the member they all use, which a node picks by its address (first_member), so
+that the nodes of a job start spread over the members rather than all on the first.
+A member that fails one of them (refused, timed out, no quorum) is left by all of them
+at once: the others' next calls go elsewhere and the watches on it reopen elsewhere. A
+frozen member (SIGSTOPped, or a machine that hangs) still accepts connections and
+answers nothing, so only the attempt's timeout finds it: the agent bounds attempt_s to
+a quarter of its lease (etcd_leases.py), and its keeper, renewing every heartbeat
+interval, is the probe that finds a frozen member for every client of the node.
 """
 
 from __future__ import annotations
@@ -20,11 +30,13 @@ from __future__ import annotations
 import base64
 import contextlib
 import http.client
+import ipaddress
 import json
 import logging
 import socket
 import ssl
 import threading
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -92,6 +104,48 @@ class _Unanswered(Exception):
     """This member did not answer usefully; try the next one."""
 
 
+def first_member(local_addr: str | None, members: int) -> int:
+    """The member a node tries first: its IP address modulo the members (consecutive
+    addresses start on different members), or a hash of its name."""
+    name = local_addr or socket.gethostname()
+    try:
+        number = int(ipaddress.ip_address(name))
+    except ValueError:
+        number = zlib.crc32(name.encode())
+    return number % members
+
+
+class Members:
+    """The member a client and its copies use now, and the watches to move off a member
+    that failed (each registered as a callback that closes its stream)."""
+
+    def __init__(self, count: int, start: int = 0) -> None:
+        self.count = count
+        self.current = start % count
+        self._lock = threading.Lock()
+        self._watching: dict[int, set[Callable[[], None]]] = {}
+
+    def leave(self, index: int) -> None:
+        """index failed a request: every client moves on (once, if several saw it)."""
+        with self._lock:
+            if self.current != index:
+                return  # left already (a watch registers only on the current member)
+            self.current = (index + 1) % self.count
+            kicks = list(self._watching.get(index, ()))
+        for kick in kicks:
+            kick()
+
+    def watch(self, index: int, kick: Callable[[], None]) -> bool:
+        """Register a watch's stream on index; False if index was left meanwhile."""
+        with self._lock:
+            self._watching.setdefault(index, set()).add(kick)
+            return self.current == index
+
+    def unwatch(self, index: int, kick: Callable[[], None]) -> None:
+        with self._lock:
+            self._watching.get(index, set()).discard(kick)
+
+
 class EtcdClient:
     def __init__(
         self,
@@ -101,7 +155,10 @@ class EtcdClient:
         deadline_s: float = 60.0,
         interrupt: Callable[[], None] | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        members: Members | None = None,
     ) -> None:
+        """members: shared with the client this one copies; a new client starts on the
+        first endpoint unless given Members(len(endpoints), first_member(...))."""
         if not endpoints:
             raise RendezvousError("etcd: no endpoints")
         self.endpoints = list(endpoints)
@@ -112,26 +169,40 @@ class EtcdClient:
         self.interrupt = interrupt
         self._clock = clock
         self._ssl = tls.context() if tls is not None else None
-        self._current = 0
+        self.members = members if members is not None else Members(len(self.endpoints))
         self._connection: http.client.HTTPConnection | None = None
+        self._connected_to = -1
         self._lock = threading.Lock()
         self._outage_logged = False
 
     def copy(self) -> EtcdClient:
-        """A client of its own (its own connection), for another thread."""
+        """A client of its own (its own connection), for another thread; it uses the same
+        member as this one, and leaves a failed member with it."""
         return EtcdClient(
-            self.endpoints, self.tls, self.attempt_s, self.deadline_s, None, self._clock
+            self.endpoints,
+            self.tls,
+            self.attempt_s,
+            self.deadline_s,
+            None,
+            self._clock,
+            self.members,
         )
+
+    def limit_attempts(self, seconds: float) -> None:
+        """Wait at most this long for one member before trying the next (copies made
+        after this call inherit it)."""
+        self.attempt_s = min(self.attempt_s, seconds)
 
     # -- transport --
 
     @property
     def current(self) -> int:
-        """The member that answered last (tried first next time)."""
-        return self._current
+        """The member this client and its copies use now."""
+        return self.members.current
 
-    def rotate(self) -> None:
-        self._current = (self._current + 1) % len(self.endpoints)
+    def leave(self, index: int) -> None:
+        """index did not answer: this client and its copies move to the next member."""
+        self.members.leave(index)
 
     def connect(self, index: int, timeout: float | None) -> http.client.HTTPConnection:
         host, port = self.endpoints[index]
@@ -148,13 +219,13 @@ class EtcdClient:
         with self._lock:
             while True:
                 for _ in range(len(self.endpoints)):
-                    index = self._current
+                    index = self.members.current
                     try:
                         answer = self._attempt(index, path, payload)
                     except _Unanswered as exc:
                         reasons[self._name(index)] = str(exc)
                         self._drop_connection()
-                        self._current = (index + 1) % len(self.endpoints)
+                        self.members.leave(index)
                         continue
                     if self._outage_logged:
                         logger.warning("etcd answers again (%s)", self._name(index))
@@ -192,11 +263,15 @@ class EtcdClient:
         if self._connection is not None:
             self._connection.close()
             self._connection = None
+        self._connected_to = -1
 
     def _attempt(self, index: int, path: str, payload: bytes) -> dict[str, Any]:
+        if self._connected_to != index:  # a copy left the member this one was on
+            self._drop_connection()
         try:
             if self._connection is None:
                 self._connection = self.connect(index, self.attempt_s)
+                self._connected_to = index
             connection = self._connection
             connection.request("POST", f"/v3/{path}", payload, {"Content-Type": "application/json"})
             response = connection.getresponse()

@@ -2,12 +2,18 @@
 by an etcd watch, so that what the agent checks many times a second (the round
 counter, the abort record, its peers' leases) costs no store traffic.
 
-A thread holds one streaming /v3/watch request. It reads a snapshot first (a range,
-which gives the revision), then every change after that revision. A member that dies,
-restarts or stops answering (a frozen one still accepts connections) is left after
-idle_s without a byte, and the watch resumes on the next member from the revision it
-had, so no change is missed; a compacted revision takes a fresh snapshot. Every event
-is validated JSON; one that is not is dropped with a log line, and the watch restarts.
+A thread holds one streaming /v3/watch request, on the member its client and the
+client's copies use now (etcd_client.Members). It reads a snapshot first (a range,
+which gives the revision), then every change after that revision. A stream quiet for
+idle_s is reopened on that member; one that fails (the member died, restarted, or did
+not answer the watch's creation within idle_s) leaves the member, and the watch
+resumes on the next one from the revision it had, so no change is missed; a compacted
+revision takes a fresh snapshot. A member that any copy of the client left (the lease
+keeper, renewing every heartbeat interval, finds a frozen one within a quarter of the
+lease) closes the watches on it at once, so a frozen member, which accepts
+connections and answers nothing, costs a watch no more than it costs the keeper.
+Every event is validated JSON; one that is not is dropped with a log line, and the
+watch restarts.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import contextlib
 import http.client
 import json
 import logging
+import socket
 import ssl
 import threading
 from typing import Any
@@ -29,6 +36,10 @@ logger = logging.getLogger(__name__)
 WATCH_IDLE_S = 5.0
 MAX_EVENT_BYTES = 16 << 20
 RESTART_PAUSE_S = 0.2
+
+
+class _Quiet(Exception):
+    """The stream had nothing for idle_s (its member answered the creation)."""
 
 
 class KeyWatch:
@@ -64,11 +75,15 @@ class KeyWatch:
 
     def close(self) -> None:
         self._closed.set()
+        self._kick()
+        self._client.close()
+
+    def _kick(self) -> None:
+        """End the stream now (another thread: closing, or its member was left)."""
         connection = self._connection
         if connection is not None and connection.sock is not None:
             with contextlib.suppress(OSError):
-                connection.sock.shutdown(2)
-        self._client.close()
+                connection.sock.shutdown(socket.SHUT_RDWR)
 
     # -- the thread --
 
@@ -95,22 +110,26 @@ class KeyWatch:
     def _run(self) -> None:
         resync = False
         while not self._closed.is_set():
+            index = self._client.current
             try:
                 if resync:
                     self._snapshot()
-                resync = self._stream()
+                resync = self._stream(index)
+            except _Quiet:
+                continue  # nothing changed for idle_s: reopen on the same member
             except (RendezvousError, OSError, http.client.HTTPException, ssl.SSLError) as exc:
                 if self._closed.is_set():
                     return
                 logger.debug("watch of %s restarts: %s", self.key, first_line(exc, 100))
-                self._client.rotate()
+                self._client.leave(index)
                 self._closed.wait(RESTART_PAUSE_S)
             finally:
+                self._client.members.unwatch(index, self._kick)
                 if self._connection is not None:
                     self._connection.close()
                     self._connection = None
 
-    def _stream(self) -> bool:
+    def _stream(self, index: int) -> bool:
         """Follow changes until the stream goes quiet or ends; True if a snapshot is due."""
         create: dict[str, Any] = {
             "key": b64(self.key),
@@ -118,8 +137,11 @@ class KeyWatch:
         }
         if self._prefix:
             create["range_end"] = b64(prefix_end(self.key.encode()))
-        connection = self._client.connect(self._client.current, self._idle_s)
+        connection = self._client.connect(index, self._idle_s)
         self._connection = connection
+        connection.connect()
+        if not self._client.members.watch(index, self._kick):
+            return False  # the member was left while this one connected: reopen
         connection.request(
             "POST",
             "/v3/watch",
@@ -129,8 +151,15 @@ class KeyWatch:
         response = connection.getresponse()
         if response.status != 200:
             raise RendezvousError(f"etcd refused a watch (HTTP {response.status})")
+        created = False
         while not self._closed.is_set():
-            line = response.readline(MAX_EVENT_BYTES)
+            try:
+                line = response.readline(MAX_EVENT_BYTES)
+            except TimeoutError:
+                if not created:
+                    raise  # the member did not answer the watch's creation: leave it
+                raise _Quiet() from None
+            created = True
             if not line:
                 return False
             try:

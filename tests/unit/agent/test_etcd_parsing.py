@@ -100,3 +100,44 @@ def test_peer_leases_are_lost_when_etcd_deletes_their_key_or_they_never_come() -
     assert peers.stale() == [4]  # never took its place
     watch._values[keys.lease(3, 2)] = b"z"
     assert peers.stale() == [4]  # a forgotten node is not revived
+
+
+def test_nodes_start_on_members_spread_by_address_and_leave_a_failed_one_together() -> None:
+    from rtrain.agent.store.etcd_client import EtcdClient, Members, first_member
+
+    starts = [first_member(f"10.0.0.{i}", 3) for i in range(1, 4)]
+    assert sorted(starts) == [0, 1, 2]  # consecutive addresses: every member once
+    assert first_member("node017", 3) == first_member("node017", 3) in (0, 1, 2)
+    client = EtcdClient([("127.0.0.1", 1), ("127.0.0.1", 2), ("127.0.0.1", 3)])
+    client.members = Members(3, starts[0])
+    keeper = client.copy()
+    kicked: list[int] = []
+    assert keeper.members.watch(client.current, lambda: kicked.append(1))
+    client.leave(client.current)
+    keeper.leave(starts[0])  # the same failure, seen by a copy too: one move, not two
+    assert keeper.current == client.current == (starts[0] + 1) % 3 and kicked == [1]
+    client.limit_attempts(0.5)
+    assert client.attempt_s == 0.5 and client.copy().attempt_s == 0.5
+
+
+def test_a_gone_peer_is_named_only_once_this_nodes_own_lease_was_renewed_after() -> None:
+    keys = StoreKeys("job")
+    watch = _Watch()
+    now = [0.0]
+    renewed: list[float] = []  # keep-alives of this node's lease, by when they were sent
+    asked: list[float] = []
+    peers = EtcdPeerLeases(
+        watch.items, keys, 0, [1], timeout=2.0, clock=lambda: now[0],
+        alive_since=lambda t: any(sent > t for sent in renewed),
+        renew_now=lambda: asked.append(now[0]),
+    )  # fmt: skip
+    watch._values = {keys.lease(0, 1): b"x"}
+    renewed.append(0.5)
+    assert peers.stale() == []
+    now[0] = 1.0
+    del watch._values[keys.lease(0, 1)]  # node 1's key went; was it only node 1's lease?
+    assert peers.stale() == [] and asked == [1.0]  # not before this node's own renewal
+    now[0] = 1.2
+    assert peers.stale() == [] and asked == [1.0, 1.2]  # its own lapsed too: nobody named
+    renewed.append(1.1)  # a keep-alive sent after the key was found gone came back
+    assert peers.stale() == [1]
