@@ -12,8 +12,22 @@ import argparse
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
-from ..core.config.settings import IGNORED_DEFAULTS, SETTINGS
+from ..core.config.flag_values import RDZV_CONF_DEFAULTS
+from ..core.config.launch_spec import DEFAULT_MASTER_PORT
+from ..core.config.settings import IGNORED_DEFAULTS, SETTINGS, Setting
 from ..core.errors import UsageError
+
+# What --help says for defaults whose raw value (None, "") says little; every other
+# flag shows its value from the table, a switch "off".
+DEFAULT_WORDS = {
+    "rdzv_endpoint": "none (static: --master-addr:--master-port)",
+    "rdzv_conf": ", ".join(f"{k}={v:g}" for k, v in RDZV_CONF_DEFAULTS.items())
+    + ", is_host: the node that owns the endpoint",
+    "master_port": str(DEFAULT_MASTER_PORT),
+    "local_ranks_filter": "every rank",
+    "checkpoint_dir": "none (no disk checkpoints)",
+    "metrics_port": "none (not served)",
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -28,6 +42,20 @@ def _env_default(environ: Mapping[str, str], dest: str, default: Any) -> Any:
 def _env_switch(environ: Mapping[str, str], dest: str) -> bool:
     value = environ.get(f"PET_{dest.upper()}")
     return value is not None and value.strip() not in ("", "0")
+
+
+def help_text(setting: Setting) -> str:
+    """The flag's help with its default, unless the help already states it."""
+    text = setting.full_help
+    if "(default" not in text:
+        if setting.dest in DEFAULT_WORDS:
+            shown = DEFAULT_WORDS[setting.dest]
+        elif setting.switch:
+            shown = "off"
+        else:
+            shown = "none" if setting.default in (None, "") else str(setting.default)
+        text = f"{text} (default: {shown})".lstrip()
+    return text.replace("%", "%%")  # argparse formats help with %
 
 
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -57,7 +85,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
                 dest=setting.dest,
                 action="store_true",
                 default=_env_switch(environ, setting.dest),
-                help=setting.full_help,
+                help=help_text(setting),
             )
         else:
             parser.add_argument(
@@ -66,7 +94,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
                 default=_env_default(environ, setting.dest, setting.default),
                 choices=setting.choices,
                 metavar=setting.value or None,
-                help=setting.full_help,
+                help=help_text(setting),
             )
     parser.add_argument("training_script", nargs="?", help="The script (or module, with -m).")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from rtrain.cli.launch_args import launch_help, parse_launch_args
+from rtrain.cli.launch_args import build_parser, launch_help, parse_launch_args
+from rtrain.core.config.settings import SETTINGS
 from rtrain.core.errors import UsageError
 
 # (dashed flag, value, dest, expected parsed value)
@@ -124,3 +125,21 @@ def test_dry_run_shows_the_layout_grid_and_fault_settings(capsys):
     grid = [[cell.strip() for cell in row.strip("│").split("│")] for row in rows]
     # rank 5: node 1, second replica, first stage, TP rank 1; TP group 4,5; DP peers 1,5
     assert ["5", "1", "1", "0", "1", "4,5", "1,5"] in grid
+
+
+def test_help_shows_every_default():
+    """Issue 31: `rtrain launch --help` left most defaults unsaid."""
+    parser = build_parser({})
+    flags = [a for a in parser._actions if a.option_strings and a.dest != "help"]
+    assert len(flags) == len(SETTINGS)
+    for action in flags:
+        assert "default" in (action.help or ""), action.option_strings
+    text = " ".join(launch_help({}).split())
+    for shown in (
+        "--nnodes N number of nodes, N or MIN:MAX (elastic) (default: 1:1)",
+        "(default: join_timeout=600, last_call_timeout=30, close_timeout=30,",
+        "(default: 29500)",
+        "(default: off)",
+        "(default: 60.0)",
+    ):
+        assert shown in text, shown
