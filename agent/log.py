@@ -10,23 +10,36 @@ from dataclasses import dataclass
 
 @dataclass
 class LogContext:
-    """`node<rank>` and `gen<generation>` once rendezvous has given them; `-` before.
+    """`node<rank>` and `gen<generation>` once rendezvous has given them; before, a line
+    carries only what is known (a Slurm host name, or nothing), never a placeholder.
     The numbers themselves go into every structured event (agent/events.py)."""
 
-    node: str = "node-"
-    generation: str = "gen-"
+    node: str = ""
+    generation: str = ""
     node_rank: int | None = None
     generation_number: int | None = None
+
+    @property
+    def where(self) -> str:
+        """What a line's header says of this node: `node0 gen3`, empty before rendezvous."""
+        return "".join(f" {part}" for part in (self.node, self.generation) if part)
 
 
 CONTEXT = LogContext()
 
 
-class _ContextFilter(logging.Filter):
+class ContextFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        record.rtrain_node = CONTEXT.node
-        record.rtrain_gen = CONTEXT.generation
+        record.rtrain_where = CONTEXT.where
         return True
+
+
+def formatter() -> logging.Formatter:
+    """rtrain's line: `[rtrain 12:00:01.234 node0 gen3 INFO] message`."""
+    return logging.Formatter(
+        "[rtrain %(asctime)s.%(msecs)03d%(rtrain_where)s %(levelname)s] %(message)s",
+        datefmt="%H:%M:%S",
+    )
 
 
 def set_node(node: str) -> None:
@@ -48,14 +61,8 @@ def configure(level: str | None = None) -> None:
     if getattr(root, "_rtrain_configured", False):
         return
     handler = logging.StreamHandler(sys.stderr)
-    handler.addFilter(_ContextFilter())
-    handler.setFormatter(
-        logging.Formatter(
-            "[rtrain %(asctime)s.%(msecs)03d %(rtrain_node)s %(rtrain_gen)s %(levelname)s] "
-            "%(message)s",
-            datefmt="%H:%M:%S",
-        )
-    )
+    handler.addFilter(ContextFilter())
+    handler.setFormatter(formatter())
     root.addHandler(handler)
     root.setLevel((level or os.environ.get("LOGLEVEL") or "INFO").upper())
     root.propagate = False
