@@ -108,7 +108,9 @@ def run_launch(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     from ..agent import log
 
     log.configure()
-    if secret.value is None:
+    from ..agent.store.opening import listens_beyond_loopback
+
+    if secret.value is None and listens_beyond_loopback(spec.rdzv.host, spec.rdzv.is_etcd):
         from ..agent.snapshots.job_secret import STORE_FALLBACK_WARNING
 
         logging.getLogger("rtrain.cli").warning("%s", STORE_FALLBACK_WARNING)

@@ -122,6 +122,19 @@ def listening_socket(host: str, port: int) -> socket.socket | None:
     return sock
 
 
+def listens_beyond_loopback(host: str, etcd: bool) -> bool:
+    """Whether the job's store can be reached from another machine. Only a TCPStore on
+    a loopback address literal cannot: it is bound to that address alone. A name (even
+    one that resolves to loopback) is listened on as above, and etcd listens wherever
+    its operator put it."""
+    if etcd:
+        return True
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return True
+
+
 def _is_ip_literal(host: str) -> bool:
     try:
         ipaddress.ip_address(host)

@@ -219,7 +219,8 @@ def build_launch_spec(given: Mapping[str, Any]) -> LaunchSpec:
     if standalone or implicit_standalone:
         if standalone and nodes.max_nodes != 1:
             raise UsageError("--standalone runs a single node; drop --nnodes or set it to 1")
-        backend, host, port = "c10d", "localhost", 0
+        # a loopback literal: the store listens there alone (a name would listen everywhere)
+        backend, host, port = "c10d", "127.0.0.1", 0
         nodes = NodeRange(1, 1)
         if standalone or run_id == "none":
             run_id = str(uuid.uuid4())

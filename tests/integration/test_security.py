@@ -34,7 +34,7 @@ from rtrain.core.snapshots.format import (
 from rtrain.core.snapshots.restore_plan import ShardId
 
 from tests.integration.cluster import SNAPSHOTTING, LocalCluster
-from tests.integration.helpers import PROBE, RTRAIN, probe_env, run
+from tests.integration.helpers import PROBE, RTRAIN, free_port, probe_env, run
 
 SECRET = b"a job secret nobody else has!!!!"
 FAST = ["--nproc-per-node=2", "--heartbeat-interval=0.5", "--heartbeat-timeout=2"]
@@ -170,12 +170,25 @@ def test_a_live_job_gives_a_thief_of_its_secret_nothing_and_takes_no_plant(tmp_p
 
 
 def test_without_a_secret_the_first_line_says_it_goes_through_the_store(tmp_path):
+    """Where the store listens beyond loopback: a host name is listened on everywhere."""
+    env = probe_env(tmp_path / "out", PROBE_STEPS="1")
+    env.pop("RTRAIN_SECRET", None)
+    store = ["--rdzv-backend=c10d", f"--rdzv-endpoint=localhost:{free_port()}"]
+    result = run([*RTRAIN, *store, "--nproc-per-node=1", PROBE], env)
+    assert result.returncode == 0, result.stderr
+    first = result.stderr.splitlines()[0]
+    assert "no job secret given" in first and "rendezvous store" in first
+
+
+def test_a_store_on_loopback_alone_gets_no_secret_warning(tmp_path):
+    """Issue 31: --standalone warned that anyone who can reach its store can read the
+    job's snapshots, though its store listens on 127.0.0.1 alone."""
     env = probe_env(tmp_path / "out", PROBE_STEPS="1")
     env.pop("RTRAIN_SECRET", None)
     result = run([*RTRAIN, "--standalone", "--nproc-per-node=1", PROBE], env)
     assert result.returncode == 0, result.stderr
-    first = result.stderr.splitlines()[0]
-    assert "no job secret given" in first and "rendezvous store" in first
+    assert "no job secret given" not in result.stderr
+    assert "hosting the rendezvous store on 127.0.0.1:" in result.stderr
 
 
 @pytest.mark.parametrize(

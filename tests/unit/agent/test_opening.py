@@ -14,7 +14,11 @@ import pytest
 import torch.distributed as dist
 from rtrain.agent.store import opening
 from rtrain.agent.store.backends import open_job_store
-from rtrain.agent.store.opening import listening_socket, open_rendezvous_store
+from rtrain.agent.store.opening import (
+    listening_socket,
+    listens_beyond_loopback,
+    open_rendezvous_store,
+)
 
 from .fakes import launch_spec
 
@@ -115,3 +119,19 @@ def test_a_wait_for_the_store_ends_at_a_signal() -> None:
         assert bound is not None
         bound.close()
     assert time.monotonic() - started < 5.0
+
+
+@pytest.mark.parametrize(
+    ("host", "etcd", "beyond"),
+    [
+        ("127.0.0.1", False, False),
+        ("127.0.0.5", False, False),
+        ("::1", False, False),
+        ("localhost", False, True),  # a name: TCPStore listens on every interface
+        ("10.1.2.3", False, True),
+        ("0.0.0.0", False, True),
+        ("127.0.0.1", True, True),  # etcd listens where its operator put it
+    ],
+)
+def test_where_a_store_listens_beyond_loopback(host: str, etcd: bool, beyond: bool) -> None:
+    assert listens_beyond_loopback(host, etcd) is beyond
