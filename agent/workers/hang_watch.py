@@ -47,6 +47,8 @@ STACK_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SI
 PY_SPY_TIMEOUT_S = 10.0
 FAULTHANDLER_WAIT_S = 2.0
 MAX_STACK_CHARS = 8000
+# How long a hung worker found writing its error file on its way out is given to finish it.
+EXIT_WAIT_S = 1.0
 # The heartbeat files are read at most this often (and a quarter of --hang-timeout), not
 # on every 0.1 s monitor pass: a hang is counted in tens of seconds, and an idle agent
 # should do as little as it can between passes.
@@ -167,8 +169,14 @@ def inspect_hang(
     ended (the job moved on before this node's own hang check fired)."""
     state = process_state(pid)
     held = hangs.still_held(local_rank, state)
-    stack = capture_stack(pid, hangs.stack_file(local_rank), held=held)
     error = None if held else _error_text(error_file)
+    # A worker past its error (or held) may not answer faulthandler: py-spy only.
+    stack = capture_stack(pid, hangs.stack_file(local_rank), held=held or error is not None)
+    if not held and error is None and _exiting(stack):
+        # On its way out, its error being written (a peer's failure broke its collective
+        # as its hang check fired): what it failed of says whether it is a victim.
+        SYSTEM_CLOCK.wait_until(lambda: _error_text(error_file) is not None, EXIT_WAIT_S, 0.02)
+        error = _error_text(error_file)
     if held:
         victim = False
         what = " (process stopped)" if state in STOPPED_STATES else " (process in state D)"
@@ -185,7 +193,7 @@ def inspect_hang(
         what = " (waiting in a collective: likely a victim of another rank)" if victim else ""
     silent, held_for = hangs.silent_for(local_rank), hangs.held_for(local_rank)
     beat = hangs.read(local_rank)
-    step = f" after step {beat[1]}" if beat is not None and beat[1] >= 0 else ""
+    step = f" after step {beat[1]}" if beat is not None and beat[0] > 0 else ""
     held_text = f", held for {held_for:.1f}s" if held and held_for > 0 else ""
     when = ", found as the generation ended" if ending else ""
     message = (
@@ -193,6 +201,12 @@ def inspect_hang(
         f"(--hang-timeout={hangs.timeout:g}s)"
     )
     return HangFinding(message, stack, time.time() - max(silent, held_for), held, victim)
+
+
+def _exiting(stack: str) -> bool:
+    """The stack is the worker writing its error file (agent/workers/boot.py), on its
+    way out after an exception."""
+    return any("boot.py" in ln and "_write_error_file" in ln for ln in stack.splitlines())
 
 
 def _error_text(error_file: str) -> str | None:
@@ -208,7 +222,7 @@ def _error_text(error_file: str) -> str | None:
 
 def capture_stack(pid: int, stack_file: str, held: bool = False) -> str:
     """The worker's Python stack, by py-spy if it works, else by its faulthandler (not
-    asked while the process is held: it could not answer).
+    asked when held: a held process, or one past its error, would not answer).
 
     RTRAIN_STACK_TOOL=faulthandler skips py-spy (where ptrace is not allowed it only
     costs time).
@@ -219,7 +233,7 @@ def capture_stack(pid: int, stack_file: str, held: bool = False) -> str:
         text = _faulthandler(pid, stack_file)
     if text is None:
         if held:
-            return "(no stack: the process is held, and py-spy is not installed or not permitted)"
+            return "(no stack: py-spy could not read it, and it would not answer faulthandler)"
         return (
             "(no stack: py-spy is not installed or not permitted, and faulthandler did not answer)"
         )

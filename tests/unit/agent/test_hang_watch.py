@@ -94,3 +94,47 @@ def test_a_rank_exiting_after_a_collective_error_is_a_victim(tmp_path, sleeper):
     error_file.write_text(error_file_payload("ValueError: bad batch", "", 0.0))
     found = inspect_hang(_watch(tmp_path, now), 0, sleeper.pid, str(error_file))
     assert not found.victim and "exiting after its error: ValueError" in found.message
+
+
+EXITING = """
+import faulthandler, os, signal, sys, time
+
+stack_file, error_file, payload, sig = sys.argv[1:]
+faulthandler.register(int(sig), file=open(stack_file, "a"), all_threads=True)
+
+
+def _write_error_file():  # boot.py's, slow: formatting a traceback under load
+    print("ready", flush=True)
+    time.sleep(0.3)
+    with open(error_file, "w") as handle:
+        handle.write(payload)
+    time.sleep(120)
+
+
+_write_error_file()
+"""
+
+
+def test_a_rank_found_writing_its_collective_error_is_a_victim(tmp_path, monkeypatch):
+    """Hung as a peer's failure broke its collective: its error is waited for, briefly."""
+    from rtrain.agent.workers.hang_watch import STACK_SIGNAL
+
+    monkeypatch.setenv("RTRAIN_STACK_TOOL", "faulthandler")
+    (tmp_path / "boot.py").write_text(EXITING)
+    error_file = tmp_path / "error.json"
+    error = "RuntimeError: [third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error"
+    payload = error_file_payload(error, "", 0.0)
+    now = [0.0]
+    watch = _watch(tmp_path, now)
+    args = [watch.stack_file(0), str(error_file), payload, str(int(STACK_SIGNAL))]
+    proc = subprocess.Popen(
+        [sys.executable, str(tmp_path / "boot.py"), *args], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        found = inspect_hang(watch, 0, proc.pid, str(error_file))
+    finally:
+        proc.kill()
+        proc.wait()
+    assert found.victim and not found.held, found.message
+    assert "exiting after a collective error" in found.message
