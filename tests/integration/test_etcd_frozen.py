@@ -4,7 +4,7 @@ one made every request that tried it first wait a whole attempt (5 s), as long a
 lease, so every node's lease lapsed in the same second and the job restarted, charging
 a healthy node. Requests and keep-alives now leave a member within a quarter of the
 lease, nodes start on different members, and a lapse that hits every node at once
-charges none. The member is always resumed (SIGCONT) in teardown."""
+declares none of them lost. The member is always resumed (SIGCONT) in teardown."""
 
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ def test_a_member_frozen_past_the_lease_leaves_the_job_training(tmp_path, etcd):
     members = _ordered(etcd, frozen, first_member("127.0.0.1", len(etcd.members)))
     endpoints = ",".join(m.endpoint for m in members)
     cluster = LocalCluster(
-        tmp_path, 2, "2", ["--nproc-per-node=2", *FAST], etcd=endpoints, PROBE_STEPS="250"
+        tmp_path, 2, "2", ["--nproc-per-node=2", *FAST], etcd=endpoints, PROBE_STEPS="200"
     )
     try:
         cluster.wait_progress(5)
@@ -123,7 +123,7 @@ def test_a_member_frozen_past_the_lease_leaves_the_job_training(tmp_path, etcd):
     assert {e.generation for e in starts} == {0}, [e.fields for e in starts]  # no restart
     assert cluster.events("fault") == []  # nobody declared lost, nobody charged
     final = final_records(cluster)
-    assert sorted(final) == [0, 1, 2, 3] and all(r["applied"] == 250 for r in final.values())
+    assert sorted(final) == [0, 1, 2, 3] and all(r["applied"] == 200 for r in final.values())
 
 
 def test_a_lapse_that_hits_every_node_at_once_declares_none_and_one_alone_is_declared(etcd):
@@ -173,3 +173,38 @@ def test_a_lapse_that_hits_every_node_at_once_declares_none_and_one_alone_is_dec
         for store in stores:
             store.close()
         admin.close()
+
+
+def test_every_agent_stopped_past_its_lease_restarts_the_job_with_no_node_declared_lost(
+    tmp_path, etcd
+):
+    """Every node's lease lapses in the same stall (all agents SIGSTOPped until etcd
+    deleted every lease key): each finds itself fenced, the job restarts, and no node
+    is declared lost (before: each declared the other, both charged)."""
+    from rtrain.agent.store.etcd_client import EtcdClient
+
+    cluster = LocalCluster(
+        tmp_path, 2, "2", ["--nproc-per-node=2", *FAST], etcd=etcd.endpoints, PROBE_STEPS="120"
+    )
+    admin = EtcdClient([("127.0.0.1", m.client_port) for m in etcd.members])
+    leases = f"/rtrain/{cluster.run_id}/r0/lease/"
+    try:
+        cluster.wait_progress(5)
+        try:
+            for node in range(2):
+                cluster.stop_agent(node)
+            assert _eventually(lambda: not admin.range(leases, prefix=True).get("kvs"), 20)
+        finally:
+            for node in range(2):
+                cluster.cont_agent(node)
+        codes = cluster.wait()
+    finally:
+        cluster.close()
+        admin.close()
+    assert codes == [0, 0], cluster.log(0) + cluster.log(1)
+    for node in range(2):
+        assert "fenced: etcd expired this node's lease" in cluster.log(node)
+    assert [e.fields for e in cluster.events("fault") if e["kind"] == "lost_node"] == []
+    assert {e.generation for e in cluster.events("generation_start")} == {0, 1}
+    final = final_records(cluster)
+    assert sorted(final) == [0, 1, 2, 3] and all(r["applied"] == 120 for r in final.values())
