@@ -4,7 +4,8 @@
 
 prints a table (fault-free 1F1B, ReCycle, dropping the replicas that lost a worker,
 restarting from a checkpoint; its caption says what each figure means, in which unit)
-and writes ReCycle's timeline to --timeline (SVG) and as a PNG beside it; --json prints
+and writes ReCycle's timeline to --timeline in the format its suffix names: .svg (and,
+with matplotlib, a PNG beside it) or .png (matplotlib: the `plan` extra); --json prints
 the plan as a per-rank action list instead.
 """
 
@@ -17,12 +18,16 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from ..core.config.flag_values import ascii_int
 from ..core.errors import RtrainError, UsageError
+
+if TYPE_CHECKING:
+    from ..core.planner.plan import Plan
+    from ..core.planner.sim import SimResult
 
 FAIL_HELP = "A failed worker REPLICA:STAGE (both from 0); repeat for several."
 # Durations are in whatever unit the job was described in: seconds for a measured
@@ -51,7 +56,8 @@ def plan_command(
     ] = 600.0,
     failure_rate: Annotated[float, typer.Option(help="Failures per hour (for restart).")] = 0.3,
     timeline: Annotated[
-        Path, typer.Option(help="Where to write ReCycle's timeline (SVG; a PNG beside it).")
+        Path,
+        typer.Option(help="ReCycle's timeline: .svg (a PNG beside it) or .png (the plan extra)."),
     ] = Path("recycle-timeline.svg"),
     exact: Annotated[bool, typer.Option(help="Solve exactly (MILP; small jobs only).")] = False,
     as_json: Annotated[
@@ -108,6 +114,26 @@ def parse_fail(text: str) -> tuple[int, int]:
     return numbers[0], numbers[1]
 
 
+PICTURE_SUFFIXES = (".svg", ".png")
+
+
+def check_timeline(timeline: Path) -> None:
+    """The suffix picks the format; a PNG needs matplotlib (the `plan` extra)."""
+    suffix = timeline.suffix.lower()
+    if suffix not in PICTURE_SUFFIXES:
+        raise UsageError(
+            f"--timeline {timeline}: the suffix picks the format, .svg or .png "
+            f"(not {suffix or 'none'!r})"
+        )
+    from .render_timeline import have_matplotlib
+
+    if suffix == ".png" and not have_matplotlib():
+        raise UsageError(
+            f"--timeline {timeline}: a PNG needs matplotlib (pip install 'rtrain[plan]'); "
+            "or name an .svg"
+        )
+
+
 def run_plan(
     dp: int,
     pp: int,
@@ -124,7 +150,7 @@ def run_plan(
     as_json: bool,
 ) -> int:
     from ..core.planner.job import PipelineJob
-    from ..core.planner.report import action_list, compare, timeline_rows, timeline_svg
+    from ..core.planner.report import action_list, compare
     from ..core.planner.sim import simulate
 
     numbers = {
@@ -152,6 +178,8 @@ def run_plan(
             "the schedule repeats per replica"
         )
     failed = [parse_fail(f) for f in fail]
+    if not as_json:
+        check_timeline(timeline)
     if profile is not None:
         try:
             data = json.loads(profile.read_text())
@@ -180,14 +208,30 @@ def run_plan(
         title = f"ReCycle, DP={dp} PP={pp} M={microbatches}, failed {sorted(failed)}: " + (
             f"iteration {sim.iteration_time:.2f}"
         )
-        timeline.write_text(timeline_svg(recycle, sim, title))
-        print(f"timeline: {timeline}")
-        from .render_timeline import have_matplotlib, write_timeline_png
-
-        picture = timeline.with_suffix(".png")
-        if have_matplotlib():
-            write_timeline_png(picture, [(title, timeline_rows(recycle, sim))], TIME_UNIT)
-            print(f"timeline: {picture}")
-        else:
-            print(f"no {picture.name}: matplotlib is not installed (pip install 'rtrain[plan]')")
+        write_timeline(timeline, title, recycle, sim)
     return 0
+
+
+def write_timeline(timeline: Path, title: str, recycle: Plan, sim: SimResult) -> None:
+    """The picture in the format the suffix names (checked before); an SVG gets a PNG
+    beside it where matplotlib is installed."""
+    from ..core.planner.report import timeline_rows, timeline_svg
+    from .render_timeline import have_matplotlib, write_timeline_png
+
+    if timeline.suffix.lower() == ".svg":
+        try:
+            timeline.write_text(timeline_svg(recycle, sim, title))
+        except OSError as exc:
+            raise UsageError(f"--timeline {timeline}: {exc.strerror}") from None
+        print(f"timeline: {timeline}")
+        picture = timeline.with_suffix(".png")
+        if not have_matplotlib():
+            print(f"no {picture.name}: matplotlib is not installed (pip install 'rtrain[plan]')")
+            return
+    else:
+        picture = timeline
+    try:
+        write_timeline_png(picture, [(title, timeline_rows(recycle, sim))], TIME_UNIT)
+    except OSError as exc:
+        raise UsageError(f"--timeline {picture}: {exc.strerror}") from None
+    print(f"timeline: {picture}")

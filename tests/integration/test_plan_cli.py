@@ -90,3 +90,34 @@ def test_exact_json_stays_pure_json() -> None:
     done = plan(2, 2, 2, "--fail", "1:0", "--exact", "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["failed"] == [[1, 0]]  # the solver's chatter went to stderr
+
+
+def _without_matplotlib(tmp_path) -> dict[str, str]:
+    """An environment whose `import matplotlib` fails, as without the `plan` extra."""
+    fake = tmp_path / "no-matplotlib" / "matplotlib"
+    fake.mkdir(parents=True, exist_ok=True)
+    (fake / "__init__.py").write_text("raise ImportError('no matplotlib here')\n")
+    return {"COLUMNS": "200", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(fake.parent)}
+
+
+def test_the_suffix_picks_the_format(tmp_path) -> None:
+    picture = tmp_path / "x.png"
+    done = plan(2, 2, 2, "--fail", "1:1", "--timeline", str(picture))
+    assert done.returncode == 0, done.stderr
+    assert picture.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert not picture.with_suffix(".svg").exists()
+    job = ["--dp", "2", "--pp", "2", "--microbatches", "2", "--fail", "1:1"]
+    # without matplotlib: a PNG is one line and 64, and nothing is written under its name
+    bare = tmp_path / "bare.png"
+    done = run([*PLAN, *job, "--timeline", str(bare)], _without_matplotlib(tmp_path))
+    assert done.returncode == 64, done.stdout + done.stderr
+    assert len(error_lines(done.stderr)) == 1 and "rtrain[plan]" in done.stderr
+    assert "Traceback" not in done.stderr and not bare.exists()
+    # an SVG still works there, saying the PNG beside it was not drawn
+    svg = tmp_path / "bare.svg"
+    done = run([*PLAN, *job, "--timeline", str(svg)], _without_matplotlib(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert svg.read_text().startswith("<svg") and not svg.with_suffix(".png").exists()
+    # any other suffix: one line, 64
+    done = plan(2, 2, 2, "--fail", "1:1", "--timeline", str(tmp_path / "x.jpg"))
+    assert done.returncode == 64 and ".svg or .png" in done.stderr
