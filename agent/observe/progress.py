@@ -4,7 +4,8 @@ shards, the disk checkpoint written at Slurm's SIGUSR1.
 A wait that ends within QUIET_S shows nothing. A longer one shows, on a terminal, one
 live line (rich) under the log; otherwise (a batch job's log file) a plain log line
 every EVERY_S at most, in the agent's usual format, so that a log reader sees that the
-wait moves and on what it waits. The last state is logged when the wait ends either way.
+wait moves, on what it waits and for how long so far. The last state is logged when
+the wait ends either way.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class WaitProgress:
         if self._terminal:
             self._show(self._text, done, total)
         else:
-            self._log.info("%s: %s", self.what, self._text)
+            self._log.info("%s: %s (%.0fs so far)", self.what, self._text, now - self._started)
             self.lines += 1
 
     def _show(self, text: str, done: float | None, total: float | None) -> None:

@@ -411,9 +411,9 @@ def test_a_long_rendezvous_says_how_far_it_is_and_whom_it_waits_for(caplog) -> N
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("rendezvous:")]
     # nothing in the first 2 s, then one line every 5 s, and how it ended
     assert lines == [
-        "rendezvous: 1 of 3 nodes joined round 0",
-        "rendezvous: 1 of 3 nodes joined round 0",
-        "rendezvous: 2 of 3 nodes joined round 0",
+        "rendezvous: 1 of 3 nodes joined round 0 (2s so far)",
+        "rendezvous: 1 of 3 nodes joined round 0 (7s so far)",
+        "rendezvous: 2 of 3 nodes joined round 0 (12s so far)",
         "rendezvous: round 0 closed with 3 nodes (after 14.0s)",
     ]
 
@@ -427,9 +427,8 @@ def test_a_long_rendezvous_says_how_far_it_is_and_whom_it_waits_for(caplog) -> N
     ):
         rdzv.rounds.join(member(1), expected=lambda: {"id1", "id3"}, last_seen={"id3": 2.125}.get)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("rendezvous:")]
-    assert (
-        lines[0] == "rendezvous: 1 of 3 nodes joined round 1, waiting for id3 (last seen 2.1 s ago)"
-    )
+    waiting = "waiting for id3 (last seen 2.1 s ago)"
+    assert lines[0] == f"rendezvous: 1 of 3 nodes joined round 1, {waiting} (2s so far)"
 
 
 class WokenStore(FaultyStore):
