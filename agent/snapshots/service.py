@@ -77,6 +77,8 @@ class SnapshotService:
         self._generation: int | None = None  # the generation the workers now run
         self.restored_step: int | None = None  # the step this generation's workers resume after
         self._world_size = 0
+        self._per_slot = 0  # bytes each snapshot slot may take this generation
+        self._snapshotted = False  # a worker of this run committed a snapshot
 
     @classmethod
     def for_launch(
@@ -116,6 +118,19 @@ class SnapshotService:
         """A worker of this node committed `step` (from the replicator's thread)."""
         self._admission.ceiling.observe(step)
         self._local_steps[rank] = max(step, self._local_steps.get(rank, step))
+        if not self._snapshotted:
+            self._snapshotted = True
+            self._say_memory()
+
+    def _say_memory(self) -> None:
+        """The memory line, for a job that snapshots: at its first commit, then at each
+        generation start (a job that never calls snapshot() never sees it)."""
+        logger.info(
+            "snapshot memory: %.1f MiB in use, budget %.1f MiB (%.1f MiB per snapshot slot)",
+            self.store.used_bytes() / 2**20,
+            self._budget / 2**20,
+            self._per_slot / 2**20,
+        )
 
     def _catch_up(self) -> None:
         """Count the steps the last generation's workers committed that the replicator
@@ -226,13 +241,9 @@ class SnapshotService:
         self.store.prune(keep_from=generation - 1)
         # each rank's own slots, and the newest KEEP_STEPS replicas of each of copies-1 peers
         shares = SLOTS_PER_RANK + KEEP_STEPS * (self._copies - 1)
-        per_slot = self._budget // max(local_world_size * shares, 1)
-        logger.info(
-            "snapshot memory: %.1f MiB in use, budget %.1f MiB (%.1f MiB per snapshot slot)",
-            self.store.used_bytes() / 2**20,
-            self._budget / 2**20,
-            per_slot / 2**20,
-        )
+        self._per_slot = per_slot = self._budget // max(local_world_size * shares, 1)
+        if self._snapshotted or self.store.used_bytes():
+            self._say_memory()
         return {SNAPSHOT_DIR: self.store.snap_dir(generation), SNAPSHOT_BUDGET: str(per_slot)}
 
     def _admit(self, membership: Membership, node_rank: int) -> None:
