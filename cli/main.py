@@ -146,6 +146,7 @@ def run_launch(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     except RtrainError as exc:
         _error(str(exc))
         return exc.exit_code
+    logging.getLogger("rtrain.cli").info("run %s: logs in %s", spec.rdzv.run_id, agent.run_log_dir)
     result = agent.run()
     console = render.report_console()
     if result.state is AgentState.SUCCEEDED:

@@ -14,6 +14,7 @@ from typing import Any
 
 from ...core.config.launch_spec import RdzvSpec
 from ...core.errors import RendezvousError, first_line
+from ..observe.first_contact import announce_store
 from .etcd_client import EtcdClient, EtcdTls, Members, NotEtcd, first_member
 from .etcd_store import EtcdKeyValueStore
 from .kv import KeyValueStore
@@ -42,7 +43,9 @@ def open_job_store(
     """interrupt: called while an etcd call waits for a member, or while the TCPStore
     has not answered yet (it raises on a signal)."""
     if rdzv.is_etcd:
-        return JobStore(open_etcd(rdzv, interrupt, local_addr), is_host=False, connect=None)
+        etcd = open_etcd(rdzv, interrupt, local_addr)
+        announce_store(rdzv, rdzv.port, hosted=False)
+        return JobStore(etcd, is_host=False, connect=None)
     opened = open_rendezvous_store(
         rdzv.host,
         rdzv.port,
@@ -53,6 +56,7 @@ def open_job_store(
         interrupt,
     )
     endpoint = f"{rdzv.host}:{opened.port}"
+    announce_store(rdzv, opened.port, opened.is_host)
 
     def connect_raw() -> Any:
         # A second connection to a store that answered the first: read_timeout, the bound
