@@ -134,7 +134,11 @@ def test_reads_never_wake_a_client_waiting_on_an_unset_key(server: Any, client: 
         assert reader.counter(key) == 0
         assert reader.multi_get([key, "rtrain/job/round"]) == [None, b"3"]
         assert not _was_woken(waiter)
-        server.set(key, "membership")  # the real thing wakes it
+        server.set(key, "membership")  # the real thing wakes it (a set gets no answer:
+        end = time.monotonic() + 10  # the wake-up is sent once a read sees the key)
+        while not reader.exists(key):
+            assert time.monotonic() < end
+            time.sleep(0.01)
         assert _was_woken(waiter)
         assert reader.get(key) == b"membership"
     finally:
