@@ -42,7 +42,7 @@ def test_node_killed_survivors_shrink_and_finish_with_the_same_weights(tmp_path,
         None,
         2.0,
     )
-    # both survivors were down from generation 0's end to generation 1's start
+    # both survivors were down from generation 0's end to generation 1's first step
     recovered = {e.agent: e for e in cluster.events("recovery")}
     assert sorted(recovered) == ["127.0.0.1", "127.0.0.2"]
     assert all(e["from_generation"] == 0 and 0 < e["down_s"] < 30 for e in recovered.values())
