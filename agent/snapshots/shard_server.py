@@ -87,7 +87,10 @@ class _Handler(socketserver.BaseRequestHandler):
                 if not self._serve(sock, request, peer):
                     return
         except (OSError, RtrainError) as exc:  # ShardError, a full /dev/shm: the peer retries
-            self.server.refuse("failed", "shard connection from %s failed: %s", peer, exc)
+            line = f"failed/{type(exc).__name__}"
+            self.server.refuse(
+                "failed", "shard connection from %s failed: %s", peer, exc, line=line
+            )
 
     def _authenticate(self, sock: socket.socket, peer: str) -> bool:
         secret = self.server.secret
@@ -243,6 +246,7 @@ class _Server(socketserver.ThreadingTCPServer):
                 self._unauthenticated[source],
                 MAX_UNAUTHENTICATED,
                 MAX_UNAUTHENTICATED_TOTAL,
+                line=f"flood/{source}",  # a member's address: a few at most
             )
             self.shutdown_request(request)
             return
