@@ -35,6 +35,7 @@ from .generation import (
 )
 from .health.gpu_monitor import GpuFault
 from .health.guard import HealthGuard
+from .net.descriptors import DescriptorShortage, is_out_of_descriptors
 from .observe.events import emit_failure
 from .observe.observer import Observer
 from .rendezvous.generation_watch import GenerationWatch
@@ -96,6 +97,7 @@ class Agent:
         self._health = health
         self._leases: Leases | None = None
         self._backoff = RestartBackoff(spec.faults.restart_backoff)
+        self._shortage = DescriptorShortage()
         self._reaper = ZombieReaper() if spec.faults.kill_process_tree else None
         # Heartbeat files and snapshot shards: memory-backed where possible.
         self._runtime = make_runtime_dir()
@@ -200,52 +202,77 @@ class Agent:
             return self._result(AgentState.FAILED, exc.exit_code, message)
 
     def _generations(self, rdzv: JobRendezvous, end: JobEnd, leases: Leases) -> RunResult:
-        """One pass per generation: join, start, watch; then what core's decisions say."""
+        """One pass per generation; a node out of file descriptors restarts its part."""
         while True:
-            self._set_state(AgentState.RENDEZVOUS)
-            rdzv.ledger.raise_if_excluded(self.addr)
-            fault = self._health.before_join() if self._health is not None else None
-            if fault is not None:
-                return self._leave(rdzv, end, fault)
-            previous = self._gen
-            membership = self._join(rdzv)
             try:
-                gen = self._starter.start(rdzv, membership, previous, self._policy, leases)
-            except GenerationEnded as exc:
-                logger.info("%s (a member was lost while it started); rejoining", exc)
+                result = self._generation(rdzv, end, leases)
+            except OSError as exc:
+                if not is_out_of_descriptors(exc):
+                    raise
+                self._out_of_descriptors(rdzv, exc)
                 continue
-            self._gen = gen
-            self._policy.settle(previous, gen)
-            gen.group.start()
-            self._observer.generation_started(gen, self._snapshots.restored_step)
-            self._set_state(AgentState.HEALTHY)
-            self._backoff.started()
-            ended = self._monitor(rdzv, gen)
-            self._observer.generation_ended(gen, ended.outcome, self._snapshots.progress()[0])
-            action = after_generation(ended.decision)
-            if action is Next.FINISH:
-                finished = self._finish(rdzv, end, gen)
-                if finished is not None:
-                    return finished
-                logger.info("another node restarted the job after this node finished; rejoining")
-                continue
-            self._set_state(AgentState.UNHEALTHY)
-            if action is Next.LEAVE:
-                assert ended.fault is not None
-                return self._leave(rdzv, end, ended.fault)
-            self._stop_workers()
-            if action is Next.REJOIN:  # ours may have failed as the job moved on
-                self._policy.record_failures(gen)
-                self._backoff.healthy()
-            else:
-                give_up = self._recover(gen, ended.fault)
-                if give_up is not None:
-                    end.end_job(gen, give_up.exit_code, give_up.reason)
-                    return self._result(
-                        AgentState.FAILED, give_up.exit_code, give_up.reason, give_up.failures
-                    )
-                self._backoff.failed(self._check_signal)
-            rdzv.rounds.open_next_round(gen.number)
+            if result is not None:
+                return result
+
+    def _out_of_descriptors(self, rdzv: JobRendezvous, exc: OSError) -> None:
+        """Logged, and this node's generation failed: the others restart with it."""
+        joined = self._starter.joined
+        generation = None if joined is None else joined.membership.generation
+        self._shortage.ran_out(exc, generation)
+        self._shortage.wait_for_spare(self.spec.rdzv.join_timeout, self._check_signal)
+        self._stop_workers()
+        if generation is not None:
+            rdzv.rounds.open_next_round(generation)
+        self._backoff.failed(self._check_signal)
+
+    def _generation(self, rdzv: JobRendezvous, end: JobEnd, leases: Leases) -> RunResult | None:
+        """Join, start, watch; then what core's decisions say (None: the next one)."""
+        self._set_state(AgentState.RENDEZVOUS)
+        rdzv.ledger.raise_if_excluded(self.addr)
+        fault = self._health.before_join() if self._health is not None else None
+        if fault is not None:
+            return self._leave(rdzv, end, fault)
+        previous = self._gen
+        membership = self._join(rdzv)
+        try:
+            gen = self._starter.start(rdzv, membership, previous, self._policy, leases)
+        except GenerationEnded as exc:
+            logger.info("%s (a member was lost while it started); rejoining", exc)
+            return None
+        self._gen = gen
+        self._policy.settle(previous, gen)
+        gen.group.start()
+        self._observer.generation_started(gen, self._snapshots.restored_step)
+        self._set_state(AgentState.HEALTHY)
+        self._backoff.started()
+        ended = self._monitor(rdzv, gen)
+        self._shortage.started()  # a whole generation ran with the descriptors it had
+        self._observer.generation_ended(gen, ended.outcome, self._snapshots.progress()[0])
+        action = after_generation(ended.decision)
+        if action is Next.FINISH:
+            finished = self._finish(rdzv, end, gen)
+            if finished is not None:
+                return finished
+            logger.info("another node restarted the job after this node finished; rejoining")
+            return None
+        self._set_state(AgentState.UNHEALTHY)
+        if action is Next.LEAVE:
+            assert ended.fault is not None
+            return self._leave(rdzv, end, ended.fault)
+        self._stop_workers()
+        if action is Next.REJOIN:  # ours may have failed as the job moved on
+            self._policy.record_failures(gen)
+            self._backoff.healthy()
+        else:
+            give_up = self._recover(gen, ended.fault)
+            if give_up is not None:
+                end.end_job(gen, give_up.exit_code, give_up.reason)
+                return self._result(
+                    AgentState.FAILED, give_up.exit_code, give_up.reason, give_up.failures
+                )
+            self._backoff.failed(self._check_signal)
+        rdzv.rounds.open_next_round(gen.number)
+        return None
 
     def _join(self, rdzv: JobRendezvous) -> Membership:
         member = MemberInfo(

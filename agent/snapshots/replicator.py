@@ -21,20 +21,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...core.snapshots.format import (
-    COMMITTED,
     HEADER_SIZE,
     SLOTS_PER_RANK,
-    read_header,
     replicated_step,
     set_replicated,
 )
 from ...core.snapshots.restore_plan import ShardId
+from ..net.limits import RateLimitedLog
 from ..observe.events import emit
 from .checksums import checksums
 from .disk_checkpoints import DiskCheckpointer
 from .shard_client import ShardClient
 from .shard_store import SLOT, ShardStore
 from .shard_wire import ShardError
+from .slot_check import fitting_header
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +108,7 @@ class Replicator:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._warned: set[tuple[str, int, int]] = set()  # (peer, rank, step)
+        self._failures = RateLimitedLog(logger)
         self._paths: list[str] = []
         self._twins: dict[int, list[int | None]] = {}
         self.sent = Traffic()  # this generation's
@@ -188,7 +189,15 @@ class Replicator:
         pause = POLL_S
         while not self._closed.is_set():
             with self._lock:
-                busy = self._generation is not None and self._pass(self._generation)
+                try:
+                    busy = self._generation is not None and self._pass(self._generation)
+                except Exception as exc:  # the thread must outlive any pass
+                    # A pass that failed (no descriptor left, no memory) is tried again
+                    # after a pause; a dead thread would leave every snapshot unreplicated.
+                    self._failures.warn(
+                        type(exc).__name__, "replication pass failed, retrying: %r", exc
+                    )
+                    busy = False
                 if time.monotonic() - self._emitted >= EVENT_S:
                     self._emit()
             if self._on_pass is not None:
@@ -212,8 +221,11 @@ class Replicator:
             # The header and the replicated mark in one read: read apart, a worker that
             # starts rewriting the slot in between made an old step look unreplicated.
             head = bytes(buffer[:HEADER_SIZE])
-            header = read_header(head)
-            if header is None or header.state != COMMITTED:
+            # Checked against the slot's file before any size of it is used: a header
+            # that does not fit is a corrupt slot, never checksummed, sent or counted.
+            # (One that fits a file grown since it was mapped is mapped again next pass.)
+            header = fitting_header(head, max(len(buffer), _file_size(path)), path)
+            if header is None or header.size > len(buffer):
                 continue
             if replicated_step(head) >= header.step:
                 continue
@@ -288,3 +300,10 @@ class Replicator:
             buffer = mmap.mmap(handle.fileno(), stat.st_size)
         self._maps[path] = (identity, buffer)
         return buffer
+
+
+def _file_size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
