@@ -5,12 +5,13 @@ from __future__ import annotations
 import datetime
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from ..core.config.launch_spec import LaunchSpec
 from ..core.layout.topology import LayoutError, NodeSlot, build_grid
 from ..core.rendezvous.failures import FailureKind, FailureRecord, failure_roles
+from .safe_text import plain, shown
 
 
 def _when(stamp: float) -> str:
@@ -30,22 +31,21 @@ def failure_report(
 ) -> None:
     """torchrun's FAILED summary as a table: the root cause (earliest failure) first, its
     victims marked."""
-    _failure_table(console, f"{escape(script)} FAILED", "bold red", failures)
+    _failure_table(console, f"{shown(script)} FAILED", "bold red", failures)
     root = failures[0] if failures else None
     if root is not None and root.traceback:
-        console.print(
-            f"[bold]Traceback of rank {root.rank}[/bold] ({root.error_file}):", highlight=False
-        )
-        console.print(root.traceback.rstrip(), markup=False, highlight=False)
+        head = Text.assemble((f"Traceback of rank {root.rank}", "bold"), " (")
+        console.print(head + plain(root.error_file) + Text("):"))
+        console.print(plain(root.traceback.rstrip(), limit=None))
     _hung_stacks(console, failures[1:])
-    console.print(f"[red]rtrain:[/red] {escape(message)}", highlight=False)
+    console.print(Text.assemble(("rtrain:", "red"), " ") + plain(message, limit=None))
 
 
 def recovery_report(console: Console, script: str, failures: list[FailureRecord]) -> None:
     """After a job that succeeded despite faults: what happened, and what rtrain did."""
     generations = len({f.generation for f in failures})
     title = (
-        f"{escape(script)} succeeded after {len(failures)} fault(s) in {generations} generation(s)"
+        f"{shown(script)} succeeded after {len(failures)} fault(s) in {generations} generation(s)"
     )
     _failure_table(console, title, "bold yellow", failures)
     _hung_stacks(console, failures)
@@ -54,12 +54,12 @@ def recovery_report(console: Console, script: str, failures: list[FailureRecord]
 def _hung_stacks(console: Console, failures: list[FailureRecord]) -> None:
     for record in failures:
         if record.kind == FailureKind.HANG and record.traceback:
-            console.print(f"[bold]Stack of hung rank {record.rank}:[/bold]", highlight=False)
-            console.print(record.traceback.rstrip(), markup=False, highlight=False)
+            console.print(Text(f"Stack of hung rank {record.rank}:", style="bold"))
+            console.print(plain(record.traceback.rstrip(), limit=None))
 
 
 def _failure_table(console: Console, title: str, style: str, failures: list[FailureRecord]) -> None:
-    table = Table(title=title, title_style=style, show_lines=False)
+    table = Table(title=Text(title), title_style=style, show_lines=False)
     for column in ("", "time", "gen", "kind", "node", "host", "rank (local)", "exit", "pid"):
         table.add_column(column, no_wrap=True)
     table.add_column("error")
@@ -73,11 +73,11 @@ def _failure_table(console: Console, title: str, style: str, failures: list[Fail
             str(record.generation),
             record.kind.value,
             str(record.node_rank),
-            escape(record.host),
+            plain(record.host, limit=64),
             rank,
             record.describe_exit(),
             "" if record.pid is None else str(record.pid),
-            escape(record.summary()),
+            plain(record.summary()),
         )
     console.print(table)
 
@@ -142,7 +142,7 @@ def dry_run(console: Console, spec: LaunchSpec, nproc: int, took: list[str] | No
             ),
         )
     for name, value in rows:
-        table.add_row(name, escape(value))
+        table.add_row(name, plain(value, limit=None))
     console.print(table)
     layout_table(console, spec, nproc)
 
@@ -153,9 +153,9 @@ def layout_table(console: Console, spec: LaunchSpec, nproc: int) -> None:
     try:
         topo = build_grid(spec.layout, 0, nodes)
     except LayoutError as exc:
-        console.print(f"[red]layout:[/red] {escape(str(exc))}", highlight=False)
+        console.print(Text.assemble(("layout:", "red"), " ") + plain(exc, limit=None))
         return
-    table = Table(title=f"layout at {spec.nodes.max_nodes} nodes: {escape(topo.summary())}")
+    table = Table(title=plain(f"layout at {spec.nodes.max_nodes} nodes: {topo.summary()}"))
     for column in ("rank", "node", "dp", "pp", "tp", "tp group", "dp peers"):
         table.add_column(column, justify="right")
     for coord in topo.coords[:64]:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from ..core.planner.job import PipelineJob, Worker
 from ..core.planner.report import Option
+from .safe_text import plain
 
 # (column, what it means and in which unit): the table's header and its caption.
 COLUMNS = (
@@ -35,15 +36,15 @@ def print_comparison(job: PipelineJob, failed: list[Worker], options: list[Optio
         f"failed: {', '.join(f'{r}:{s}' for r, s in sorted(failed)) or 'none'}"
     )
     caption = "\n".join(f"{name}: {meaning}" for name, meaning in COLUMNS)
-    table = Table(title=title, caption=escape(caption), caption_justify="left")
+    table = Table(title=plain(title), caption=Text(caption), caption_justify="left")
     for column, _ in COLUMNS:
         table.add_column(column)
     for option in options:
         table.add_row(
-            option.name,
+            plain(option.name),
             "-" if option.iteration_time is None else f"{option.iteration_time:.2f}",
             "-" if option.throughput is None else f"{option.throughput:.1%}",
             str(option.workers),
-            escape(option.note),
+            plain(option.note),
         )
     Console().print(table)

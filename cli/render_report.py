@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..core.observe.report import Report
+from .safe_text import plain, shown
 
 OUTCOME_COLOURS = {
     "succeeded": "#59a14f",
@@ -37,15 +38,15 @@ def print_report(report: Report) -> None:
         caption_justify="left",
     )
     for column in ("at (s)", "generation", "kind", "where", "detect (s)", "time lost (s)"):
-        table.add_column(column)
-    table.add_column("steps lost")
-    table.add_column("also")
+        table.add_column(column, overflow="fold")
+    table.add_column("steps lost", overflow="fold")
+    table.add_column("also", overflow="fold")
     for row in report.failures:
         table.add_row(
             f"{row.t:.2f}",
             "-" if row.generation is None else str(row.generation),
-            row.kind,
-            row.where,
+            plain(row.kind),
+            plain(row.where, limit=120),
             _seconds(row.detect_s),
             _seconds(row.time_lost_s),
             "-" if row.steps_lost is None else str(row.steps_lost),
@@ -63,6 +64,11 @@ def print_report(report: Report) -> None:
     )
     if report.bad_lines:
         console.print(f"{report.bad_lines} line(s) were not rtrain events and were skipped")
+
+
+def _label(text: str) -> str:
+    """An agent's name as matplotlib draws it: escaped, no mathtext ($...$)."""
+    return shown(text, limit=60).replace("$", r"\$")
 
 
 def draw_report(report: Report, folder: Path) -> list[Path]:
@@ -100,8 +106,8 @@ def draw_report(report: Report, folder: Path) -> list[Path]:
         )
         if node.replication:
             times, speeds = zip(*node.replication, strict=True)
-            rates.plot(times, speeds, "o-", ms=3, lw=1, label=node.agent)
-    lanes.set_yticks(range(len(nodes)), [n.agent for n in nodes], fontsize=8)
+            rates.plot(times, speeds, "o-", ms=3, lw=1, label=_label(node.agent))
+    lanes.set_yticks(range(len(nodes)), [_label(n.agent) for n in nodes], fontsize=8)
     lanes.set_ylim(len(nodes) - 0.5, -0.5)
     lanes.set_title("generations per node (colour: how each ended), downtime, faults", loc="left")
     legend: list[Artist] = [Patch(color=c, label=o) for o, c in OUTCOME_COLOURS.items()]

@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..core.observe.status import JobStatus
+from .safe_text import plain, shown
 
 
 def _step(value: int | None) -> str:
@@ -20,15 +21,15 @@ def _step(value: int | None) -> str:
 
 def status_view(view: JobStatus, seconds: float | None = None) -> Group:
     if view.generation is None:
-        head = f"job {view.run_id}: round {view.round} forming, {view.joined} node(s) joined"
+        head = f"job {shown(view.run_id)}: round {view.round} forming, {view.joined} node(s) joined"
     elif view.running:
         head = (
-            f"job {view.run_id}: generation {view.generation} running on "
+            f"job {shown(view.run_id)}: generation {view.generation} running on "
             f"{len(view.nodes)} node(s), step {_step(view.step)}"
         )
     else:
         head = (
-            f"job {view.run_id}: round {view.round} forming ({view.joined} joined); "
+            f"job {shown(view.run_id)}: round {view.round} forming ({view.joined} joined); "
             f"generation {view.generation} ran on {len(view.nodes)} node(s)"
         )
     took = "" if seconds is None else f" in {seconds * 1000:.0f} ms"
@@ -36,7 +37,7 @@ def status_view(view: JobStatus, seconds: float | None = None) -> Group:
     if view.nodes:
         nodes = Table(box=None, pad_edge=False)
         for column in ("node", "address", "seen (s ago)", "workers", "ranks: step", "snapshot"):
-            nodes.add_column(column)
+            nodes.add_column(column, overflow="fold")
         for n in view.nodes:
             record = n.status
             seen = "-" if n.age_s is None else f"{n.age_s:.1f}"
@@ -50,10 +51,12 @@ def status_view(view: JobStatus, seconds: float | None = None) -> Group:
                 if record and record.committed is not None
                 else "-"
             )
-            seen_text = Text(seen + (f"  {n.problem}" if n.problem else ""))
+            seen_text = plain(seen + (f"  {n.problem}" if n.problem else ""))
             if n.problem:
                 seen_text.stylize("red")
-            nodes.add_row(str(n.node_rank), n.addr, seen_text, str(n.workers), steps, snap)
+            nodes.add_row(
+                str(n.node_rank), plain(n.addr, limit=80), seen_text, str(n.workers), steps, snap
+            )
         parts.append(nodes)
     scope = f"generations {view.failures_from}..{view.generation or view.round}"
     if view.failures:
@@ -61,12 +64,14 @@ def status_view(view: JobStatus, seconds: float | None = None) -> Group:
             title=f"failures ({scope})", box=None, pad_edge=False, title_justify="left"
         )
         for column in ("generation", "at", "kind", "node", "rank", "role", "message"):
-            failures.add_column(column)
+            failures.add_column(column, overflow="fold")
         for f in view.failures:
             when = time.strftime("%H:%M:%S", time.localtime(f.time))
             rank = "-" if f.rank is None else str(f.rank)
-            where = f"{f.node_rank} ({f.host})"
-            failures.add_row(str(f.generation), when, f.kind, where, rank, f.role, f.message)
+            where = plain(f"{f.node_rank} ({f.host})", limit=80)
+            failures.add_row(
+                str(f.generation), when, plain(f.kind), where, rank, plain(f.role), plain(f.message)
+            )
         parts.append(failures)
     else:
         parts.append(Text(f"no failures ({scope})"))
