@@ -127,10 +127,12 @@ class StatusLoop:
             thread.start()
 
     def _cli(self) -> None:
-        while not self.stop.is_set():
+        while True:  # a pause between commands: each costs a core for a moment
             done = status(self.endpoint, self.run_id, "--json", "--timeout=5")
             view = json.loads(done.stdout) if done.returncode == 0 else None
             self.commands.append((done.returncode, view))
+            if self.stop.wait(0.3):
+                return
 
     def _tight(self) -> None:
         store = None
