@@ -1,7 +1,10 @@
 """Reading a running job's state from its store for `rtrain status`: read-only, bounded.
 
 The reader never writes: it does not create the round counter, join, or renew
-anything, so a status request cannot change what the agents decide. Its requests do
+anything, so a status request cannot change what the agents decide. Nor does it wake
+them: over TCPStore its stores check a key before reading it and never compare-set,
+which wakes every client waiting on the key (issue 32: a status request in an open
+round had every waiting agent take the round for closed). Its requests do
 not grow with the job's age or size beyond one request per list: the round, the
 membership, the lost-node list, every node's status record in one multi_get, and the
 failure ledger of the last FAILURE_GENERATIONS generations. Whatever is there that
