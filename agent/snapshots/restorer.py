@@ -3,8 +3,9 @@
 Every agent publishes what it holds (its workers' slots, the replicas it keeps), how
 far its own workers got, and where its ShardServer listens; once all members have, each
 computes the same plan (core.snapshots.restore_plan) and puts each of its new workers' shards
-into that worker's slot, from local memory or from a peer, checksum verified. A corrupt
-or unreachable copy is reported and the next holder is tried; if a rank has none left,
+into that worker's slot, from local memory or from a peer, checksum verified and checked
+as the worker will read it (restore_copies.py). A corrupt, unreadable or unreachable
+copy is reported and the next holder is tried; if a rank has none left,
 the agents agree on a new plan without the bad copies (restore_agreed). Then
 rtrain.core.restore() in the worker reads its slot.
 """
@@ -14,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,54 +28,32 @@ from ...core.rendezvous.protocol import (
     decode_master,
     encode_master,
 )
-from ...core.snapshots.format import set_replicated
 from ...core.snapshots.restore_plan import (
     Lineage,
     Reached,
-    RestoreSource,
     ShardId,
     job_ceiling,
     plan_restore,
     snapshots_existed,
 )
-from ..observe.progress import WaitProgress
 from ..rendezvous.job import JobRendezvous
 from ..waiting import SYSTEM_CLOCK
-from .checksums import verify
-from .disk_checkpoints import CheckpointDir, load_verified, newest_complete
-from .shard_client import Peers, ShardClient
+from .disk_checkpoints import CheckpointDir
+from .restore_copies import (
+    MAX_ATTEMPTS,
+    RestoreResult,
+    restore_from_disk,
+    restore_once,
+    restore_planned,
+)
+from .shard_client import Peers
 from .shard_store import ShardStore
-from .shard_wire import ShardError
+
+__all__ = ["Pooled", "RestoreResult", "gather", "publish", "restore_agreed", "restore_once"]
 
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.01
-# Each attempt drops at least one bad copy; a shard has --snapshot-copies of them.
-MAX_ATTEMPTS = 8
-
-
-@dataclass
-class RestoreResult:
-    step: int | None
-    local: int = 0
-    fetched: int = 0
-    from_dp_peer: int = 0
-    from_disk: str = ""
-    seconds: float = 0.0
-
-    def describe(self) -> str:
-        if self.step is None:
-            return "no snapshot to restore: workers start fresh"
-        if self.from_disk:
-            return (
-                f"restored step {self.step} from the disk checkpoint in {self.from_disk} "
-                f"in {self.seconds:.2f}s: no step survives in memory for every rank"
-            )
-        peer = f", {self.from_dp_peer} from a DP peer's shard" if self.from_dp_peer else ""
-        return (
-            f"restored step {self.step}: {self.local} shards from local memory, "
-            f"{self.fetched} from peers{peer}, in {self.seconds:.2f}s"
-        )
 
 
 @dataclass
@@ -188,7 +166,7 @@ def restore_agreed(
         if plan is None:
             result = _without_a_plan(store, topology, node_rank, pooled, checkpoint_dir)
             break
-        result, bad, complete = _restore_planned(store, peers, topology, node_rank, plan)
+        result, bad, complete = restore_planned(store, peers, topology, node_rank, plan)
         outcome = {"complete": complete, "bad": [[*_key(s), n] for s, n in sorted(bad, key=str)]}
         rdzv.store.set(
             keys.restore_outcome(topology.generation, node_rank, attempt), json.dumps(outcome)
@@ -230,23 +208,6 @@ def _read_outcome(payload: Any, node: int) -> tuple[bool, set[tuple[ShardId, int
         raise RtrainError(f"refusing node {node}'s restore outcome: {exc}") from None
 
 
-def restore_once(
-    store: ShardStore,
-    peers: Peers,
-    topology: Topology,
-    node_rank: int,
-    inventory: dict[int, list[ShardId]],
-) -> RestoreResult:
-    """One attempt at the plan for these inventories, alone (no agreement: tools, tests)."""
-    plan = plan_restore(topology, inventory)
-    if plan is None:
-        return RestoreResult(None)
-    result, _, complete = _restore_planned(store, peers, topology, node_rank, plan)
-    if not complete:
-        raise RtrainError(f"no intact copy of some shard of step {plan[0]} survives")
-    return result
-
-
 def _without_a_plan(
     store: ShardStore,
     topology: Topology,
@@ -270,126 +231,3 @@ def _without_a_plan(
     if any(pooled.inventory.values()):
         logger.warning("no step that every rank can restore survives: workers start fresh")
     return RestoreResult(None)
-
-
-def _restore_planned(
-    store: ShardStore,
-    peers: Peers,
-    topology: Topology,
-    node_rank: int,
-    plan: tuple[int, dict[int, RestoreSource]],
-) -> tuple[RestoreResult, set[tuple[ShardId, int]], bool]:
-    """Try the plan for this node's ranks: the result, the bad copies, complete or not."""
-    step, sources = plan
-    result = RestoreResult(step)
-    bad: set[tuple[ShardId, int]] = set()
-    mine = [c for c in topology.coords if c.node_rank == node_rank]
-    uses = Counter(sources[c.rank].shard for c in mine)
-    complete = True
-    with WaitProgress(f"restoring step {step}", log=logger) as progress:
-        for done, coord in enumerate(mine):
-            progress.update(f"{done} of {len(mine)} shards in place", done, len(mine))
-            source = sources[coord.rank]
-            exclusive = uses[source.shard] == 1
-            used = _restore_one(
-                store, peers, topology.generation, coord.rank, source, node_rank, exclusive, bad
-            )
-            if used is None:
-                logger.error(
-                    "no intact copy of %s for rank %d (every holder unreachable or corrupt)",
-                    source.shard,
-                    coord.rank,
-                )
-                complete = False
-                continue
-            result.local += used == node_rank
-            result.fetched += used != node_rank
-            result.from_dp_peer += source.from_dp_peer
-        progress.update(f"{len(mine)} of {len(mine)} shards in place", len(mine), len(mine))
-    return result, bad, complete
-
-
-def _restore_one(
-    store: ShardStore,
-    peers: Peers,
-    generation: int,
-    rank: int,
-    source: RestoreSource,
-    node_rank: int,
-    exclusive: bool,
-    bad: set[tuple[ShardId, int]],
-) -> int | None:
-    """Put `source` into the new worker's slot; the node whose copy was used, or None.
-    Copies found bad are added to `bad`."""
-    holders = sorted(source.holders, key=lambda n: n != node_rank)  # local copy first
-    for holder in holders:
-        try:
-            if holder == node_rank:
-                found = store.open_shard(source.shard)
-                if found is None:
-                    raise ShardError("the local copy is gone")
-                buffer, size, crcs = found
-                if not verify(buffer, size, crcs):
-                    raise ShardError("the local copy failed its checksum")
-                if exclusive:  # the common case: no copy at all
-                    target = store.adopt(source.shard, generation, rank)
-                else:
-                    target = store.restore_target(generation, rank, size)
-                    memoryview(target)[:size] = memoryview(buffer)[:size]
-            else:
-                host, port = peers.servers[holder]
-                client = ShardClient(host, port, peers.secret, peers.source)
-                target = _fetch(client, store, source.shard, generation, rank)
-            # Under its new name the shard is not replicated yet: the replicator copies it.
-            set_replicated(target, -1)
-            target.close()
-            return holder
-        except (OSError, ShardError, KeyError) as exc:
-            bad.add((source.shard, holder))
-            logger.warning(
-                "copy of %s on node %d is unusable (%s); trying the next", source.shard, holder, exc
-            )
-    return None
-
-
-def _fetch(
-    client: ShardClient, store: ShardStore, shard: ShardId, generation: int, rank: int
-) -> Any:
-    """Fetch `shard` from a peer straight into the new worker's slot."""
-    targets: list[Any] = []
-
-    def into(size: int) -> Any:
-        targets.append(store.restore_target(generation, rank, size))
-        return targets[-1]
-
-    try:
-        client.get(shard, into)
-    finally:
-        client.close()
-    return targets[-1]
-
-
-def restore_from_disk(
-    store: ShardStore, directory: CheckpointDir, topology: Topology, node_rank: int
-) -> RestoreResult:
-    """Every local rank from the newest complete disk checkpoint (the same on all nodes)."""
-    found = newest_complete(directory)
-    if found is None:
-        logger.info("no complete checkpoint in %s: workers start fresh", directory.path)
-        return RestoreResult(None)
-    step, world = found
-    for coord in topology.coords:
-        if coord.node_rank != node_rank:
-            continue
-        # A larger world than the checkpoint's takes ranks modulo: DP replicas.
-        try:
-            data = load_verified(directory, step, coord.rank % world)
-        except (OSError, ValueError, KeyError) as exc:
-            raise RtrainError(
-                f"cannot restore rank {coord.rank} from {directory.path}: {exc}"
-            ) from None
-        target = store.restore_target(topology.generation, coord.rank, len(data))
-        target[: len(data)] = data
-        set_replicated(target, -1)
-        target.close()
-    return RestoreResult(step, from_disk=directory.path)

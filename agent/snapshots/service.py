@@ -18,7 +18,7 @@ from ...core.config.worker_env import SNAPSHOT_BUDGET, SNAPSHOT_DIR
 from ...core.layout.topology import Topology
 from ...core.rendezvous.protocol import Membership, StoreKeys
 from ...core.snapshots.admission import Admission
-from ...core.snapshots.format import COMMITTED, SLOTS_PER_RANK, read_header
+from ...core.snapshots.format import HEADER_SIZE, SLOTS_PER_RANK
 from ...core.snapshots.redundancy import dp_twin
 from ...core.snapshots.restore_plan import Lineage, Reached, ring_successors
 from ..observe.events import emit
@@ -32,6 +32,7 @@ from .restorer import gather, publish, restore_agreed
 from .shard_client import Peers
 from .shard_server import ShardServer
 from .shard_store import KEEP_STEPS, ShardStore
+from .slot_check import fitting_header
 
 logger = logging.getLogger(__name__)
 
@@ -273,8 +274,8 @@ class SnapshotService:
             for shard, path in slots:
                 with open(path, "rb") as handle:
                     data = handle.read()
-                header = read_header(data)
-                if header is None or header.state != COMMITTED or header.step != shard.step:
+                header = fitting_header(data[:HEADER_SIZE], len(data), path)
+                if header is None or header.step != shard.step:
                     continue
                 data = data[: header.size]
                 write_checkpoint(

@@ -24,10 +24,17 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from ...core.snapshots.format import COMMITTED, HEADER_SIZE, SLOTS_PER_RANK, read_header
+from ...core.snapshots.format import (
+    COMMITTED,
+    HEADER_SIZE,
+    SLOTS_PER_RANK,
+    ShardHeader,
+    read_header,
+)
 from ...core.snapshots.restore_plan import ShardId
 from ..runtime_dir import make_folder, no_space
 from .checksums import checksums
+from .slot_check import fitting_header
 
 logger = logging.getLogger(__name__)
 
@@ -88,14 +95,22 @@ class ShardStore:
             self._crcs[shard] = crcs
 
     def open_shard(self, shard: ShardId) -> tuple[Any, int, list[int]] | None:
-        """A read-only mapping of a shard held here, its size and its checksums."""
-        for known, path in self.replicas() + self.local_slots():
-            if known != shard:
-                continue
+        """A read-only mapping of a shard held here, its size and its checksums. Its
+        header is checked against what holds it (a replica's listed size, a slot's
+        file) before its size is used: one that does not fit is not opened."""
+        with self._lock:
+            listed = self._replicas.get(shard)
+        held: list[tuple[str, int | None]] = [listed] if listed is not None else []
+        held += [(path, None) for known, path in self.local_slots() if known == shard]
+        for path, size in held:
             buffer = _map(path, writable=False)
-            header = read_header(buffer)
-            if header is None or header.state != COMMITTED or header.step != shard.step:
+            head = bytes(buffer[:HEADER_SIZE])
+            header = read_header(head)
+            if header is None or header.step != shard.step:
                 continue  # a slot the worker is overwriting right now
+            length = len(buffer) if size is None else min(size, len(buffer))
+            if fitting_header(head, length, path) is None:
+                continue  # not committed, or corrupt
             with self._lock:
                 crcs = self._crcs.get(shard)
             if crcs is None:
@@ -271,12 +286,16 @@ def _size(path: str) -> int:
         return 0
 
 
-def _header_of(path: str) -> Any:
+def _header_of(path: str) -> ShardHeader | None:
+    """The committed header of a slot file, if it fits the file (else None, and a
+    misfit is reported once)."""
     try:
         with open(path, "rb") as handle:
-            return read_header(handle.read(64))
+            head = handle.read(HEADER_SIZE)
+            length = os.fstat(handle.fileno()).st_size
     except OSError:
         return None
+    return fitting_header(head, length, path)
 
 
 def _map(path: str, writable: bool) -> mmap.mmap:

@@ -226,6 +226,44 @@ def read_header(buffer: Any) -> ShardHeader | None:
     return ShardHeader(state, step, meta_len, data_len, replicated)
 
 
+def header_misfit(header: ShardHeader, length: int) -> str | None:
+    """Why `header` cannot be that of a shard held in `length` bytes (its slot file's,
+    its mapping's, a replica's listed size), or None when it fits.
+
+    Every size a header gives is checked here before it is used: a header is not
+    covered by the checksums, so one with a data length of 2**50 would otherwise be
+    hashed, sent, allocated and restored as if its slot held that much."""
+    if header.size > length:
+        return (
+            f"its header claims {header.meta_len} + {header.data_len} bytes past the "
+            f"header, but only {max(length - HEADER_SIZE, 0)} hold them"
+        )
+    return None
+
+
+def check_shard(buffer: Any, length: int | None = None) -> tuple[ShardHeader, Any]:
+    """(header, skeleton) of the committed shard in buffer[:length] (all of it by
+    default), after every check read_shard makes before it builds a tensor: its
+    header fits, its skeleton decodes and every tensor lies inside its data. A
+    SnapshotError says which failed. The agent runs it on a copy before a worker
+    restores it: a copy the worker could not read is refused while another can be
+    planned."""
+    length = len(buffer) if length is None else min(length, len(buffer))
+    header = read_header(buffer)
+    if header is None or header.state != COMMITTED:
+        raise SnapshotError("not a complete shard")
+    why = header_misfit(header, length)
+    if why is not None:
+        raise SnapshotError(f"shard is truncated: {why}")
+    try:
+        skeleton = decode(
+            bytes(buffer[HEADER_SIZE : HEADER_SIZE + header.meta_len]), header.data_len
+        )
+    except SkeletonError as exc:
+        raise SnapshotError(f"shard skeleton refused: {exc}") from None
+    return header, skeleton
+
+
 def read_shard(
     buffer: Any, copy: bool = True, dtensor: DTensorBuilder = no_dtensors
 ) -> tuple[Any, int]:
@@ -235,16 +273,8 @@ def read_shard(
     writes again). dtensor(ref, local, where) makes each DTensor of its local shard."""
     import torch
 
-    header = read_header(buffer)
-    if header is None or header.state != COMMITTED:
-        raise SnapshotError("not a complete shard")
-    if len(buffer) < header.size:
-        raise SnapshotError("shard is truncated")
+    header, skeleton = check_shard(buffer)
     meta_end = HEADER_SIZE + header.meta_len
-    try:
-        skeleton = decode(bytes(buffer[HEADER_SIZE:meta_end]), header.data_len)
-    except SkeletonError as exc:
-        raise SnapshotError(f"shard skeleton refused: {exc}") from None
 
     def build(value: Any, path: tuple[Any, ...] = ()) -> Any:
         if isinstance(value, DTensorRef):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import struct
 import time
 from typing import Any
 
@@ -31,8 +32,12 @@ from ..clock import wait_until
 from ..config.worker_env import SNAPSHOT_BUDGET, SNAPSHOT_DIR
 from ..snapshots.format import (
     COMMITTED,
+    EMPTY,
     SLOTS_PER_RANK,
+    STATE_OFFSET,
     SnapshotError,
+    check_shard,
+    header_misfit,
     plan_shard,
     read_header,
     read_shard,
@@ -103,10 +108,21 @@ class _Slot:
                 os.remove(self.path)
 
     def header_step(self) -> int | None:
+        """The step of the committed snapshot the slot holds, or None: none, a torn
+        one, or a header that does not fit the slot (corrupt: never waited for, read
+        or kept; the next snapshot overwrites it)."""
         if self.map is None:
             return None
         header = read_header(self.map)
-        return header.step if header is not None and header.state == COMMITTED else None
+        if header is None or header.state != COMMITTED or header_misfit(header, self.size):
+            return None
+        return header.step
+
+    def discard(self) -> None:
+        """Mark the snapshot here unusable (a copy no worker can read): the agent no
+        longer lists it, so no restore plans with it again."""
+        if self.map is not None:
+            struct.pack_into("<I", self.map, STATE_OFFSET, EMPTY)
 
 
 class _Slots:
@@ -212,6 +228,11 @@ def restore(copy: bool = True, *, into: Any = None, mesh: Any = None) -> tuple[A
     if mesh is not None:
         meshes.extend(mesh if isinstance(mesh, (list, tuple)) else [mesh])
     build = dtensor_builder(meshes)
+    try:
+        check_shard(newest.map)
+    except SnapshotError:
+        newest.discard()  # the agent checks a copy before it gives it: this is rare
+        raise
     if copy:
         state, step = read_shard(newest.map, dtensor=build)
     else:
