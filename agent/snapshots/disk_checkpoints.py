@@ -15,6 +15,15 @@ A step is complete when every rank 0..W-1 has both files and every manifest's MA
 good. Restore reads the newest complete step, checks each shard's size, SHA-256 and
 checksums against its manifest, and says it came from disk.
 
+Nothing is left behind: a write that fails (a full disk: ENOSPC) removes its partial
+files, and its step folder if that is then empty, so the newest complete step stays
+readable and the disk does not fill further; a rewrite of a step removes the old
+manifest before the shard is replaced (a new shard never sits under an old manifest),
+and one of identical bytes is not written at all. The log says a failure once per
+streak of them, with their count when a write succeeds again. After each step written,
+the step folders older than the newest `keep` complete steps are deleted
+(--keep-checkpoints; 0 keeps all).
+
 A shared checkpoint folder is writable by more than this job, and a shard read from it
 becomes training state, so nothing there is trusted that this job did not write: each
 manifest carries HMAC-SHA256 of its fields (the shard's SHA-256 among them) under the
@@ -27,6 +36,7 @@ A shard holds no pickle (core/snapshots/skeleton.py), so even a trusted one runs
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import hmac
@@ -36,6 +46,7 @@ import os
 import queue
 import re
 import secrets
+import shutil
 import stat
 import threading
 from dataclasses import dataclass
@@ -128,12 +139,17 @@ def _mac(key: bytes, fields: dict[str, Any]) -> str:
 
 
 class DiskCheckpointer:
-    def __init__(self, directory: CheckpointDir, every: int) -> None:
+    def __init__(self, directory: CheckpointDir, every: int, keep: int = 0) -> None:
+        """keep: complete steps kept in the folder (0: all)."""
         self.directory = directory
         self.every = every
+        self.keep = keep
         self._queue: queue.Queue[tuple[int, int, int, bytes, list[int]] | None] = queue.Queue()
         self._pending: set[int] = set()  # ranks with a write queued or in progress
         self._lock = threading.Lock()
+        self._failed = 0  # writes failed since the last that succeeded
+        self._skipped = 0  # steps skipped since the last write that succeeded
+        self._pruned_after = -1  # the newest step written when the folder was last pruned
         self._thread = threading.Thread(target=self._run, name="rtrain-checkpoint", daemon=True)
         self._thread.start()
 
@@ -144,11 +160,14 @@ class DiskCheckpointer:
             return
         with self._lock:
             if rank in self._pending:
-                logger.warning(
-                    "disk checkpoint of rank %d step %d skipped: the previous one is writing",
-                    rank,
-                    step,
-                )
+                self._skipped += 1
+                if self._skipped == 1:
+                    logger.warning(
+                        "disk checkpoint of rank %d step %d skipped: the previous one is "
+                        "writing (further skips are counted until a write succeeds)",
+                        rank,
+                        step,
+                    )
                 return
             self._pending.add(rank)
         self._queue.put((rank, step, world_size, bytes(buffer), crcs))
@@ -156,6 +175,10 @@ class DiskCheckpointer:
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(timeout=60)
+        if self._failed:
+            logger.error(
+                "%d disk checkpoint write(s) failed since the last that succeeded", self._failed
+            )
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
@@ -163,24 +186,71 @@ class DiskCheckpointer:
             try:
                 write_checkpoint(self.directory, rank, step, world_size, data, crcs)
             except OSError as exc:
-                logger.error("disk checkpoint of step %d failed: %s", step, exc)
+                self._failed += 1
+                if self._failed == 1:
+                    logger.error(
+                        "disk checkpoint of rank %d step %d failed: %s; its partial files "
+                        "were removed, training goes on, the newest complete checkpoint "
+                        "stays (further failures are counted until a write succeeds)",
+                        rank,
+                        step,
+                        exc,
+                    )
+            else:
+                self._succeeded(rank, step)
             finally:
                 with self._lock:
                     self._pending.discard(rank)
+
+    def _succeeded(self, rank: int, step: int) -> None:
+        with self._lock:
+            failed, skipped = self._failed, self._skipped
+            self._failed = self._skipped = 0
+        if failed or skipped:
+            logger.warning(
+                "disk checkpoints written again (rank %d step %d) after %d failed and %d skipped",
+                rank,
+                step,
+                failed,
+                skipped,
+            )
+        if self.keep > 0 and step > self._pruned_after:
+            self._pruned_after = step
+            prune_checkpoints(self.directory, self.keep)
+
+
+def _step_folder(directory: CheckpointDir, step: int) -> str:
+    return os.path.join(directory.path, f"step-{step:09d}")
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
+
+
+def _same_as_written(directory: CheckpointDir, rank: int, step: int, data: Any) -> bool:
+    """Whether `rank`'s shard of `step` is in the folder with these very bytes."""
+    try:
+        fields = read_manifest(directory, step, rank)
+        shard = os.path.join(_step_folder(directory, step), f"rank-{rank}.shard")
+        return os.path.getsize(shard) == fields["size"] == len(data) and hmac.compare_digest(
+            hashlib.sha256(data).hexdigest(), fields["sha256"]
+        )
+    except (OSError, ValueError):
+        return False
 
 
 def write_checkpoint(
     directory: CheckpointDir, rank: int, step: int, world_size: int, data: Any, crcs: list[int]
 ) -> None:
-    """One rank's shard of `step`; the manifest, written last, says it is whole."""
-    folder = os.path.join(directory.path, f"step-{step:09d}")
+    """One rank's shard of `step`; the manifest, written last, says it is whole. A
+    failed write (OSError) leaves none of its files behind."""
+    if _same_as_written(directory, rank, step, data):
+        return
+    folder = _step_folder(directory, step)
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"rank-{rank}.shard")
-    with open(path + ".tmp", "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(path + ".tmp", path)
+    manifest = os.path.join(folder, f"rank-{rank}.json")
     fields = {
         "step": step,
         "rank": rank,
@@ -189,10 +259,52 @@ def write_checkpoint(
         "sha256": hashlib.sha256(data).hexdigest(),
         "crcs": crcs,
     }
-    manifest = os.path.join(folder, f"rank-{rank}.json")
-    with open(manifest + ".tmp", "w") as handle:
-        json.dump({**fields, "mac": _mac(directory.key, fields)}, handle)
-    os.replace(manifest + ".tmp", manifest)
+    try:
+        _remove(manifest)  # a rewrite: no new shard under the old manifest
+        with open(path + ".tmp", "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(path + ".tmp", path)
+        with open(manifest + ".tmp", "w") as handle:
+            json.dump({**fields, "mac": _mac(directory.key, fields)}, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(manifest + ".tmp", manifest)
+    except BaseException:
+        for leftover in (path + ".tmp", manifest + ".tmp", path):  # path: no manifest now
+            with contextlib.suppress(OSError):
+                os.remove(leftover)
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)  # only if no other rank wrote there
+        raise
+
+
+def _steps(directory: CheckpointDir) -> list[tuple[int, str]]:
+    """Every step folder, newest first."""
+    steps = []
+    for folder in glob.glob(os.path.join(directory.path, "step-*")):
+        match = STEP_DIR.search(folder)
+        if match:
+            steps.append((int(match[1]), folder))
+    return sorted(steps, reverse=True)
+
+
+def prune_checkpoints(directory: CheckpointDir, keep: int) -> list[int]:
+    """Delete the step folders older than the newest `keep` complete steps (complete or
+    not: an older incomplete step is of no use once a newer one is complete); the steps
+    deleted. Several agents may prune one shared folder at once."""
+    kept = 0
+    deleted = []
+    for step, folder in _steps(directory):
+        if kept >= keep:
+            shutil.rmtree(folder, ignore_errors=True)
+            deleted.append(step)
+        elif _complete(directory, step, folder) is not None:
+            kept += 1
+    if deleted:
+        logger.info("disk checkpoints: deleted steps %s (kept the newest %d)", deleted, keep)
+    return deleted
 
 
 def read_manifest(directory: CheckpointDir, step: int, rank: int) -> dict[str, Any]:
@@ -224,36 +336,38 @@ def read_manifest(directory: CheckpointDir, step: int, rank: int) -> dict[str, A
     return fields
 
 
+def _complete(directory: CheckpointDir, step: int, folder: str) -> int | None:
+    """The world size of `step` if every rank finished it, else None. A step with a
+    manifest this job did not write is passed over, and said so."""
+    try:
+        world = read_manifest(directory, step, 0)["world_size"]
+        if world < 1 or not all(
+            os.path.exists(os.path.join(folder, f"rank-{r}.shard"))
+            and read_manifest(directory, step, r)["world_size"] == world
+            for r in range(world)
+        ):
+            return None
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        logger.error("disk checkpoint of step %d passed over: %s", step, exc)
+        return None
+    return int(world)
+
+
 def newest_complete(directory: CheckpointDir) -> tuple[int, int] | None:
-    """(step, world size) of the newest checkpoint every rank finished, or None. A step
-    with a manifest this job did not write is passed over, and said so."""
-    steps = []
-    for folder in glob.glob(os.path.join(directory.path, "step-*")):
-        match = STEP_DIR.search(folder)
-        if match:
-            steps.append((int(match[1]), folder))
-    for step, folder in sorted(steps, reverse=True):
-        try:
-            world = read_manifest(directory, step, 0)["world_size"]
-            if world < 1 or not all(
-                os.path.exists(os.path.join(folder, f"rank-{r}.shard"))
-                and read_manifest(directory, step, r)["world_size"] == world
-                for r in range(world)
-            ):
-                continue
-        except FileNotFoundError:
-            continue
-        except (OSError, ValueError) as exc:
-            logger.error("disk checkpoint of step %d passed over: %s", step, exc)
-            continue
-        return step, world
+    """(step, world size) of the newest checkpoint every rank finished, or None."""
+    for step, folder in _steps(directory):
+        world = _complete(directory, step, folder)
+        if world is not None:
+            return step, world
     return None
 
 
 def load_verified(directory: CheckpointDir, step: int, rank: int) -> bytes:
     """The shard of `rank` at `step` as this job wrote it (OSError/ValueError if not)."""
     fields = read_manifest(directory, step, rank)
-    path = os.path.join(directory.path, f"step-{step:09d}", f"rank-{rank}.shard")
+    path = os.path.join(_step_folder(directory, step), f"rank-{rank}.shard")
     with open(path, "rb") as handle:
         data = handle.read(fields["size"] + 1)
     if len(data) != fields["size"] or not hmac.compare_digest(

@@ -1,11 +1,15 @@
 """Disk checkpoints are trusted only when this job wrote them: a shared folder that
-others can write must not become training state (agent/snapshots/disk_checkpoints.py)."""
+others can write must not become training state (agent/snapshots/disk_checkpoints.py);
+and a full disk leaves nothing behind, old steps are pruned."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,11 +17,14 @@ from rtrain.agent.snapshots.checksums import checksums
 from rtrain.agent.snapshots.disk_checkpoints import (
     KEY_FILE,
     CheckpointDir,
+    DiskCheckpointer,
     load_verified,
     newest_complete,
     open_checkpoint_dir,
+    prune_checkpoints,
     write_checkpoint,
 )
+from rtrain.agent.waiting import SYSTEM_CLOCK
 from rtrain.core.errors import UsageError
 from rtrain.core.snapshots.format import plan_shard, read_shard, write_shard
 
@@ -94,3 +101,98 @@ def test_a_key_file_others_can_read_is_a_usage_error(tmp_path) -> None:
     os.chmod(tmp_path / KEY_FILE, 0o644)
     with pytest.raises(UsageError, match="only this user can read"):
         open_checkpoint_dir(str(tmp_path), None)
+
+
+SECRET = b"the job secret, sixteen bytes+"
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 1 MiB tmpfs (root only), unmounted at the end."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)])
+    if made.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def files_under(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def test_a_full_disk_leaves_nothing_behind_and_says_so_once_per_streak(full_disk, caplog):
+    directory = open_checkpoint_dir(str(full_disk), SECRET)
+    write_step(directory, 1, world=1)
+    checkpointer = DiskCheckpointer(directory, every=1, keep=1)
+    big = bytes(2 << 20)  # more than the disk holds: ENOSPC
+    with caplog.at_level(logging.INFO, logger="rtrain.agent.snapshots.disk_checkpoints"):
+        for step in range(2, 7):
+            checkpointer.offer(0, step, 1, big, checksums(big, len(big)))
+            assert SYSTEM_CLOCK.wait_until(lambda: not checkpointer._pending, 30, 0.01)
+            # each failure removed its files: the complete step 1 is all there is
+            assert files_under(full_disk) == [
+                "step-000000001",
+                "step-000000001/rank-0.json",
+                "step-000000001/rank-0.shard",
+            ]
+            assert newest_complete(directory) == (1, 1)
+        small = shard_bytes(7.0, 7)
+        checkpointer.offer(0, 7, 1, small, checksums(small, len(small)))
+        checkpointer.close()
+    said = [r.getMessage() for r in caplog.records]
+    failed = [m for m in said if "failed" in m and "step" in m]
+    assert len(failed) == 2, said  # the streak's first, then its count when one succeeded
+    assert "rank 0 step 2 failed" in failed[0] and "after 5 failed" in failed[1]
+    # step 7 written, step 1 pruned (keep=1), nothing else
+    assert files_under(full_disk) == [
+        "step-000000007",
+        "step-000000007/rank-0.json",
+        "step-000000007/rank-0.shard",
+    ]
+    assert read_shard(bytearray(load_verified(directory, 7, 0)))[1] == 7
+
+
+def test_a_rewrite_that_fails_leaves_no_new_shard_under_the_old_manifest(tmp_path) -> None:
+    directory = open_checkpoint_dir(str(tmp_path), SECRET)
+    write_step(directory, 2)
+    write_step(directory, 3)
+    # step 3 rewritten with other bytes (a restarted job reaching it again), its
+    # manifest cannot be written (a real OS error: its temporary name is a folder)
+    (tmp_path / "step-000000003" / "rank-0.json.tmp").mkdir()
+    data = shard_bytes(5.0, 3)
+    with pytest.raises(OSError):
+        write_checkpoint(directory, 0, 3, 2, data, checksums(data, len(data)))
+    step, world = newest_complete(directory)
+    for rank in range(world):  # whatever is complete reads back as it was signed
+        load_verified(directory, step, rank)
+    assert step == 2 and not (tmp_path / "step-000000003" / "rank-0.shard").exists()
+
+
+def test_the_same_bytes_again_are_not_rewritten(tmp_path) -> None:
+    directory = open_checkpoint_dir(str(tmp_path), SECRET)
+    write_step(directory, 4)
+    shard = tmp_path / "step-000000004" / "rank-1.shard"
+    before = shard.stat().st_ino
+    write_step(directory, 4)
+    assert shard.stat().st_ino == before and newest_complete(directory) == (4, 2)
+
+
+def test_old_steps_are_pruned_to_the_newest_complete_ones(tmp_path) -> None:
+    directory = open_checkpoint_dir(str(tmp_path), SECRET)
+    for step in (1, 2, 3, 5, 6):
+        write_step(directory, step)
+    (tmp_path / "step-000000000").mkdir()  # an empty folder, older
+    data = shard_bytes(1.0, 4)  # step 4 and step 7: incomplete (rank 1 missing)
+    for step in (4, 7):
+        write_checkpoint(directory, 0, step, 2, data, checksums(data, len(data)))
+    assert prune_checkpoints(directory, 2) == [4, 3, 2, 1, 0]
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == [
+        "step-000000005",
+        "step-000000006",
+        "step-000000007",  # newer than the kept ones: being written
+    ]
+    assert newest_complete(directory) == (6, 2)
