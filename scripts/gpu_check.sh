@@ -10,7 +10,11 @@
 # 4. a 30-second monitored run: `rtrain launch` with --health-interval 2 on a small CPU
 #    job, so that the agent's NVML monitor and XID listener run beside training;
 # 5. CUDA and NCCL in workers forked from the pool, before and after a restart (the
-#    second generation is forked after the pool warmed torch._dynamo).
+#    second generation is forked after the pool warmed torch._dynamo);
+# 6. CUDA stays uninitialized in the pool: a --preload module that asks
+#    torch.cuda.is_available() (answered by NVML: the pool runs with
+#    PYTORCH_NVML_BASED_CUDA_CHECK=1) leaves forked workers a working CUDA, and one that
+#    initializes CUDA makes rtrain refuse to fork, with one line and exit 64.
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -61,4 +65,14 @@ echo "== CUDA in forked workers (a crash, then a restart)"
 timeout 120 $PY -m rtrain.cli.main launch --standalone --nproc-per-node=1 --max-restarts=1 \
     tests/scripts/cuda_fork_probe.py 2>&1 | grep -E "cuda ok|rtrain:|Error|error" | tail -n 20
 echo "exit code: ${PIPESTATUS[0]}"
+echo "== CUDA left uninitialized by a preload that asks torch.cuda.is_available()"
+PYTHONPATH="tests/scripts${PYTHONPATH:+:$PYTHONPATH}" timeout 120 $PY -m rtrain.cli.main launch \
+    --standalone --nproc-per-node=1 --max-restarts=1 --preload torch,cuda_preload_probe \
+    tests/scripts/cuda_fork_probe.py 2>&1 | grep -E "preload:|cuda ok|rtrain:|Error|error" | tail -n 20
+echo "exit code: ${PIPESTATUS[0]} (expect 0, initialized=False, two 'cuda ok')"
+echo "== a pool whose preload initialized CUDA refuses to fork"
+RTRAIN_PROBE_INIT_CUDA=1 PYTHONPATH="tests/scripts${PYTHONPATH:+:$PYTHONPATH}" timeout 120 \
+    $PY -m rtrain.cli.main launch --standalone --nproc-per-node=1 \
+    --preload torch,cuda_preload_probe tests/scripts/cuda_fork_probe.py 2>&1 | tail -n 5
+echo "exit code: ${PIPESTATUS[0]} (expect 64 and 'CUDA is initialized in the worker pool')"
 echo "== done"

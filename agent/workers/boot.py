@@ -41,18 +41,56 @@ EXEC_FAILED = 127
 _kept_alive: list[Any] = []
 
 
+# Opened once, in the zygote: a worker forked while the pool's warm-up thread was inside
+# dlopen must not call dlopen itself (the loader's lock is held by a thread it lacks).
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
 def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
     """Linux: the kernel sends `sig` to this process when its parent exits."""
-    if not sys.platform.startswith("linux"):
+    if _LIBC is None:
         return
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+    if _LIBC.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+
+
+def fresh_interpreter(request: dict[str, Any]) -> dict[str, Any]:
+    """The request that runs the same entry point in a new interpreter (`python -u`), as
+    torchrun starts a worker: nothing of the pool's imports, state or settings."""
+    if request["kind"] == "exec":
+        return request
+    flags = ["-u", "-m"] if request["kind"] == "module" else ["-u"]
+    return {
+        **request,
+        "kind": "exec",
+        "target": sys.executable,
+        "args": [*flags, request["target"], *request["args"]],
+    }
+
+
+def reseed() -> None:
+    """Seed the random states a fresh interpreter seeds from the OS's entropy (torch's
+    default generator, numpy's global state, `random`): a fork has the pool's, so every
+    worker of every generation drew the same numbers. CUDA's generators are not touched:
+    CUDA is uninitialized in the pool (checked before each fork), so each worker seeds
+    its own on first use."""
+    torch = sys.modules.get("torch")
+    generator = getattr(torch, "default_generator", None)
+    if generator is not None:
+        generator.seed()
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()
+    random = sys.modules.get("random")
+    if random is not None:
+        random.seed()
 
 
 def boot(request: dict[str, Any], parent_pid: int, inherited_fds: Sequence[int]) -> NoReturn:
     try:
         _become_worker(request, parent_pid, inherited_fds)
+        if request["kind"] != "exec":
+            reseed()
     except BaseException as exc:  # nothing may unwind back into the zygote's loop
         _safe_write(2, f"rtrain: worker setup failed: {exc!r}\n")
         os._exit(EXEC_FAILED)

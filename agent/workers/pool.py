@@ -13,16 +13,27 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ...core.errors import RtrainError
+from ...core.errors import ExitCode, RtrainError
 
 logger = logging.getLogger(__name__)
 
 # What most training scripts import at their first optimizer step (1.2 s of torch._dynamo).
 WARM_LATER = ("torch._dynamo",)
+# How often a spawn the pool has not answered yet says that it still waits.
+NOTICE_S = 10.0
+# Lets torch.cuda.is_available() in a preload module ask NVML, not initialize CUDA
+# (which a forked worker could not use).
+POOL_ONLY_ENV = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
 
 
 class PoolDied(RtrainError):
     """The zygote exited; every worker it held is gone with it."""
+
+
+class PoolRefused(RtrainError):
+    """The pool would not fork a worker (CUDA is initialized in it): a setup error."""
+
+    exit_code = ExitCode.USAGE
 
 
 @dataclass(frozen=True)
@@ -39,9 +50,11 @@ class WorkerPool:
         preload: tuple[str, ...],
         env: Mapping[str, str],
         warm_later: tuple[str, ...] | None = None,
+        notice_s: float = NOTICE_S,
     ) -> None:
         """warm_later: modules the zygote imports once it is idle after its start (default:
-        torch._dynamo when torch is preloaded)."""
+        torch._dynamo when torch is preloaded); notice_s: how often a slow spawn is logged."""
+        self._notice_s = notice_s
         self._preload = preload
         if warm_later is None:
             warm_later = WARM_LATER if "torch" in preload else ()
@@ -74,7 +87,7 @@ class WorkerPool:
                 ",".join(self._warm_later),
             ],
             pass_fds=(theirs.fileno(),),
-            env=self._env,
+            env={**self._env, **POOL_ONLY_ENV},
         )
         theirs.close()
         self._sock = ours
@@ -113,23 +126,40 @@ class WorkerPool:
             messages.append(json.loads(line))
         return messages
 
-    def _await(self, event: str, timeout: float, worker_id: str | None = None) -> dict[str, Any]:
-        end = time.monotonic() + timeout
+    def _await(
+        self, events: tuple[str, ...], timeout: float, worker_id: str | None = None, what: str = ""
+    ) -> dict[str, Any]:
+        """The first message of one of `events` (for `worker_id`); with `what`, a line every
+        notice_s says that it still waits, and only the pool's exit or `timeout` end it."""
+        start = time.monotonic()
+        end, notice = start + timeout, start + self._notice_s
         while True:
             for index, message in enumerate(self._pending):
-                if message.get("ev") == event and (
+                if message.get("ev") in events and (
                     worker_id is None or message.get("id") == worker_id
                 ):
                     return self._pending.pop(index)
-            remaining = end - time.monotonic()
-            if remaining <= 0:
-                raise PoolDied(f"the worker pool did not answer ({event}) within {timeout:g}s")
-            self._pending.extend(self._read(remaining))
+            now = time.monotonic()
+            if now >= end:
+                raise PoolDied(f"the worker pool did not answer ({events[0]}) within {timeout:g}s")
+            if what and now >= notice:
+                notice = now + self._notice_s
+                if not self.running:
+                    raise PoolDied("the worker pool exited while it started a worker")
+                logger.warning(
+                    "the worker pool has not started %s after %.0fs (a loaded node?); "
+                    "waiting up to %gs",
+                    what,
+                    now - start,
+                    timeout,
+                )
+            wait = min(end, notice) - now if what else end - now
+            self._pending.extend(self._read(wait))
 
     def wait_ready(self, timeout: float = 120.0) -> dict[str, str]:
         if self._ready:
             return {}
-        message = self._await("ready", timeout)
+        message = self._await(("ready",), timeout)
         self._ready = True
         errors = dict(message.get("preload_errors") or {})
         for module, error in errors.items():
@@ -138,10 +168,18 @@ class WorkerPool:
             )
         return errors
 
-    def spawn(self, request: dict[str, Any]) -> int:
-        self.wait_ready()
+    def spawn(self, request: dict[str, Any], timeout: float = 600.0) -> int:
+        """Fork (or start) a worker; its pid. A slow answer (a loaded node) is waited for,
+        with a line every notice_s, up to `timeout`."""
+        self.wait_ready(timeout)
         self._send({"op": "spawn", **request})
-        return int(self._await("started", 30.0, worker_id=request["id"])["pid"])
+        what = f"worker {request['id']}"
+        answer = self._await(("started", "refused"), timeout, request["id"], what)
+        if answer["ev"] == "refused":
+            raise PoolRefused(str(answer.get("error", "the worker pool refused to fork")))
+        if answer.get("fresh"):
+            logger.info("%s started as a fresh interpreter: %s", what, answer["fresh"])
+        return int(answer["pid"])
 
     def signal_all(self, sig: int) -> None:
         if self.running:

@@ -8,7 +8,8 @@ The agent talks to the zygote over a socketpair, one JSON object per line:
                     {"op": "signal", "sig": N, "id": ...}   (that worker's process group;
                                                             without "id", every worker's)
   zygote -> agent   {"ev": "ready", "preload_errors": {...}}
-                    {"ev": "started", "id": ..., "pid": N}
+                    {"ev": "started", "id": ..., "pid": N, "fresh": why or ""}
+                    {"ev": "refused", "id": ..., "error": ...}   (CUDA initialized here)
                     {"ev": "exited", "id": ..., "pid": N, "exitcode": N, "time": T}
                     (exitcode negative: killed by that signal; time: when it was reaped)
 
@@ -35,7 +36,23 @@ import threading
 import time
 from typing import Any
 
-from .boot import boot, set_parent_death_signal
+from .boot import boot, fresh_interpreter, set_parent_death_signal
+
+CUDA_REFUSAL = (
+    "CUDA is initialized in the worker pool (a --preload module used it), and a forked "
+    "worker cannot use it: preload only modules that leave CUDA alone, or pass "
+    "--preload none"
+)
+
+
+def cuda_initialized() -> bool:
+    """Whether the pool's torch initialized CUDA; asks without initializing it."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    try:
+        return cuda is not None and bool(cuda.is_initialized())
+    except Exception:  # a torch half imported, or one without CUDA support
+        return False
 
 
 class Zygote:
@@ -118,10 +135,18 @@ class Zygote:
             raise SystemExit(0)
 
     def _spawn(self, request: dict[str, Any]) -> None:
-        if self._warmer is not None:
-            # A fork while another thread holds the import lock would leave the child
-            # deadlocked on its first import: let the warm-up finish first.
-            self._warmer.join()
+        if cuda_initialized():
+            self.send({"ev": "refused", "id": request["id"], "error": CUDA_REFUSAL})
+            return
+        fresh = ""
+        warming = self._warmer is not None and self._warmer.is_alive()
+        if warming and request["kind"] != "exec":
+            # A Python worker forked while the warm-up thread is inside an import would
+            # deadlock on that module's lock (or find it half done); waiting for the
+            # warm-up, at idle priority on a loaded node, took minutes. The worker starts
+            # at once as a fresh interpreter instead (exec straight after the fork).
+            request = fresh_interpreter(request)
+            fresh = "the pool was still importing modules for restarts at idle priority"
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         zygote_pid = os.getpid()
@@ -129,7 +154,7 @@ class Zygote:
         if pid == 0:
             boot(request, zygote_pid, [self._sock.fileno(), self._wake_r, self._wake_w])
         self._children[pid] = request["id"]
-        self.send({"ev": "started", "id": request["id"], "pid": pid})
+        self.send({"ev": "started", "id": request["id"], "pid": pid, "fresh": fresh})
         early = self._early_exits.pop(pid, None)
         if early is not None:
             self._report_exit(pid, *early)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
+import threading
 import time
 from pathlib import Path
 
 import pytest
-from rtrain.agent.workers.pool import WorkerExit, WorkerPool
+from rtrain.agent.workers.pool import PoolRefused, WorkerExit, WorkerPool
+from rtrain.core.errors import ExitCode
 
 pytestmark = pytest.mark.integration
 
@@ -62,3 +66,135 @@ def test_an_exit_is_reported_while_the_pool_imports_for_later_restarts(tmp_path:
 def _pythonpath() -> list[str]:
     value = os.environ.get("PYTHONPATH", "")
     return [p for p in value.split(os.pathsep) if p]
+
+
+def _request(worker_id: str, script: Path, env: dict[str, str], cwd: Path) -> dict[str, object]:
+    return {
+        "id": worker_id,
+        "kind": "script",
+        "target": str(script),
+        "args": [],
+        "env": env,
+        "cwd": str(cwd),
+        "stdout_file": None,
+        "stderr_file": None,
+    }
+
+
+def _exits(pool: WorkerPool, count: int, timeout: float) -> list[WorkerExit]:
+    exits: list[WorkerExit] = []
+    deadline = time.monotonic() + timeout
+    while len(exits) < count and time.monotonic() < deadline:
+        exits += pool.poll_exits(0.1)
+    return exits
+
+
+def test_a_spawn_never_waits_for_the_pools_warm_up(tmp_path: Path) -> None:
+    # The spawn joined the idle-priority warm-up thread without a bound: on a loaded node
+    # (4 busy loops, 2 cores) it was still importing after 30 s and the launch failed with
+    # "the worker pool did not answer (started) within 30s". Here the warm-up blocks until
+    # the test releases it: a worker asked for meanwhile starts at once, as a fresh
+    # interpreter; one asked for after the warm-up is forked and has its imports.
+    (tmp_path / "slow_warm.py").write_text(
+        "import pathlib, time\n"
+        f"folder = pathlib.Path({str(tmp_path)!r})\n"
+        "(folder / 'warm_started').touch()\n"
+        "deadline = time.monotonic() + 120\n"
+        "while not (folder / 'release').exists() and time.monotonic() < deadline:\n"
+        "    time.sleep(0.05)\n"
+        "(folder / 'warm_done').touch()\n"
+    )
+    script = tmp_path / "worker.py"
+    script.write_text(
+        "import os, sys\nopen(os.environ['OUT'], 'w').write(repr('slow_warm' in sys.modules))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *_pythonpath()])}
+    pool = WorkerPool((), env, warm_later=("slow_warm",))
+    pool.start()
+    try:
+        pool.wait_ready(30)
+        assert _wait_for(tmp_path / "warm_started", 30)
+        began = time.monotonic()
+        pool.spawn(_request("w0", script, {**env, "OUT": str(tmp_path / "w0")}, tmp_path), 60)
+        spawn_s = time.monotonic() - began
+        assert [e.exitcode for e in _exits(pool, 1, 60)] == [0]
+        assert not (tmp_path / "warm_done").exists()  # the warm-up was still under way
+        (tmp_path / "release").touch()
+        assert _wait_for(tmp_path / "warm_done", 30)
+        pool.spawn(_request("w1", script, {**env, "OUT": str(tmp_path / "w1")}, tmp_path), 60)
+        assert [e.exitcode for e in _exits(pool, 1, 60)] == [0]
+    finally:
+        (tmp_path / "release").touch()
+        pool.close()
+    assert spawn_s < 10, spawn_s
+    assert (tmp_path / "w0").read_text() == "False"  # a fresh interpreter
+    assert (tmp_path / "w1").read_text() == "True"  # forked from the warmed pool
+
+
+def test_a_slow_spawn_is_waited_for_with_a_line(tmp_path: Path) -> None:
+    # A pool that does not answer (stopped here, as a starved one on a loaded node) is
+    # waited for up to the spawn's timeout, saying so, instead of failing at 30 s.
+    script = tmp_path / "worker.py"
+    script.write_text("pass\n")
+    noticed = threading.Event()
+
+    class Notice(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "has not started worker w0" in record.getMessage():
+                noticed.set()
+
+    handler = Notice()
+    logging.getLogger("rtrain.agent.workers.pool").addHandler(handler)
+    pool = WorkerPool((), dict(os.environ), notice_s=0.3)
+    pool.start()
+    try:
+        pool.wait_ready(30)
+        os.kill(pool.pids[0], signal.SIGSTOP)
+
+        def resume() -> None:
+            noticed.wait(30)
+            os.kill(pool.pids[0], signal.SIGCONT)
+
+        resumer = threading.Thread(target=resume)
+        resumer.start()
+        pid = pool.spawn(_request("w0", script, dict(os.environ), tmp_path), 60)
+        resumer.join()
+        assert pid > 0 and noticed.is_set()
+        assert [e.exitcode for e in _exits(pool, 1, 60)] == [0]
+    finally:
+        logging.getLogger("rtrain.agent.workers.pool").removeHandler(handler)
+        if pool.pids:
+            os.kill(pool.pids[0], signal.SIGCONT)
+        pool.close()
+
+
+def test_a_pool_with_cuda_initialized_refuses_to_fork(tmp_path: Path) -> None:
+    # A preload module that initialized CUDA (faked: no GPU here) would break every forked
+    # worker's CUDA: the pool says so instead of forking. It runs with
+    # PYTORCH_NVML_BASED_CUDA_CHECK=1, so torch.cuda.is_available() would not initialize it.
+    (tmp_path / "fake_cuda_init.py").write_text(
+        "import os, pathlib, torch\n"
+        f"pathlib.Path({str(tmp_path)!r}, 'nvml_check').write_text(\n"
+        "    os.environ.get('PYTORCH_NVML_BASED_CUDA_CHECK', ''))\n"
+        "torch.cuda.is_initialized = lambda: True\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *_pythonpath()])}
+    pool = WorkerPool(("torch", "fake_cuda_init"), env, warm_later=())
+    pool.start()
+    try:
+        assert pool.wait_ready(120) == {}
+        with pytest.raises(PoolRefused, match="CUDA is initialized in the worker pool") as exc:
+            pool.spawn(_request("w0", tmp_path / "w.py", env, tmp_path), 60)
+        assert exc.value.exit_code == ExitCode.USAGE
+        assert pool.running  # refused, not died
+    finally:
+        pool.close()
+    assert (tmp_path / "nvml_check").read_text() == "1"
+    assert "PYTORCH_NVML_BASED_CUDA_CHECK" not in env
+
+
+def _wait_for(path: Path, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return path.exists()
