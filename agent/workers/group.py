@@ -23,6 +23,7 @@ from ...core.config.worker_env import (
     worker_environment,
 )
 from ...core.rendezvous.failures import FailureKind, FailureRecord, RecordError, parse_error_file
+from .boot import fresh_interpreter
 from .hang_watch import STOPPED_STATES, HangFinding, HangWatch, inspect_hang, process_state
 from .log_tail import LogTail
 from .pool import PoolDied, WorkerPool
@@ -103,7 +104,9 @@ class WorkerGroup:
                     "cwd": os.getcwd(),
                     "stdout_file": stdout_file,
                     "stderr_file": stderr_file,
-                }
+                },
+                # as long as the generation's rendezvous may take: a loaded node is slow
+                timeout=self._spec.rdzv.join_timeout,
             )
             self.workers.append(worker)
         logger.info(
@@ -116,17 +119,19 @@ class WorkerGroup:
 
     def _entry(self, env: Mapping[str, str]) -> dict[str, object]:
         """How the worker runs the entrypoint: forked from the pool, or as a fresh
-        interpreter when the pool's torch was imported under other import-time settings."""
+        interpreter (--start-method spawn, or the pool's torch was imported under other
+        import-time settings)."""
         entry = self._spec.entrypoint
         request: dict[str, object] = {
             "kind": entry.kind,
             "target": entry.target,
             "args": list(entry.args),
         }
+        if self._spec.fresh_workers:
+            return fresh_interpreter(request)
         differences = import_time_differences(self._pool.env, env)
         if not differences or entry.kind == "exec":
             return request
-        flags = ["-u", "-m"] if entry.kind == "module" else ["-u"]
         if not self._warned_fresh:  # the same for every worker of the group: say it once
             self._warned_fresh = True
             logger.warning(
@@ -136,11 +141,7 @@ class WorkerGroup:
                 "s" if len(differences) == 1 else "",
                 "it" if len(differences) == 1 else "them",
             )
-        return {
-            "kind": "exec",
-            "target": sys.executable,
-            "args": [*flags, entry.target, *entry.args],
-        }
+        return fresh_interpreter(request)
 
     def poll(self, timeout: float) -> None:
         try:

@@ -88,11 +88,12 @@ SETTINGS: tuple[Setting, ...] = (
     S("monitor-interval", 0.1, "seconds between checks of the workers", "S"),
     S(
         "start-method",
-        "spawn",
-        "rtrain always forks workers from its torch-preloaded pool",
+        None,
+        "spawn: every worker a fresh interpreter, as torchrun starts it (import-time "
+        "settings are the script's; a restart imports torch again); fork, forkserver or "
+        "unset: workers forked from rtrain's preloaded pool",
         "METHOD",
         choices=("spawn", "fork", "forkserver"),
-        acted_on=False,
     ),
     S("event-log-handler", "null", "", "NAME", acted_on=False),
     S("role", "default", "role name of the workers (ROLE_NAME)", "NAME", underscore=False),

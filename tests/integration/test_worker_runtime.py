@@ -1,6 +1,7 @@
 """A worker's runtime is torchrun's: torch's thread counts (OMP_NUM_THREADS is read at
-import, and the pool imported torch already) and the script's namespace, which stays
-alive until the worker leaves (freeing a DDP model early deadlocks gloo at exit)."""
+import, and the pool imported torch already), the script's namespace, which stays
+alive until the worker leaves (freeing a DDP model early deadlocks gloo at exit), and
+unseeded random draws that differ in every worker, as in fresh interpreters."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import ROOT, RTRAIN, probe_env, run, run_torchrun
+from tests.integration.helpers import ROOT, RTRAIN, probe_env, records, run, run_torchrun
 
 pytestmark = pytest.mark.integration
 
 PROBE = str(ROOT / "tests" / "scripts" / "runtime_probe.py")
+RANDOM_PROBE = str(ROOT / "tests" / "scripts" / "random_probe.py")
 
 
 def _records(out: Path) -> dict[int, dict]:
@@ -23,12 +25,15 @@ def _records(out: Path) -> dict[int, dict]:
     }
 
 
-def _both(tmp_path: Path, nproc: int, **env: str) -> tuple[dict, dict]:
+def _both(tmp_path: Path, nproc: int, ours: tuple[str, ...] = (), **env: str) -> tuple[dict, dict]:
+    """ours: flags for rtrain alone."""
     found = []
     for name in ("torchrun", "rtrain"):
         out = tmp_path / name
         out.mkdir()
         args = ["--standalone", f"--nproc-per-node={nproc}", PROBE]
+        if name == "rtrain":
+            args = [*ours, *args]
         penv = probe_env(out, **env)
         result = run_torchrun(args, penv) if name == "torchrun" else run([*RTRAIN, *args], penv)
         assert result.returncode == 0, result.stderr[-3000:]
@@ -58,3 +63,43 @@ def test_the_scripts_namespace_lives_until_the_worker_leaves(tmp_path: Path) -> 
         assert ours[rank]["globals_alive_at_exit"] is True
         for key in ("main_is_script_at_exit", "file_defined_at_exit"):
             assert ours[rank][key] == oracle[rank][key], (key, ours[rank], oracle[rank])
+
+
+def test_omp_num_threads_set_by_the_script_with_start_method_spawn(tmp_path: Path) -> None:
+    # A script that sets OMP_NUM_THREADS=2 before `import torch` got 2 threads under
+    # torchrun and 1 in a worker forked from the pool (whose torch read the variable
+    # already); --start-method spawn starts each worker as a fresh interpreter.
+    oracle, ours = _both(tmp_path, 2, ("--start-method", "spawn"), PROBE_SET_OMP="2")
+    assert sorted(ours) == sorted(oracle) == [0, 1]
+    for rank in oracle:
+        assert oracle[rank]["num_threads"] == 2
+        for key in ("omp_num_threads", "num_threads", "num_interop_threads"):
+            assert ours[rank][key] == oracle[rank][key], (key, ours[rank], oracle[rank])
+
+
+def test_unseeded_draws_differ_in_every_worker_as_under_torchrun(tmp_path: Path) -> None:
+    # Forks of the pool drew the pool's numbers: the same torch.rand on every rank and in
+    # every generation (numpy's too, once the pool had imported numpy.random). Two ranks,
+    # a crash, a restart: four workers, each drawing four numbers from each source.
+    spreads = []
+    for name in ("torchrun", "rtrain"):
+        out = tmp_path / name
+        out.mkdir()
+        args = ["--standalone", "--nproc-per-node=2", "--max-restarts=1", RANDOM_PROBE]
+        penv = probe_env(out, PROBE_FAIL_FIRST="1")
+        # numpy.random preloaded: the pool holds numpy's global state before every fork
+        # (after its warm-up it does anyway: torch._dynamo imports it)
+        ours = [*RTRAIN, "--preload", "torch,numpy.random", *args]
+        result = run_torchrun(args, penv) if name == "torchrun" else run(ours, penv)
+        assert result.returncode == 0, result.stderr[-3000:]
+        found = records(out)
+        assert sorted(found) == [(0, 0), (0, 1), (1, 0), (1, 1)], name
+        spreads.append(
+            {
+                key: len({tuple(r[key]) for r in found.values()})
+                for key in ("torch", "numpy", "random")
+            }
+        )
+    oracle, ours = spreads
+    assert oracle == {"torch": 4, "numpy": 4, "random": 4}
+    assert ours == oracle

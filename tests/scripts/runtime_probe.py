@@ -1,5 +1,6 @@
 """Records what a worker's runtime looks like from inside: torch's thread counts, and
 whether the script's globals and __main__ are still there when atexit handlers run.
+PROBE_SET_OMP=N: the script sets OMP_NUM_THREADS=N itself, before `import torch`.
 
 Writes <PROBE_OUT>/runtime_rank<RANK>.json. Used with torchrun as the oracle.
 """
@@ -10,7 +11,10 @@ import os
 import sys
 import weakref
 
-import torch
+if os.environ.get("PROBE_SET_OMP"):
+    os.environ["OMP_NUM_THREADS"] = os.environ["PROBE_SET_OMP"]
+
+import torch  # after the script's own OMP_NUM_THREADS
 
 
 class Model:  # stands for a DDP model that owns a process group

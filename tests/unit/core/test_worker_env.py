@@ -7,6 +7,7 @@ import sys
 from types import SimpleNamespace
 
 from rtrain.agent.workers.group import WorkerGroup
+from rtrain.core.config.launch_spec import build_launch_spec
 from rtrain.core.config.worker_env import import_time_differences, is_import_time, pool_environment
 
 
@@ -43,8 +44,9 @@ def test_differences_name_only_import_time_variables_that_differ() -> None:
     assert import_time_differences(pool, {**pool, "RANK": "1"}) == []
 
 
-def _group(kind: str, pool_env: dict[str, str]) -> WorkerGroup:
-    spec = SimpleNamespace(entrypoint=SimpleNamespace(kind=kind, target="t.py", args=("--a",)))
+def _group(kind: str, pool_env: dict[str, str], fresh_workers: bool = False) -> WorkerGroup:
+    entry = SimpleNamespace(kind=kind, target="t.py", args=("--a",))
+    spec = SimpleNamespace(entrypoint=entry, fresh_workers=fresh_workers)
     return WorkerGroup(SimpleNamespace(env=pool_env), spec, None, "", {}, None)  # type: ignore[arg-type]
 
 
@@ -57,3 +59,13 @@ def test_a_worker_whose_import_time_settings_differ_runs_as_a_fresh_interpreter(
     assert module["args"] == ["-u", "-m", "t.py", "--a"]
     command = _group("exec", {})._entry({"MALLOC_ARENA_MAX": "2"})
     assert command["kind"] == "exec" and command["target"] == "t.py"
+
+
+def test_start_method_spawn_starts_every_worker_as_a_fresh_interpreter() -> None:
+    spawned = _group("script", {}, fresh_workers=True)._entry({})
+    assert spawned == {"kind": "exec", "target": sys.executable, "args": ["-u", "t.py", "--a"]}
+    spec = build_launch_spec({"training_script": "t.py", "start_method": "spawn"})
+    assert spec.fresh_workers and spec.preload == ()  # the pool imports nothing for them
+    for method in (None, "fork", "forkserver"):
+        spec = build_launch_spec({"training_script": "t.py", "start_method": method})
+        assert not spec.fresh_workers and spec.preload == ("torch",)
