@@ -49,9 +49,11 @@ class SnapshotService:
         checkpoint_every: int = 0,
         secret: bytes | None = None,
         dp_delta: bool = True,
+        keep_checkpoints: int = 0,
     ) -> None:
         """secret: the job secret, or None to hand a random one out through the store;
-        dp_delta: send replicas against the receiving node's DP twin (delta.py)."""
+        dp_delta: send replicas against the receiving node's DP twin (delta.py);
+        keep_checkpoints: complete disk checkpoints kept (0: all)."""
         self._dp_delta = dp_delta
         self.store = ShardStore(root, budget)
         # Signed with the secret given, else with the folder's own key: a secret handed
@@ -60,7 +62,7 @@ class SnapshotService:
             open_checkpoint_dir(checkpoint_dir, secret) if checkpoint_dir else None
         )
         self._checkpointer = (
-            DiskCheckpointer(self._checkpoint_dir, checkpoint_every)
+            DiskCheckpointer(self._checkpoint_dir, checkpoint_every, keep_checkpoints)
             if self._checkpoint_dir and checkpoint_every
             else None
         )
@@ -98,6 +100,7 @@ class SnapshotService:
             spec.snapshots.checkpoint_every,
             secret,
             spec.snapshots.dp_delta,
+            spec.snapshots.keep_checkpoints,
         )
 
     def _start(self, rdzv: JobRendezvous) -> None:

@@ -147,6 +147,8 @@ class SnapshotSpec:
     # checkpoint_every steps (0: never, only read what is there).
     checkpoint_dir: str | None = None
     checkpoint_every: int = default("checkpoint-every")
+    # Complete checkpoints kept in checkpoint_dir, older steps deleted (0: all kept).
+    keep_checkpoints: int = default("keep-checkpoints")
     # A file (mode 0600) holding the job secret that authenticates shard servers.
     secret_file: str | None = None
 
@@ -326,6 +328,7 @@ def build_launch_spec(given: Mapping[str, Any]) -> LaunchSpec:
             dp_delta=raw["snapshot_dp_delta"] == "on",
             checkpoint_dir=raw["checkpoint_dir"] or None,
             checkpoint_every=non_negative_int("--checkpoint-every", raw["checkpoint_every"]),
+            keep_checkpoints=non_negative_int("--keep-checkpoints", raw["keep_checkpoints"]),
             secret_file=raw["secret_file"] or None,
         ),
         slurm=slurm,

@@ -248,6 +248,14 @@ SETTINGS: tuple[Setting, ...] = (
         own=True,
     ),
     S(
+        "keep-checkpoints",
+        3,
+        "complete disk checkpoints kept in --checkpoint-dir: the step folders older than "
+        "the newest K are deleted after each step written (0: keep all)",
+        "K",
+        own=True,
+    ),
+    S(
         "secret-file",
         None,
         "the job secret that authenticates the agents' shard servers, in a file only you "

@@ -138,6 +138,7 @@ def test_stream_maps_and_filter():
         (["--standalone", "--nnodes", "2", "t.py"], "single node"),
         (["-m", "--no-python", "x"], "cannot be used together"),
         (["--preload", "not a module", "t.py"], "--preload"),
+        (["--keep-checkpoints", "-1", "t.py"], "--keep-checkpoints"),
         ([], "missing the training script"),
     ],
 )
@@ -155,3 +156,8 @@ def test_resolve_nproc_keywords():
     assert resolve_nproc("gpu", gpu_count=4, cpu_count=6) == 4
     with pytest.raises(UsageError, match="no visible GPU"):
         resolve_nproc("gpu", gpu_count=0, cpu_count=6)
+
+
+def test_keep_checkpoints_defaults_to_a_few() -> None:
+    assert spec_of("t.py").snapshots.keep_checkpoints == 3
+    assert spec_of("--keep-checkpoints", "0", "t.py").snapshots.keep_checkpoints == 0
