@@ -115,17 +115,24 @@ def test_sigkill_of_the_agent_leaves_no_worker_alive(tmp_path):
     assert not alive, f"workers survived their agent: {[p.pid for p in alive]}"
 
 
-def test_sigterm_stops_workers_and_exits(tmp_path):
-    agent, workers = _start_long_job(tmp_path)
-    time.sleep(1.0)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_signal_to_the_launcher_stops_everything_and_exits_128_plus_it(tmp_path, sig):
+    """torchrun's exit codes (143, 130, 129); no process of the job is left, and the
+    agent's memory-backed folder (heartbeats, snapshot slots) is gone."""
+    runtime = tmp_path / "runtime"
+    runtime.mkdir()
+    agent, _ = _start_long_job(tmp_path, RTRAIN_RUNTIME_DIR=str(runtime))
+    tree = [psutil.Process(agent.pid), *psutil.Process(agent.pid).children(recursive=True)]
+    assert list(runtime.glob("rtrain-run-*")), "the agent has no runtime folder"
     started = time.monotonic()
-    agent.send_signal(signal.SIGTERM)
+    agent.send_signal(sig)
     code = agent.wait(timeout=30)
-    assert code == 128 + signal.SIGTERM
+    assert code == 128 + sig
     assert time.monotonic() - started < 5
-    _, alive = psutil.wait_procs(workers, timeout=1.0)
-    assert not alive
-    assert "received SIGTERM" in agent.stderr.read()
+    _, alive = psutil.wait_procs(tree, timeout=2.0)
+    assert not alive, [p.pid for p in alive]
+    assert list(runtime.glob("rtrain-run-*")) == []
+    assert f"received {signal.Signals(sig).name}" in agent.stderr.read()
 
 
 def test_worker_ignoring_sigterm_is_killed_after_shutdown_timeout(tmp_path):
