@@ -10,9 +10,11 @@ failover between members, a deadline for the whole call, TLS, and validation of 
 answer (an endpoint that is not etcd is named, never trusted). Nothing is unpickled:
 answers are JSON, and keys and values base64 inside it.
 
-A call tries the members in turn, each for attempt_s; while none answers (quorum lost,
-all down) it retries until deadline_s, calling interrupt() between rounds so that the
-agent still sees its signals, then raises StoreUnavailable naming every endpoint.
+A call tries the members in turn, each for first_attempt_s (attempt_s unless limited);
+while none answers (quorum lost, all down, or all slow on a loaded machine) it tries
+them again, each pass waiting twice as long on a member up to attempt_s, until
+deadline_s, calling interrupt() between passes so that the agent still sees its
+signals, then raises StoreUnavailable naming every endpoint.
 
 A client and its copies (one per thread: the lease keeper, each watch) share one
 Members: the member they all use, which a node picks by its address (first_member), so
@@ -20,8 +22,8 @@ that the nodes of a job start spread over the members rather than all on the fir
 A member that fails one of them (refused, timed out, no quorum) is left by all of them
 at once: the others' next calls go elsewhere and the watches on it reopen elsewhere. A
 frozen member (SIGSTOPped, or a machine that hangs) still accepts connections and
-answers nothing, so only the attempt's timeout finds it: the agent bounds attempt_s to
-a quarter of its lease (etcd_leases.py), and its keeper, renewing every heartbeat
+answers nothing, so only the attempt's timeout finds it: the agent bounds the first
+pass's wait to a quarter of its lease (etcd_leases.py), and its keeper, renewing every heartbeat
 interval, is the probe that finds a frozen member for every client of the node.
 """
 
@@ -156,6 +158,7 @@ class EtcdClient:
         interrupt: Callable[[], None] | None = None,
         clock: Clock = SYSTEM_CLOCK,
         members: Members | None = None,
+        first_attempt_s: float | None = None,
     ) -> None:
         """members: shared with the client this one copies; a new client starts on the
         first endpoint unless given Members(len(endpoints), first_member(...))."""
@@ -165,6 +168,7 @@ class EtcdClient:
         self.endpoint = ",".join(f"{h}:{p}" for h, p in self.endpoints)
         self.tls = tls
         self.attempt_s = attempt_s
+        self.first_attempt_s = attempt_s if first_attempt_s is None else first_attempt_s
         self.deadline_s = deadline_s
         self.interrupt = interrupt
         self._clock = clock
@@ -186,12 +190,13 @@ class EtcdClient:
             None,
             self._clock,
             self.members,
+            self.first_attempt_s,
         )
 
     def limit_attempts(self, seconds: float) -> None:
-        """Wait at most this long for one member before trying the next (copies made
-        after this call inherit it)."""
-        self.attempt_s = min(self.attempt_s, seconds)
+        """Wait at most this long for one member before trying the next, while another
+        may answer (the first pass over the members; copies made after this inherit it)."""
+        self.first_attempt_s = min(self.first_attempt_s, seconds)
 
     # -- transport --
 
@@ -220,8 +225,9 @@ class EtcdClient:
             while True:
                 for _ in range(len(self.endpoints)):
                     index = self.members.current
+                    wait = min(self.attempt_s, self.first_attempt_s * 2**pause)
                     try:
-                        answer = self._attempt(index, path, payload)
+                        answer = self._attempt(index, path, payload, wait)
                     except _Unanswered as exc:
                         reasons[self._name(index)] = str(exc)
                         self._drop_connection()
@@ -265,14 +271,17 @@ class EtcdClient:
             self._connection = None
         self._connected_to = -1
 
-    def _attempt(self, index: int, path: str, payload: bytes) -> dict[str, Any]:
+    def _attempt(self, index: int, path: str, payload: bytes, wait: float) -> dict[str, Any]:
         if self._connected_to != index:  # a copy left the member this one was on
             self._drop_connection()
         try:
             if self._connection is None:
-                self._connection = self.connect(index, self.attempt_s)
+                self._connection = self.connect(index, wait)
                 self._connected_to = index
             connection = self._connection
+            connection.timeout = wait
+            if connection.sock is not None:
+                connection.sock.settimeout(wait)
             connection.request("POST", f"/v3/{path}", payload, {"Content-Type": "application/json"})
             response = connection.getresponse()
             raw = response.read(MAX_ANSWER_BYTES + 1)
