@@ -13,6 +13,8 @@ import pytest
 from rtrain.agent.workers.pool import PoolRefused, WorkerExit, WorkerPool
 from rtrain.core.errors import ExitCode
 
+from tests.integration.helpers import RTRAIN, run
+
 pytestmark = pytest.mark.integration
 
 IMPORT_S = 5.0  # how long the pool's idle-time import takes
@@ -191,6 +193,24 @@ def test_a_pool_with_cuda_initialized_refuses_to_fork(tmp_path: Path) -> None:
         pool.close()
     assert (tmp_path / "nvml_check").read_text() == "1"
     assert "PYTORCH_NVML_BASED_CUDA_CHECK" not in env
+
+
+def test_a_launch_whose_preload_initialized_cuda_ends_with_one_line(tmp_path: Path) -> None:
+    (tmp_path / "fake_cuda_init.py").write_text(
+        "import torch\ntorch.cuda.is_initialized = lambda: True\n"
+    )
+    (tmp_path / "train.py").write_text("pass\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *_pythonpath()])}
+    args = ["--standalone", "--nproc-per-node=1", "--preload", "torch,fake_cuda_init"]
+    result = run([*RTRAIN, *args, str(tmp_path / "train.py")], env)
+    assert result.returncode == ExitCode.USAGE, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if "CUDA is initialized" in line]
+    assert lines == [
+        "rtrain: error: CUDA is initialized in the worker pool (a --preload module used it), "
+        "and a forked worker cannot use it: preload only modules that leave CUDA alone, "
+        "or pass --preload none"
+    ]
 
 
 def _wait_for(path: Path, timeout: float) -> bool:

@@ -65,11 +65,15 @@ def test_the_scripts_namespace_lives_until_the_worker_leaves(tmp_path: Path) -> 
             assert ours[rank][key] == oracle[rank][key], (key, ours[rank], oracle[rank])
 
 
-def test_omp_num_threads_set_by_the_script_with_start_method_spawn(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "flags", [("--start-method", "spawn"), ("--preload", "none")], ids=["spawn", "preload-none"]
+)
+def test_omp_num_threads_set_by_the_script(tmp_path: Path, flags: tuple[str, ...]) -> None:
     # A script that sets OMP_NUM_THREADS=2 before `import torch` got 2 threads under
     # torchrun and 1 in a worker forked from the pool (whose torch read the variable
-    # already); --start-method spawn starts each worker as a fresh interpreter.
-    oracle, ours = _both(tmp_path, 2, ("--start-method", "spawn"), PROBE_SET_OMP="2")
+    # already). --start-method spawn starts each worker as a fresh interpreter;
+    # --preload none forks it from a pool that has not imported torch.
+    oracle, ours = _both(tmp_path, 2, flags, PROBE_SET_OMP="2")
     assert sorted(ours) == sorted(oracle) == [0, 1]
     for rank in oracle:
         assert oracle[rank]["num_threads"] == 2
