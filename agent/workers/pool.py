@@ -145,10 +145,9 @@ class WorkerPool:
             if what and now >= notice:
                 notice = now + self._notice_s
                 if not self.running:
-                    raise PoolDied("the worker pool exited while it started a worker")
+                    raise PoolDied(f"the worker pool exited before it had {what}")
                 logger.warning(
-                    "the worker pool has not started %s after %.0fs (a loaded node?); "
-                    "waiting up to %gs",
+                    "the worker pool has not %s after %.0fs (a loaded node?); waiting up to %gs",
                     what,
                     now - start,
                     timeout,
@@ -159,7 +158,8 @@ class WorkerPool:
     def wait_ready(self, timeout: float = 120.0) -> dict[str, str]:
         if self._ready:
             return {}
-        message = self._await(("ready",), timeout)
+        preload = ", ".join(self._preload) or "nothing"
+        message = self._await(("ready",), timeout, what=f"imported its preload ({preload})")
         self._ready = True
         errors = dict(message.get("preload_errors") or {})
         for module, error in errors.items():
@@ -171,10 +171,12 @@ class WorkerPool:
     def spawn(self, request: dict[str, Any], timeout: float = 600.0) -> int:
         """Fork (or start) a worker; its pid. A slow answer (a loaded node) is waited for,
         with a line every notice_s, up to `timeout`."""
+        deadline = time.monotonic() + timeout
         self.wait_ready(timeout)
         self._send({"op": "spawn", **request})
         what = f"worker {request['id']}"
-        answer = self._await(("started", "refused"), timeout, request["id"], what)
+        left = max(deadline - time.monotonic(), 0.0)
+        answer = self._await(("started", "refused"), left, request["id"], f"started {what}")
         if answer["ev"] == "refused":
             raise PoolRefused(str(answer.get("error", "the worker pool refused to fork")))
         if answer.get("fresh"):
