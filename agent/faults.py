@@ -108,7 +108,7 @@ class FaultPolicy:
         self._rdzv.ledger.record_failure(record)
         # it stopped at its last renewal: a lease timeout ago, at the latest
         emit_failure(record, detect_s=timeout, fault_t=record.time - timeout)
-        self._rdzv.ledger.count_node_failure(addr)
+        self._rdzv.ledger.charge(generation, addr, "lost")
 
     def survivors(self, last: Joined | None) -> Callable[[], set[str]] | None:
         """For closing the next round: the node ids of the last generation still alive."""

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import functools
 import logging
+import secrets
 from collections.abc import Callable, Collection
 
 from ...core.errors import RtrainError
-from ...core.rendezvous.failures import FailureKind, FailureRecord, RecordError, root_cause_first
+from ...core.rendezvous.decisions import failure_to_charge
+from ...core.rendezvous.failures import FailureRecord, RecordError
 from ...core.rendezvous.protocol import ProtocolError, StoreKeys, decode_int
+from ..observe.events import emit
 from ..store.kv import KeyValueStore, decode_counter, increment, wrote
 from .store_list import StoreList
 
@@ -108,21 +111,43 @@ class FailureLedger:
         return increment(self._store, self._keys.restart_claim(generation)) == 1
 
     def charge_root_cause(self, generation: int, num_nodes: int, closer: str) -> None:
-        """Charge the node at the root of `generation`'s failure, exactly once.
+        """Charge the node at the root of `generation`'s failure, once, if anyone
+        (core.rendezvous.decisions.failure_to_charge: never a victim, nobody more after a
+        loss, which its declarer charged).
 
         Every member records its failures before it rejoins, so when the next round
-        closes the records of everyone in it are there; the earliest one is the culprit
-        (its peers failed because of it). Lost nodes were charged by whoever declared them.
+        closes the records of everyone in it are there; the earliest one that is not a
+        victim is the culprit (its peers failed because of it).
         """
-        records = [
-            r for r in self.failures(generation, num_nodes) if r.kind != FailureKind.LOST_NODE
-        ]
+        records = self.failures(generation, num_nodes)
         if not records:
             return
-        root = root_cause_first(records)[0]
-        if wrote(self._store, self._keys.charged(generation), f"{closer}:{root.host}"):
-            count = self.count_node_failure(root.host)
-            logger.info("failure of generation %d charged to %s (%d)", generation, root.host, count)
+        root = failure_to_charge(records, self.lost_nodes(generation, num_nodes))
+        if root is not None and self._claim(self._keys.charged(generation), closer):
+            self.charge(generation, root.host, "root cause")
+
+    def charge(self, generation: int, addr: str, why: str) -> bool:
+        """Charge addr one failure toward --max-node-failures for `generation`: once,
+        whoever calls and however often (True for the call that did). A charge's claim
+        holds a value of its own call, so a caller repeating it is not a new charge."""
+        if not self._claim(self._keys.charge_claim(generation, addr), why):
+            return False
+        count = self.count_node_failure(addr)
+        self._store.set(self._keys.node_charge(addr, count), f"{why} in generation {generation}")
+        logger.info(
+            "failure of generation %d charged to %s (%s; %d charged so far)",
+            generation,
+            addr,
+            why,
+            count,
+        )
+        emit("charge", host=addr, why=why, from_generation=generation, failures=count)
+        return True
+
+    def _claim(self, key: str, holder: str) -> bool:
+        """set_once with a value unique to this call: True only for the call whose write
+        took (wrote() with the same value twice takes twice)."""
+        return wrote(self._store, key, f"{holder} {secrets.token_hex(8)}")
 
     # -- lost nodes --
 
@@ -132,7 +157,7 @@ class FailureLedger:
         Every declarer also makes sure the node is on the generation's list, so that a
         first declarer that died between its mark and its entry leaves no loss unlisted
         (an entry twice is harmless: the list is read as a set)."""
-        first = wrote(self._store, self._keys.lost(generation, node_rank), str(by_node))
+        first = self._claim(self._keys.lost(generation, node_rank), str(by_node))
         if node_rank not in self.lost_nodes(generation, node_rank + 1):
             self._lost(generation).append(str(node_rank))
         return first
@@ -160,21 +185,43 @@ class FailureLedger:
     def excluded(self, addrs: Collection[str]) -> set[str]:
         """Which of addrs are excluded: one request while no node was ever charged a
         failure, two otherwise, however many addresses (a round's closer asks for all)."""
+        return set(self._charged_counts(addrs, self._limit))
+
+    def _charged_counts(self, addrs: Collection[str], at_least: int) -> dict[str, int]:
         if self._limit <= 0:
-            return set()
+            return {}
         failed = sorted(set(self._failed_addrs.entries()) & set(addrs))
         if not failed:
-            return set()
+            return {}
         keys = [self._keys.node_failures(addr) for addr in failed]
-        return {
-            addr
+        counts = {
+            addr: decode_counter(payload, key)
             for addr, key, payload in zip(failed, keys, self._store.multi_get(keys), strict=True)
-            if decode_counter(payload, key) >= self._limit
         }
+        return {addr: count for addr, count in counts.items() if count >= at_least}
+
+    def exclusions(self, addrs: Collection[str]) -> dict[str, str]:
+        """Each excluded address of addrs, and why: its charges, each said (the last
+        few), and the limit; the requests of excluded() while none is excluded."""
+        counts = self._charged_counts(addrs, self._limit)
+        shown = {addr: list(range(max(count - 2, 1), count + 1)) for addr, count in counts.items()}
+        keys = [self._keys.node_charge(addr, n) for addr in sorted(shown) for n in shown[addr]]
+        said = dict(zip(keys, self._store.multi_get(keys), strict=True)) if keys else {}
+        why: dict[str, str] = {}
+        for addr in sorted(shown):
+            charges = [
+                (said.get(self._keys.node_charge(addr, n)) or b"?").decode(errors="replace")[:80]
+                for n in shown[addr]
+            ]
+            more = "..., " if shown[addr][0] > 1 else ""
+            what = f"{more}{', '.join(charges)}"
+            why[addr] = (
+                f"excluded from the job: charged {counts[addr]} failure(s) ({what}), "
+                f"--max-node-failures={self._limit}"
+            )
+        return why
 
     def raise_if_excluded(self, addr: str) -> None:
         if self.is_excluded(addr):
-            raise RtrainError(
-                f"this node ({addr}) is excluded from the job: it was lost, or the root cause "
-                f"of a failure, {self._limit} times (--max-node-failures={self._limit})"
-            )
+            why = self.exclusions([addr]).get(addr, f"excluded (--max-node-failures={self._limit})")
+            raise RtrainError(f"this node ({addr}) is {why}")

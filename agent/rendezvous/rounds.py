@@ -9,13 +9,13 @@ every wait is core.clock.wait_until on the agent's clock.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 from collections.abc import Callable
 
 from ...core.clock import Clock
 from ...core.config.launch_spec import LaunchSpec
 from ...core.errors import RendezvousError, RendezvousTimeout
+from ...core.rendezvous.closing import round_timeout
 from ...core.rendezvous.protocol import (
     MemberInfo,
     Membership,
@@ -25,13 +25,13 @@ from ...core.rendezvous.protocol import (
     decode_master,
     encode_master,
     members_to_close,
-    order_members,
 )
 from ..observe.progress import WaitProgress
 from ..store.kv import KeyValueStore, decode_counter, increment
 from ..waiting import SYSTEM_CLOCK
 from .job_end import JobEndRecords
 from .ledger import FailureLedger
+from .round_close import RoundCloser, read_membership
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +52,6 @@ BACKUP_CLOSERS = 3
 LAST_RESORT_CLOSE_S = 10.0
 LAST_RESORT_GROUPS = 32
 WAITING_CHECK_S = 1.0
-# A joiner takes its slot number and writes its slot a moment later.
-SLOT_WRITE_GRACE_S = 5.0
 
 
 class GenerationEnded(Exception):
@@ -83,6 +81,7 @@ class Rounds:
         self._waiting_seen: tuple[int, float] = (0, float("-inf"))  # count, next read
         self._slot_ids: dict[int, dict[int, str]] = {}
         self._last_seen: Callable[[str], float | None] | None = None  # the join under way
+        self._closer = RoundCloser(store, self._keys, spec, ledger, clock)
 
     # -- the round counter --
 
@@ -240,10 +239,13 @@ class Rounds:
                 without = "" if ended is not None else ", without this one"
                 progress.finish(f"round {target} closed with {sizes[-1]} nodes{without}")
                 return ended
+        # Whom a close would leave out, and why, read once: this node too (excluded while
+        # it waited), else every node's timeout says what none of them could see.
+        self._ledger.raise_if_excluded(member.addr)
+        left_out = self._closer.left_out(target, joined) if joined >= nodes.min_nodes else []
+        timeout = self._spec.rdzv.join_timeout
         raise RendezvousTimeout(
-            f"rendezvous timed out: {joined} of at least {nodes.min_nodes} nodes joined "
-            f"generation {target} within join_timeout={self._spec.rdzv.join_timeout:g}s",
-            target,
+            round_timeout(target, joined, nodes.min_nodes, timeout, left_out), target
         )
 
     def _joined_text(
@@ -296,58 +298,12 @@ class Rounds:
         return set(known.values())
 
     def _try_close(self, target: int, size: int, closer: str) -> None:
-        if target > 0:
-            with contextlib.suppress(RendezvousError):
-                before = len(self.read_membership(target - 1).members)
-                self._ledger.charge_root_cause(target - 1, before, closer)
-        members: list[MemberInfo] = []
-        grace_end = self._clock.now() + SLOT_WRITE_GRACE_S
-        keys = [self._keys.slot(target, slot) for slot in range(1, size + 1)]
-        # Every slot in one request; only a slot not written yet is waited for.
-        payloads = self._store.multi_get(keys)
-        for slot, (key, payload) in enumerate(zip(keys, payloads, strict=True), 1):
-            if payload is None:
-                self._wait(
-                    functools.partial(self._store.exists, key), grace_end - self._clock.now()
-                )
-                payload = self._store.get(key)
-            if payload is None:
-                logger.warning(
-                    "slot %d of round %d was never written; leaving it out", slot, target
-                )
-                continue
-            try:
-                member = MemberInfo.decode(payload)
-            except ProtocolError as exc:
-                logger.error("refusing slot %d of round %d: %s", slot, target, exc)
-                continue
-            members.append(member)
-        # Every address at once, not a request per member.
-        excluded = self._ledger.excluded([m.addr for m in members])
-        for addr in sorted(excluded):
-            logger.warning("leaving out %s: excluded for failing too often", addr)
-        members = [m for m in members if m.addr not in excluded]
-        if len(members) < self._spec.nodes.min_nodes:
-            return
-        static = self._spec.rdzv.backend == "static"
-        try:
-            ordered = order_members(members, static=static)
-        except ProtocolError as exc:
-            raise RendezvousError(f"rendezvous of generation {target} failed: {exc}") from None
-        self._store.set_once(self._keys.closed(target), Membership(target, ordered).encode())
+        self._closer.try_close(target, size, closer)
 
     # -- memberships --
 
     def read_membership(self, generation: int) -> Membership:
-        payload = self._store.get(self._keys.closed(generation))
-        if payload is None:
-            raise RendezvousError(f"generation {generation} has no membership in the store")
-        try:
-            return Membership.decode(payload, generation)
-        except ProtocolError as exc:
-            raise RendezvousError(
-                f"refusing the membership of generation {generation} found in the store: {exc}"
-            ) from None
+        return read_membership(self._store, self._keys, generation)
 
     def closed_membership(self, generation: int) -> Membership | None:
         """The membership of `generation` if its round has closed, without waiting."""

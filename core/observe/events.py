@@ -71,6 +71,12 @@ SCHEMA: dict[str, tuple[tuple[str, ...], str]] = {
         ("verdict", "findings"),
         "a GPU check: verdict (ok, warning, critical, unknown) and its findings",
     ),
+    "charge": (
+        ("host", "why", "from_generation", "failures"),
+        "a node was charged a failure toward --max-node-failures, once: host, why (lost, "
+        "or root cause), the generation that failed, and the failures it was charged so "
+        "far (at the limit it is excluded); emitted by the agent that charged it",
+    ),
     "job_end": (("exit_code", "message"), "the agent's end: its exit code and why"),
 }
 
@@ -110,6 +116,8 @@ FIELD_TYPES: dict[str, tuple[str, bool]] = {  # field -> (type, may be null)
     "verdict": (TEXT, False),
     "findings": (LIST, False),
     "exit_code": (INTEGER, False),
+    "why": (TEXT, False),
+    "failures": (INTEGER, False),
 }
 
 

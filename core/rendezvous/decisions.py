@@ -8,8 +8,11 @@ rendezvous, `decide(state) -> action`, so every branch is a unit test
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from enum import Enum
+
+from .failures import FailureKind, FailureRecord, is_collective_victim, root_cause_first
 
 
 class Outcome(Enum):
@@ -67,3 +70,24 @@ def charge_for_failure(first_reporter: bool, exhausted: bool, peer_lost: bool | 
     if peer_lost is None:
         return Charge.CHECK_PEERS
     return Charge.PEER_LOST if peer_lost else Charge.GIVE_UP
+
+
+def failure_to_charge(
+    records: Sequence[FailureRecord], lost: Collection[int]
+) -> FailureRecord | None:
+    """The failure a generation's next round charges to its node (--max-node-failures),
+    if any; records: the generation's failure records, lost: its nodes declared lost.
+
+    A lost node was charged once, by whoever declared it lost; its loss explains every
+    other failure of the generation (the survivors' collectives broke under it), so
+    nothing more is charged: no survivor, nor the lost node again for records of its
+    own (a node stopped, declared lost, then back to record its workers). Without a
+    loss, the root cause; but a victim (a rank whose collective broke under a peer)
+    never: when the earliest failure is one, whoever broke the collective left no
+    record, and nobody is charged. A worker rtrain stopped is never charged either."""
+    if lost or any(r.kind is FailureKind.LOST_NODE for r in records):
+        return None
+    ranked = root_cause_first([r for r in records if r.kind is not FailureKind.STOPPED])
+    if not ranked or is_collective_victim(ranked[0]):
+        return None
+    return ranked[0]

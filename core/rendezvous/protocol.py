@@ -14,13 +14,16 @@ A job's keys live under /rtrain/<run_id>/. Generations are rounds:
   r<g>/exited              counter of nodes that saw every node done and are leaving
   r<g>/lease/<node>        the node's lease: a counter its agent renews every heartbeat
   r<g>/lost/<node>         the node rank of the agent that found <node>'s lease expired
+                           (then a token of its call: a second call is no first)
   r<g>/inv/<node>          the shards <node> holds and the steps its workers reached
   r<g>/shards/<node>       host:port of <node>'s shard server
   r<g>/restored/<a>/<node> attempt <a> of the restore: complete or not, bad copies
   r<g>/status/<node>       the node's status record for `rtrain status` (core/observe)
   secret                   the job's shard secret, when none was given to the agents
-  r<g>/charged             which node was charged the root cause of <g>'s failure (once)
+  r<g>/charged             the claim of <g>'s one root-cause charge (its closer, a token)
+  r<g>/charge/<addr>       the claim of the one charge <addr> may take for <g>
   node_failures/<addr>     counter of failures charged to the node at <addr> (flapping)
+  node_charges/<addr>/<n>  what its n-th charge was for ("lost in generation 3")
   abort                    an AbortRecord: the whole job stops
   abort_acks               counter of agents that read the abort record
 
@@ -144,8 +147,14 @@ class StoreKeys:
     def recycle_positions(self, generation: int) -> str:
         return f"{self.prefix}/r{generation}/recycle_positions"
 
+    def charge_claim(self, generation: int, addr: str) -> str:
+        return f"{self.prefix}/r{generation}/charge/{addr}"
+
     def node_failures(self, addr: str) -> str:
         return f"{self.prefix}/node_failures/{addr}"
+
+    def node_charge(self, addr: str, index: int) -> str:
+        return f"{self.prefix}/node_charges/{addr}/{index}"
 
     @property
     def failed_addrs_count(self) -> str:

@@ -202,11 +202,10 @@ def test_the_root_cause_is_charged_once_however_many_close(job) -> None:
     rdzv, _, _ = job
     rdzv.ledger.record_failure(record(0, 5.0, host="victim"))
     rdzv.ledger.record_failure(record(1, 1.0, host="culprit"))
-    rdzv.ledger.record_failure(record(2, 0.5, kind="lost_node", host="lost"))
-    for closer in ("a", "b", "c"):
+    for closer in ("a", "b", "c", "a"):  # "a" again: rewriting its charge is no new one
         rdzv.ledger.charge_root_cause(0, 3, closer)
     assert rdzv.ledger.node_failures("culprit") == 1
-    assert rdzv.ledger.node_failures("victim") == rdzv.ledger.node_failures("lost") == 0
+    assert rdzv.ledger.node_failures("victim") == 0
 
 
 def test_the_exit_barrier_waits_for_every_node_or_yields_to_a_new_generation(job) -> None:
