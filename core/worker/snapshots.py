@@ -207,7 +207,9 @@ def restore(copy: bool = True, *, into: Any = None, mesh: Any = None) -> tuple[A
     it): the snapshot is loaded into it in place (load_state_dict for a Stateful, a
     copy into each tensor, other values replaced in its dicts), and it is returned.
     DTensors are rebuilt on an equal device mesh: one a DTensor in `into` lives on,
-    or `mesh` (a DeviceMesh, or several); no equal mesh is a SnapshotError.
+    or `mesh` (a DeviceMesh, or several), or, for a 1-D mesh over the whole world
+    (FSDP2's usual one), one over the default process group; no equal mesh is a
+    SnapshotError that says to pass `into` or `mesh`.
 
     copy=False returns tensors that map the restored shard instead of copies of it: no
     copy and no page faults for fresh memory, so restoring costs about a millisecond

@@ -9,9 +9,13 @@ the restored dict back to the same object's load_state_dict().
 A DTensor is kept as its local shard plus its global shape, placements and mesh (the
 mesh's ranks, shape and dimension names). It is rebuilt on a mesh equal to the one it
 was saved on: one passed as restore(mesh=...), or one that a DTensor in `into` lives on
-(a module's state_dict() shows its parameters' meshes without communicating). After the
-mesh changed (a node lost, DP shrunk) its shards no longer fit the ranks; that is a
-resharding load, which torch.distributed.checkpoint's planner does.
+(a module's state_dict() shows its parameters' meshes without communicating), or,
+for a 1-D mesh over the whole world (FSDP2's usual one), a mesh over the default
+process group (DeviceMesh.from_group: no collective call). Any other mesh rtrain
+cannot make alone: a DeviceMesh's sub-groups are made by a collective call on every
+rank, so restore() says in one line to pass into= or mesh=. After the mesh changed (a
+node lost, DP shrunk) its shards no longer fit the ranks; that is a resharding load,
+which torch.distributed.checkpoint's planner does.
 """
 
 from __future__ import annotations
@@ -67,11 +71,17 @@ def dtensor_builder(meshes: Iterable[Any]) -> Any:
 
         mesh = next((m for m in known if _same_mesh(ref, m)), None)
         if mesh is None:
+            mesh = _world_mesh(ref)
+            if mesh is not None:
+                known.append(mesh)  # the state's other DTensors share it
+        if mesh is None:
             raise SnapshotError(
                 f"{where}: a DTensor saved on a mesh of ranks {list(ref.mesh_ranks)[:16]} "
-                f"(shape {list(ref.mesh_shape)}) and no equal mesh now; pass it as "
-                "restore(mesh=...), or load through torch.distributed.checkpoint with "
-                "rtrain's storage to reshard"
+                f"(shape {list(ref.mesh_shape)}) and no equal mesh given: pass the live "
+                "state as restore(into=...) or the mesh as restore(mesh=...), since rtrain "
+                "can make only a 1-D mesh over the whole world alone (any other needs a "
+                "collective call on every rank); after the mesh changed, load through "
+                "torch.distributed.checkpoint with rtrain's storage to reshard"
             )
 
         def placement(name: str) -> Any:
@@ -91,6 +101,24 @@ def dtensor_builder(meshes: Iterable[Any]) -> Any:
         )
 
     return build
+
+
+def _world_mesh(ref: DTensorRef) -> Any:
+    """A mesh equal to ref's over the default process group, where ref's is 1-D over
+    every rank of the world in order; else None. No collective call: the group exists."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    world = dist.get_world_size()
+    if len(ref.mesh_shape) != 1 or tuple(ref.mesh_ranks) != tuple(range(world)):
+        return None
+    from torch.distributed.device_mesh import DeviceMesh
+
+    group = dist.group.WORLD
+    assert group is not None  # initialized
+    mesh = DeviceMesh.from_group(group, ref.device, mesh_dim_names=ref.dim_names)
+    return mesh if _same_mesh(ref, mesh) else None
 
 
 def _same_mesh(ref: DTensorRef, mesh: Any) -> bool:

@@ -157,7 +157,9 @@ def test_fsdp2_state_restores_in_place_bitwise_after_a_killed_worker(tmp_path):
     nodes = 2
     runs = {}
     kill = {"PROBE_FAULT": "rank=1,step=6,action=kill"}
-    for name, extra in (("reference", {}), ("killed", kill)):
+    # plain: restore() without into= on the unchanged mesh (it was 'no equal mesh')
+    plain = {**kill, "PROBE_RESTORE_PLAIN": "1"}
+    for name, extra in (("reference", {}), ("killed", kill), ("plain", plain)):
         flags = [*FAST, "--max-restarts=1"]
         (tmp_path / name).mkdir()
         cluster = LocalCluster(tmp_path / name, nodes, str(nodes), flags, script=FSDP2, **extra)
@@ -170,6 +172,8 @@ def test_fsdp2_state_restores_in_place_bitwise_after_a_killed_worker(tmp_path):
     reference = per_rank_digests(runs["reference"])
     assert len(reference) == 2 * nodes and len(set(reference.values())) == 2 * nodes
     assert per_rank_digests(runs["killed"]) == reference
+    assert per_rank_digests(runs["plain"]) == reference
+    assert len(restored(runs["plain"])) == 2 * nodes
     # every rank came back at one step: 5, the last one all of them had finished (the
     # kill comes at the top of step 6, after rank 1 committed step 5), or 4 when another
     # rank was still in snapshot(5) waiting for step 4's replication (the wait policy,

@@ -1,6 +1,7 @@
 """FSDP2 (fully_shard over gloo on the CPU) keeping its state with rtrain's snapshot():
 the module, the optimizer and a data position go in as Stateful objects, the RNG state
-as a tensor, and a restarted worker loads them back in place with restore(into=...).
+as a tensor, and a restarted worker loads them back in place with restore(into=...)
+(PROBE_RESTORE_PLAIN=1: with restore() alone, then each object's load_state_dict).
 
 Deterministic: the data of a step depends only on (step, rank) and the noise on the
 restored RNG state, so a run with failures ends bitwise equal to one without. Writes
@@ -66,7 +67,17 @@ def main() -> None:
     position = Position()
     torch.manual_seed(1000 + rank)
     state = {"model": model, "optim": optimizer, "data": position, "rng": torch.get_rng_state()}
-    if restore(into=state) is not None:
+    if os.environ.get("PROBE_RESTORE_PLAIN"):  # restore() alone, then load by hand
+        restored = restore()
+        if restored is not None:
+            saved = restored[0]
+            model.load_state_dict(saved["model"])
+            optimizer.load_state_dict(saved["optim"])
+            position.load_state_dict(saved["data"])
+            state["rng"] = saved["rng"]
+    else:
+        restored = restore(into=state)
+    if restored is not None:
         torch.set_rng_state(state["rng"])
         record = {"step": position.step - 1, "digest": digest(model, optimizer)}
         with open(os.path.join(out, f"restored_gen{generation}_rank{rank}.json"), "w") as f:

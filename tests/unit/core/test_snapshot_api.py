@@ -106,9 +106,6 @@ def test_a_dtensor_comes_back_on_an_equal_mesh_with_its_placements(
     snapshot({"model": {"w": sharded, "b": copied}, "step": 2}, 2)
     _mark_replicated(slot_dir)
     snapshot_api._slots = None
-    # No mesh to put it on: refused by key, not a plain tensor passed off as the DTensor.
-    with pytest.raises(snapshot_api.SnapshotError, match=r"model\.w: a DTensor saved on a mesh"):
-        restore()
     restored = restore(mesh=one_rank_group)
     assert restored is not None
     state, step = restored
@@ -117,6 +114,35 @@ def test_a_dtensor_comes_back_on_an_equal_mesh_with_its_placements(
     assert weight.placements == (Shard(1),) and weight.device_mesh == one_rank_group
     assert torch.equal(weight.to_local(), sharded.to_local())
     assert torch.equal(state["model"]["b"].full_tensor(), copied.full_tensor())
+    # Without into= or mesh=, on the unchanged mesh (1-D over the world, FSDP2's): the
+    # same, on a mesh over the default group (it was 'no equal mesh', issue 31 item 9)
+    alone = restore()
+    assert alone is not None
+    weight = alone[0]["model"]["w"]
+    assert weight.device_mesh == one_rank_group and weight.placements == (Shard(1),)
+    assert torch.equal(weight.to_local(), sharded.to_local())
+    assert alone[0]["model"]["b"].device_mesh is weight.device_mesh
+
+
+@pytest.mark.slow  # importing DTensor takes two seconds
+def test_a_mesh_rtrain_cannot_make_alone_is_one_line_naming_into(
+    slot_dir: str, one_rank_group
+) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    grid = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
+    snapshot({"model": {"w": distribute_tensor(torch.randn(4, 6), grid, [Shard(0), Shard(1)])}}, 1)
+    _mark_replicated(slot_dir)
+    snapshot_api._slots = None
+    # refused by key, not a plain tensor passed off as the DTensor; one line, naming into=
+    with pytest.raises(
+        snapshot_api.SnapshotError, match=r"model\.w: a DTensor saved on a mesh"
+    ) as info:
+        restore()
+    assert "restore(into=...)" in str(info.value) and "\n" not in str(info.value)
+    restored = restore(mesh=grid)
+    assert restored is not None and restored[0]["model"]["w"].device_mesh == grid
 
 
 class _ShuffledLoader:
