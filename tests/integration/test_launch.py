@@ -10,6 +10,7 @@ import pytest
 from tests.integration.helpers import (
     PROBE,
     RTRAIN,
+    events_under,
     free_port,
     probe_env,
     records,
@@ -173,11 +174,22 @@ def test_a_failure_on_one_node_restarts_every_node(tmp_path):
 
 
 def test_every_node_stops_when_restarts_are_exhausted(tmp_path):
-    results = _two_node_job(tmp_path, PROBE_FAULT="rank=2,step=0,gen=0,action=raise")
-    assert [r.returncode for r in results] == [1, 1]
-    for result in results:
-        assert "RuntimeError: injected failure at step 0" in result.stderr
-        assert "max_restarts=0 exhausted" in result.stderr
+    logs = tmp_path / "logs"
+    results = _two_node_job(
+        tmp_path, f"--log-dir={logs}", PROBE_FAULT="rank=2,step=0,gen=0,action=raise"
+    )
+    assert [r.returncode for r in results] == [1, 1], results[0].stderr[-3000:]
+    # Asserted on the structured events, which each agent writes before it exits
+    # (the other node's failure table may be read before the failing node wrote it).
+    ends = events_under(logs, "job_end")
+    assert sorted(e.agent for e in ends) == ["127.0.0.1", "127.0.0.2"]
+    for end in ends:
+        assert end["exit_code"] == 1
+        assert "max_restarts=0 exhausted" in end["message"]
+    faults = [e for e in events_under(logs, "fault") if not e.get("victim")]
+    assert [(e["rank"], e["kind"]) for e in faults] == [(2, "exit")], faults
+    assert "RuntimeError: injected failure at step 0" in faults[0]["message"]
+    assert "RuntimeError: injected failure at step 0" in results[1].stderr
 
 
 def test_help_does_not_import_torch():
