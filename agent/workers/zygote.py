@@ -25,18 +25,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import os
 import select
 import signal
 import socket
 import sys
-import threading
 import time
 from typing import Any
 
 from .boot import boot, fresh_interpreter, set_parent_death_signal
+from .warm_up import WarmUp, preload
 
 CUDA_REFUSAL = (
     "CUDA is initialized in the worker pool (a --preload module used it), and a forked "
@@ -61,7 +60,7 @@ class Zygote:
         self._parent_pid = parent_pid
         self._children: dict[int, str] = {}
         self.warm_later: list[str] = []
-        self._warmer: threading.Thread | None = None
+        self._warmer: WarmUp | None = None
         self._buffer = b""
         # Set while lines are written: a report from the SIGCHLD handler then waits in
         # _queued instead of landing in the middle of a line.
@@ -101,10 +100,7 @@ class Zygote:
             if not readable and self.warm_later and self._warmer is None:
                 # Idle: import what workers will import anyway (see WorkerPool), so that
                 # restarted workers skip it, without making the first start wait for it.
-                self._warmer = threading.Thread(
-                    target=_warm_at_idle_priority, args=(self.warm_later,), daemon=True
-                )
-                self._warmer.start()
+                self._warmer = WarmUp(self.warm_later)
                 self.warm_later = []
             if self._wake_r in readable:
                 try:
@@ -139,14 +135,13 @@ class Zygote:
             self.send({"ev": "refused", "id": request["id"], "error": CUDA_REFUSAL})
             return
         fresh = ""
-        warming = self._warmer is not None and self._warmer.is_alive()
-        if warming and request["kind"] != "exec":
+        if self._warmer is not None and request["kind"] != "exec" and not self._warmer.finish():
             # A Python worker forked while the warm-up thread is inside an import would
-            # deadlock on that module's lock (or find it half done); waiting for the
-            # warm-up, at idle priority on a loaded node, took minutes. The worker starts
-            # at once as a fresh interpreter instead (exec straight after the fork).
+            # deadlock on that module's lock (or find it half done), and a warm-up starved
+            # at idle priority on a loaded node took minutes: the worker starts at once as
+            # a fresh interpreter instead (exec straight after the fork).
             request = fresh_interpreter(request)
-            fresh = "the pool was still importing modules for restarts at idle priority"
+            fresh = "the pool's warm-up imports, at idle priority, were starved or slow"
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         zygote_pid = os.getpid()
@@ -194,26 +189,6 @@ class Zygote:
     def _report_exit(self, pid: int, code: int, when: float) -> None:
         worker_id = self._children.pop(pid)
         self.send({"ev": "exited", "id": worker_id, "pid": pid, "exitcode": code, "time": when})
-
-
-def _warm_at_idle_priority(modules: list[str]) -> None:
-    """Import `modules` in this thread at SCHED_IDLE (a per-thread policy on Linux): the
-    first generation's workers are running by then, and on a small node a full-priority
-    import of torch._dynamo (1-3 s of CPU) slowed their first steps. Workers are forked
-    from the main thread, whose policy stays as it was."""
-    with contextlib.suppress(AttributeError, OSError):
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    preload(modules)
-
-
-def preload(modules: list[str]) -> dict[str, str]:
-    errors: dict[str, str] = {}
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except Exception as exc:  # a failed preload only costs speed; report it
-            errors[name] = f"{type(exc).__name__}: {exc}"
-    return errors
 
 
 def main(argv: list[str] | None = None) -> None:
