@@ -272,9 +272,11 @@ def parse_ranks_filter(value: str) -> frozenset[int] | None:
     return frozenset(n for n in numbers if n is not None)
 
 
-def parse_preload(value: str) -> tuple[str, ...]:
+def parse_preload(value: str, start_method: str | None = None) -> tuple[str, ...]:
+    """--preload's modules; none under --start-method spawn, whose workers all start as
+    fresh interpreters (the pool only forks and execs them)."""
     text = str(value).strip()
-    if text.lower() in ("", "none"):
+    if text.lower() in ("", "none") or start_method == "spawn":
         return ()
     modules = tuple(item.strip() for item in text.split(",") if item.strip())
     for module in modules:

@@ -314,8 +314,7 @@ def build_launch_spec(given: Mapping[str, Any]) -> LaunchSpec:
         ),
         standalone=standalone or implicit_standalone,
         virtual_local_rank=bool(raw["virtual_local_rank"]),
-        # a pool whose workers all start fresh imports nothing for them
-        preload=() if raw["start_method"] == "spawn" else parse_preload(raw["preload"]),
+        preload=parse_preload(raw["preload"], raw["start_method"]),
         fresh_workers=raw["start_method"] == "spawn",
         ignored_flags=tuple(raw.get("ignored_flags", ())),
         layout=layout,
