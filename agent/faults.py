@@ -72,6 +72,13 @@ class FaultPolicy:
 
     def check_leases(self, membership: Membership, node_rank: int, peers: PeerWatch) -> bool:
         stale = peers.stale()
+        if stale and self._rdzv.rounds.closed_membership(membership.generation + 1) is not None:
+            # The job went on from this generation without this node (stopped or cut off
+            # past its lease): its peers renew the next generation's leases, not these.
+            # They went on; they are not lost, and are neither declared nor charged.
+            for node in stale:
+                peers.forget(node)
+            return True
         for node in stale:
             self._declare_lost(membership, node_rank, peers.timeout, node)
             peers.forget(node)

@@ -144,3 +144,26 @@ def test_a_round_that_cannot_close_names_whom_it_left_out_and_why(caplog) -> Non
     assert error.value.exit_code == 75
     said = [r for r in caplog.records if r.getMessage().startswith("leaving 10.0.0.1 out")]
     assert len(said) == 1, said
+
+
+def test_a_node_left_behind_declares_none_of_the_peers_that_went_on(charges) -> None:
+    """Node 2 stopped (SIGSTOP) past its lease: declared lost, charged once; nodes 0 and
+    1 went on in generation 1. Let go on, node 2 finds their generation-0 leases old
+    (they renew generation 1's now) while it rejoins. Before: it declared both lost in
+    generation 0 and charged each (found on a loaded machine in test_recovery's
+    stopped-agent job), enough to exclude both at --max-node-failures=1."""
+    job = Job()
+    assert job.rdzv.ledger.mark_lost(0, 2, by_node=0)
+    assert job.rdzv.ledger.charge(0, "10.0.0.2", "lost")
+    job.rdzv.rounds.open_next_round(0)
+    job.store.inner.set(job.keys.closed(1), Membership(1, [node(0), node(1)]).encode())
+    left_behind = PeerLeases(job.store, job.keys, 0, [0, 1], 2.0, 0.5, clock=job.clock.now)
+    job.store.inner.set(job.keys.lease(0, 0), "7")
+    job.store.inner.set(job.keys.lease(0, 1), "7")
+    ended = False
+    for _ in range(12):
+        ended = job.policy.check_leases(job.membership, 2, left_behind) or ended
+        job.clock.sleep(0.5)
+    assert ended  # its generation is over: it rejoins
+    assert job.rdzv.ledger.lost_nodes(0, 3) == [2]
+    assert job.charged() == [0, 0, 1] and [e["host"] for e in charges] == ["10.0.0.2"]
