@@ -20,50 +20,85 @@ OUTCOME_COLOURS = {
 }
 
 
-def _seconds(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
+def _seconds(value: float | None, exact: bool = True) -> str:
+    """A time lost; '-' where the job ended there (its unfinished tail counts it)."""
+    if value is None:
+        return "-" if exact else "unknown"
+    return f"{value:.2f}" if exact else f">={value:.2f}"
 
 
-def print_report(report: Report) -> None:
-    console = Console()
+def _steps(steps: int | None, down: float | None) -> str:
+    if steps is not None:
+        return str(steps)
+    return "unknown" if down is not None else "-"
+
+
+CAPTION = (
+    "an incident: a generation that ended in failures, under its root cause; every time "
+    "in seconds on one clock: at, from the first event (as the timeline's axis); detect: "
+    "from the fault to a node noticing it; down: from the fault (a hang: the last "
+    "heartbeat) to the first step after it (>=: to the next start, no heartbeat said "
+    "more); steps redone: the step reached before the fault against the first one after "
+    "it, from the heartbeats or the snapshot restored (unknown: neither says); also: the "
+    "generation's other faults (consequences, e.g. peers of a broken collective); an "
+    "unfinished job: the time from its last step to its end"
+)
+
+
+def print_report(report: Report, wide: bool = False) -> None:
+    """The incidents' table and the run's summary; cells wrap at the terminal's width
+    (wide: one line per row, for a wide terminal or a file)."""
+    console = Console(width=max(Console().width, 200)) if wide else Console()
     table = Table(
         title=f"{len(report.failures)} incident(s) on {len(report.nodes)} node(s)",
-        caption=(
-            "an incident: a generation that ended in failures, under its root cause; "
-            "at: seconds from the first event; detect: from the fault to a node noticing "
-            "it; time lost: from the first fault to the next generation's start; steps "
-            "lost: committed past the step the next generation restored; also: the "
-            "generation's other faults (consequences, e.g. peers of a broken collective)"
-        ),
+        caption=CAPTION,
         caption_justify="left",
     )
-    for column in ("at (s)", "generation", "kind", "where", "detect (s)", "time lost (s)"):
-        table.add_column(column, overflow="fold")
-    table.add_column("steps lost", overflow="fold")
-    table.add_column("also", overflow="fold")
+    for column in ("at (s)", "gen", "kind", "where", "detect (s)", "down (s)", "steps redone"):
+        table.add_column(column, overflow="fold", no_wrap=wide)
+    table.add_column("also", overflow="fold", no_wrap=wide)
     for row in report.failures:
         table.add_row(
             f"{row.t:.2f}",
             "-" if row.generation is None else str(row.generation),
             plain(row.kind),
             plain(row.where, limit=120),
-            _seconds(row.detect_s),
-            _seconds(row.time_lost_s),
-            "-" if row.steps_lost is None else str(row.steps_lost),
+            "-" if row.detect_s is None else f"{row.detect_s:.2f}",
+            _seconds(row.time_lost_s, row.exact),
+            _steps(row.steps_lost, row.time_lost_s),
             str(row.also),
         )
     console.print(table)
-    lost = sum(r.time_lost_s or 0.0 for r in report.failures)
-    goodput = "-" if report.goodput is None else f"{report.goodput:.1%}"
-    step = "-" if report.step_s is None else f"{report.step_s:.3f} s"
-    final = "-" if report.final_step is None else str(report.final_step)
-    console.print(
-        f"wall time {report.wall_s:.2f} s, {lost:.2f} s lost to failures; last step {final}, "
-        f"{step} per step; goodput {goodput} (wall time less time lost and steps done "
-        "again, over wall time)"
-    )
+    for line in summary(report):
+        console.print(plain(line, limit=None))
     if report.bad_lines:
         console.print(f"{report.bad_lines} line(s) were not rtrain events and were skipped")
+
+
+def summary(report: Report) -> list[str]:
+    """The run in a few lines: how it ended, its time, what failures cost, its goodput."""
+    down = sum(r.time_lost_s or 0.0 for r in report.failures)
+    exact = all(r.exact for r in report.failures)
+    steps = [r.steps_lost for r in report.failures if r.time_lost_s is not None]
+    steps = steps[: len(steps) - report.ended.startswith("unfinished")]
+    redone = sum(n or 0 for n in steps)
+    unknown = sum(n is None for n in steps)
+    step = "unknown" if report.step_s is None else f"{report.step_s:.3f} s"
+    final = "unknown" if report.final_step is None else str(report.final_step)
+    if report.goodput is None:
+        goodput = "unknown"
+    else:
+        goodput = ("at most " if report.goodput_bound else "") + f"{report.goodput:.1%}"
+    again = f"{redone} step(s) done again ({report.redone_s:.2f} s)"
+    if unknown:
+        again += f", and those of {unknown} incident(s) unknown"
+    return [
+        f"ended: {report.ended or 'unknown'}",
+        f"wall time {report.wall_s:.2f} s; time lost: {'' if exact else '>='}{down:.2f} s "
+        f"down, {again}",
+        f"last step reached {final}; {step} per step; goodput {goodput} (wall time less "
+        "the time down and the steps done again, over wall time)",
+    ]
 
 
 def _label(text: str) -> str:

@@ -31,10 +31,13 @@ def report_command(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the report as JSON; draw nothing.")
     ] = False,
+    wide: Annotated[
+        bool, typer.Option(help="One line per table row (at least 200 columns), no wrapping.")
+    ] = False,
 ) -> None:
     """Summarize a job's failures, recoveries and goodput from its events, with a timeline."""
     try:
-        code = run_report(logdir, out, as_json)
+        code = run_report(logdir, out, as_json, wide)
     except RtrainError as exc:
         print(f"rtrain: error: {exc}", file=sys.stderr)
         code = exc.exit_code
@@ -60,7 +63,7 @@ def load_events(logdir: Path) -> tuple[list[Event], int]:
     return events, bad
 
 
-def run_report(logdir: Path, out: Path | None, as_json: bool) -> int:
+def run_report(logdir: Path, out: Path | None, as_json: bool, wide: bool = False) -> int:
     from ..core.observe.report import build_report
 
     events, bad = load_events(logdir)
@@ -71,7 +74,7 @@ def run_report(logdir: Path, out: Path | None, as_json: bool) -> int:
     from .render_report import draw_report, print_report
     from .render_timeline import have_matplotlib
 
-    print_report(report)
+    print_report(report, wide)
     folder = out or logdir
     if not have_matplotlib():
         print("no picture: matplotlib is not installed (pip install 'rtrain[plan]')")

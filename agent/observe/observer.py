@@ -6,6 +6,15 @@ with the metrics, every STORE_CHECK_S of the agent's watch): workers that starte
 wait (a restore, a first snapshot whose replication cannot get through) are still
 down. Workers that never give a step (a script without heartbeat(step)) end it at
 their start, as before, when their generation or the job ends.
+
+What `rtrain report` needs to count time and steps from the heartbeats rides on the
+events: a generation's end says the first step its workers were seen at and when
+(first_seen_step, first_seen_t: the step rate), and when their heartbeats last moved
+(last_beat_t: a hang or an unfinished job costs the time from then); a recovery says
+the step of the workers' first heartbeat (first_step: its step less the beats before
+it, exact for a script that beats once per step), so that the steps done again are
+the step reached before the fault against it. Times are wall-clock (time.time()),
+the events' own clock.
 """
 
 from __future__ import annotations
@@ -57,6 +66,7 @@ class Observer:
         # the generation that ended last: (number, outcome, when, newest step committed)
         self._ended: tuple[int, Outcome, float, int | None] | None = None
         self._recovering: _Recovery | None = None
+        self._beats = _Beats()
         emit(
             "agent_start",
             nproc=nproc,
@@ -68,6 +78,7 @@ class Observer:
     def generation_started(self, gen: Generation, restored_step: int | None) -> None:
         self._started = time.monotonic()
         self._status_due = 0.0
+        self._beats = _Beats()
         emit(
             "generation_start",
             nodes=gen.num_nodes,
@@ -86,7 +97,7 @@ class Observer:
             number, outcome.name.lower(), when, self._started, max(lost, 0)
         )
 
-    def _end_recovery(self, first_step: int | None) -> None:
+    def _end_recovery(self, first_step: int | None, gen: Generation | None = None) -> None:
         """The `recovery` event: down until the first step (None: none seen, so until
         the workers' start)."""
         recovery, self._recovering = self._recovering, None
@@ -100,27 +111,34 @@ class Observer:
             down_s=round(end - recovery.ended_at, 6),
             lost_steps=recovery.lost_steps,
             at_step=first_step,
+            first_step=None if gen is None or first_step is None else _first_beat_step(gen),
         )
 
     def generation_ended(self, gen: Generation, outcome: Outcome, last_step: int | None) -> None:
-        self._end_recovery(_first_step(gen))
+        self._end_recovery(_first_step(gen), gen)
+        self._beats.see(gen)
         now = time.monotonic()
         self._ended = (gen.number, outcome, now, last_step)
+        beats = self._beats
         emit(
             "generation_end",
             outcome=outcome.name.lower(),
             seconds=round(now - self._started, 6),
             last_step=last_step,
             reached_step=_newest_beat(gen),
+            first_seen_step=beats.first_step,
+            first_seen_t=beats.first_t,
+            last_beat_t=beats.last_t,
         )
 
     def sample(self, gen: Generation, committed: int | None, replicated: int | None) -> None:
         """Fresh readings for the metrics file, when it wants them (every few seconds);
         the end of a recovery, at the workers' first step."""
+        self._beats.see(gen)
         if self._recovering is not None:
             step = _first_step(gen)
             if step is not None:
-                self._end_recovery(step)
+                self._end_recovery(step, gen)
         if self._metrics is None or not self._metrics.due():
             return
         self._metrics.sample(_newest_beat(gen), committed, replicated)
@@ -149,6 +167,37 @@ class Observer:
         EVENTS.close()
         if self._server is not None:
             self._server.close()
+
+
+class _Beats:
+    """This generation's heartbeats as the agent saw them (wall-clock times, rounded):
+    the first step seen and when, and when the beats last moved."""
+
+    def __init__(self) -> None:
+        self.first_step: int | None = None
+        self.first_t: float | None = None
+        self.last_t: float | None = None
+        self._counts: tuple[int, ...] = ()
+
+    def see(self, gen: Generation) -> None:
+        beats = [gen.hangs.read(w.local_rank) for w in gen.group.workers]
+        counts = tuple(0 if b is None else b[0] for b in beats)
+        now = round(time.time(), 6)
+        if counts != self._counts and any(counts):
+            self._counts, self.last_t = counts, now
+        if self.first_step is None:
+            self.first_step = _first_step(gen)
+            if self.first_step is not None:
+                self.first_t = now
+
+
+def _first_beat_step(gen: Generation) -> int | None:
+    """The step of the workers' first heartbeat of this generation, the earliest of
+    theirs: each one's step less the beats it made before (exact for a script that
+    beats once per step; never below 0)."""
+    beats = [gen.hangs.read(w.local_rank) for w in gen.group.workers]
+    firsts = [max(b[1] - b[0] + 1, 0) for b in beats if b is not None and b[0] > 0 and b[1] >= 0]
+    return min(firsts, default=None)
 
 
 def _newest_beat(gen: Generation) -> int | None:

@@ -3,18 +3,25 @@ recoveries on one time line, snapshot replication throughput over time, and per
 failure the time and steps it cost; and the run's goodput. Pure: events in, a Report
 out (`rtrain report` draws and prints it).
 
-Definitions (the report's table says them too):
+Definitions (the report's table says them too); every time is seconds on the events'
+clock (wall-clock, from the first event), in the table as in the timeline:
 - an incident: a generation that ended in failures, under its root cause (the failure
   report's rule); the others are counted with it;
-- its time lost: from its first fault to the start of the next generation's workers
-  anywhere in the job;
-- its steps lost: the steps the job had committed past the step the next generation
-  restored (the most any node lost), done again at the run's step time;
-- goodput: the wall time, from the first generation's start to the last one's end,
-  less the time lost and the steps done again, over the wall time. The step time comes
-  from the generations whose first step is known: generation 0, and those that
-  restored a snapshot (a script that resumes from a checkpoint of its own says nothing
-  of where it resumed).
+- its downtime: from its first fault (for a hang: the worker's last heartbeat) to the
+  first step of the next generation (the step of the workers' first heartbeat, at the
+  run's step time before the agent saw it); without heartbeats, to the next
+  generation's start, a lower bound;
+- its steps done again: the step the job had reached before the fault (its heartbeats:
+  the slowest node's newest step) against the first step after it; from the snapshot
+  restored where no heartbeat says; unknown (never 0) where neither does;
+- the step time: from the heartbeats, steps over the time between the first and the
+  last step each generation's workers were seen at; else from the generations whose
+  first step is known;
+- an unfinished job (a node's agent exited other than 0) costs the time from the last
+  step of its last generation to its end, and the report says how it ended;
+- goodput: the wall time, from the first generation's start to the job's end, less
+  the downtime, the steps done again at the step time and an unfinished job's tail,
+  over the wall time; an upper bound where something lost is unknown.
 """
 
 from __future__ import annotations
@@ -24,6 +31,14 @@ from dataclasses import dataclass, field
 
 from ..rendezvous.failures import FailureKind, FailureRecord, root_cause_first
 from .events import Event
+from .report_steps import (
+    Ending,
+    GenerationEnd,
+    generation_end,
+    heartbeat_step_time,
+    incident_cost,
+    job_ending,
+)
 
 
 @dataclass(frozen=True)
@@ -58,9 +73,10 @@ class FailureRow:
     kind: str
     where: str
     detect_s: float | None
-    time_lost_s: float | None
-    steps_lost: int | None
+    time_lost_s: float | None  # downtime: from the fault to the first step after it
+    steps_lost: int | None  # steps done again; None: unknown
     also: int  # other faults of the same generation (a root cause's consequences)
+    exact: bool = True  # False: time_lost_s is a lower bound (no heartbeat said more)
 
 
 @dataclass
@@ -73,6 +89,9 @@ class Report:
     step_s: float | None  # mean seconds per step while training
     goodput: float | None
     bad_lines: int = 0
+    ended: str = ""  # how the job ended, from its agents' job_end events
+    goodput_bound: bool = False  # goodput is an upper bound: something lost is unknown
+    redone_s: float = 0.0  # the steps done again, at the step time
 
 
 def build_report(events: Iterable[Event], bad_lines: int = 0) -> Report:
@@ -87,6 +106,9 @@ def build_report(events: Iterable[Event], bad_lines: int = 0) -> Report:
     trained_s, trained_steps = 0.0, 0
     final_step: int | None = None
     faults: list[Event] = []
+    ends: list[GenerationEnd] = []
+    job_ends: list[Event] = []
+    restored_at: dict[int, int] = {}  # generation -> the snapshot step it resumed after
     for event in ordered:
         line = lines.setdefault(event.agent, NodeLine(event.agent))
         t = event.t - origin
@@ -94,6 +116,8 @@ def build_report(events: Iterable[Event], bad_lines: int = 0) -> Report:
             open_at[event.agent] = (event.generation, t, event.get("restored_step"))
             if event.generation is not None:
                 starts[event.generation] = min(starts.get(event.generation, t), t)
+                if isinstance(event.get("restored_step"), int):
+                    restored_at[event.generation] = int(event["restored_step"])
         elif event.name == "generation_end" and event.agent in open_at:
             generation, start, restored = open_at.pop(event.agent)
             line.generations.append(Span(generation, start, t, str(event["outcome"])))
@@ -103,8 +127,11 @@ def build_report(events: Iterable[Event], bad_lines: int = 0) -> Report:
             if isinstance(last, int) and first is not None:
                 trained_s += t - start
                 trained_steps += max(last - first, 0)
-            if isinstance(last, int) and event["outcome"] == "succeeded":
+            if isinstance(last, int):
                 final_step = max(final_step if final_step is not None else -1, last)
+            ends.append(generation_end(event, origin))
+        elif event.name == "job_end":
+            job_ends.append(event)
         elif event.name == "recovery":
             down = float(event["down_s"])
             line.down.append(Span(event.get("from_generation"), t - down, t, "down"))
@@ -133,14 +160,41 @@ def build_report(events: Iterable[Event], bad_lines: int = 0) -> Report:
         outcome = "running" if stop is None else "lost"
         lines[agent].generations.append(Span(generation, start, max(stop or end, start), outcome))
     first_start = min(starts.values(), default=0.0)
+    last_gen = max((e.generation for e in ends if e.generation is not None), default=None)
+    ending = job_ending(job_ends, [e for e in ends if e.generation == last_gen], origin)
     last_end = max((s.end for ln in lines.values() for s in ln.generations), default=end)
+    last_end = max(last_end, ending.end or last_end)
     wall = max(last_end - first_start, 0.0)
-    step_s = trained_s / trained_steps if trained_steps else None
-    rows = _incidents(faults, origin, starts, recoveries)
+    step_s = heartbeat_step_time(ends) or (trained_s / trained_steps if trained_steps else None)
+    rows = _incidents(faults, origin, starts, recoveries, (ends, restored_at, step_s))
+    if ending.unfinished:
+        rows.append(_tail_row(ending, last_gen, ends, last_end))
     down = sum(row.time_lost_s or 0.0 for row in rows)
     redone = sum(row.steps_lost or 0 for row in rows) * (step_s or 0.0)
+    # an upper bound where a recovery's steps are unknown, or its time only bounded
+    bound = any(
+        not row.exact or (row.steps_lost is None and row.time_lost_s is not None)
+        for row in rows[: len(rows) - ending.unfinished]
+    )
+    bound = bound or (step_s is None and any(row.steps_lost for row in rows))
     goodput = max(wall - down - redone, 0.0) / wall if wall > 0 else None
-    return Report(origin, list(lines.values()), rows, wall, final_step, step_s, goodput, bad_lines)
+    report = Report(origin, list(lines.values()), rows, wall, final_step, step_s, goodput)
+    report.bad_lines, report.ended, report.goodput_bound = bad_lines, ending.text, bound
+    report.redone_s = redone
+    return report
+
+
+def _tail_row(
+    ending: Ending, generation: int | None, ends: list[GenerationEnd], end: float
+) -> FailureRow:
+    """An unfinished job's last generation: the time from its last step to the end."""
+    since = ending.tail_from
+    exact = since is not None
+    if since is None:  # no step seen: from its generation's end, a lower bound
+        since = max((e.t for e in ends if e.generation == generation), default=end)
+    kind = ending.text.split(" (")[0]
+    lost = max(end - since, 0.0)
+    return FailureRow(since, generation, kind, "the job", None, lost, None, 0, exact)
 
 
 def _where(event: Event) -> str:
@@ -173,10 +227,13 @@ def _incidents(
     origin: float,
     starts: dict[int, float],
     recoveries: dict[int, list[Event]],
+    steps: tuple[list[GenerationEnd], dict[int, int], float | None],
 ) -> list[FailureRow]:
     """One row per generation that ended in failures: its root cause (the failure
     report's rule: the earliest fault that is not a worker dying of a peer's broken
-    collective), from the first fault to the next generation's start."""
+    collective), from the first fault to the next generation's first step (`steps`: the
+    generations' ends, the snapshot step each resumed after, the step time)."""
+    ends, restored_at, step_s = steps
     by_generation: dict[int | None, list[tuple[FailureRecord, Event]]] = {}
     seen: set[tuple[object, ...]] = set()
     for event in faults:
@@ -192,7 +249,15 @@ def _incidents(
         event = next(e for r, e in found if r is root)
         t = min(r.time for r, _ in found) - origin
         later = sorted(g for g in starts if gen is not None and g > gen)
-        lost = [int(r["lost_steps"]) for r in recoveries.get(later[0], [])] if later else []
+        cost = incident_cost(
+            t,
+            [e for e in ends if e.generation == gen],
+            starts[later[0]] if later else None,
+            recoveries.get(later[0], []) if later else [],
+            restored_at.get(later[0]) if later else None,
+            origin,
+            step_s,
+        )
         detect = event.get("detect_s")
         rows.append(
             FailureRow(
@@ -201,9 +266,10 @@ def _incidents(
                 str(root.kind),
                 _where(event),
                 float(detect) if isinstance(detect, (int, float)) else None,
-                starts[later[0]] - t if later else None,
-                max(lost) if lost else None,
+                cost.down_s,
+                cost.steps,
                 len(found) - 1,
+                cost.exact,
             )
         )
     return sorted(rows, key=lambda row: row.t)

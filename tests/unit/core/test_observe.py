@@ -371,3 +371,141 @@ def test_an_incident_is_its_generation_under_its_root_cause() -> None:
         4.0,
         1,
     )
+
+
+def _start(t: float, agent: str, gen: int, restored: int | None = None):
+    return ev(
+        "generation_start",
+        t,
+        agent,
+        gen=gen,
+        nodes=2,
+        world_size=4,
+        members=["a", "b"],
+        restored_step=restored,
+    )
+
+
+def _end(t: float, agent: str, gen: int, outcome: str, beats: tuple | None = None):
+    """beats: (first step seen, when, newest step, when the beats last moved)."""
+    first, first_t, reached, last_t = beats or (None, None, None, None)
+    return ev(
+        "generation_end",
+        t,
+        agent,
+        gen=gen,
+        outcome=outcome,
+        seconds=1.0,
+        last_step=None,
+        reached_step=reached,
+        first_seen_step=first,
+        first_seen_t=first_t,
+        last_beat_t=last_t,
+    )
+
+
+def _recovery(t: float, agent: str, gen: int, at_step: int | None, first: int | None):
+    return ev(
+        "recovery",
+        t,
+        agent,
+        gen=gen,
+        from_generation=gen - 1,
+        cause="local_failure",
+        down_s=1.0,
+        lost_steps=0,
+        at_step=at_step,
+        first_step=first,
+    )
+
+
+def _redone_after_a_crash(kind: str = "exit", fault_t: float = 1005.1) -> list:
+    """A script that beats once a step (0.1 s), resumes at step 10 from a checkpoint of
+    its own after a crash at step 41 (steps 10..40 done again: 31), with no snapshot."""
+    fault = {**CRASH, "kind": kind, "fault_t": fault_t}
+    return [
+        _start(1000, "a", 0),
+        _start(1000, "b", 0),
+        ev("fault", 1005.2, "a", gen=0, **fault),
+        _end(1005.3, "a", 0, "local_failure", (1, 1001.0, 40, 1004.9)),
+        _end(1005.3, "b", 0, "membership_change", (1, 1001.0, 41, 1005.0)),
+        _start(1006, "a", 1),
+        _start(1006, "b", 1),
+        # first step seen at 11, its first beat was step 10 (0.1 s before)
+        _recovery(1007.0, "a", 1, 11, 10),
+        _recovery(1007.1, "b", 1, 11, 10),
+        _end(1012.1, "a", 1, "succeeded", (11, 1007.0, 59, 1011.8)),
+        _end(1012.1, "b", 1, "succeeded", (11, 1007.1, 59, 1011.9)),
+        ev("job_end", 1012.2, "a", gen=1, exit_code=0, message="all workers succeeded"),
+        ev("job_end", 1012.2, "b", gen=1, exit_code=0, message="all workers succeeded"),
+    ]
+
+
+def test_steps_done_again_come_from_the_heartbeats() -> None:
+    report = build_report(_redone_after_a_crash())
+    (crash,) = report.failures
+    # it said 'steps lost 0': the step reached before (the slowest node's 40) against the
+    # first one after (10)
+    assert crash.steps_lost == 31 and crash.exact
+    # 39 + 40 steps in 3.9 + 4.0 s, then 48 + 48 in 4.8 + 4.8 s
+    assert report.step_s == pytest.approx(0.1)
+    # down: from the fault to the first step after it, the last node's (seen at 11,
+    # one step after its first)
+    assert crash.time_lost_s == pytest.approx(1007.1 - 0.1 - 1005.1)
+    assert report.final_step == 59 and report.ended == "succeeded (exit 0 on every node)"
+    lost = crash.time_lost_s + 31 * report.step_s
+    assert report.goodput == pytest.approx((report.wall_s - lost) / report.wall_s)
+    assert not report.goodput_bound
+
+
+def test_a_hang_costs_the_time_from_its_last_heartbeat() -> None:
+    # the hang's record time is when its worker went silent (1002), detected 3 s later
+    report = build_report(_redone_after_a_crash("hang", fault_t=1002.0))
+    (hang,) = report.failures
+    assert hang.time_lost_s == pytest.approx(1007.1 - 0.1 - 1002.0)
+
+
+def test_what_rtrain_cannot_know_is_unknown_and_the_goodput_an_upper_bound() -> None:
+    events = [
+        e
+        for e in _redone_after_a_crash()
+        if e.name not in ("generation_end", "recovery") or e.generation == 1
+    ]
+    events = [  # no heartbeats at all: nothing says which steps were done again
+        e if e.name != "generation_end" else _end(e.t, e.agent, 1, "succeeded") for e in events
+    ]
+    report = build_report(events)
+    (crash,) = report.failures
+    assert crash.steps_lost is None and not crash.exact  # it said 0
+    assert crash.time_lost_s == pytest.approx(0.9)  # to the next start: a lower bound
+    assert report.goodput_bound and report.final_step is None and report.step_s is None
+
+
+def test_an_unfinished_job_says_how_it_ended_and_costs_its_tail() -> None:
+    events = [
+        _start(1000, "a", 0),
+        _start(1000, "b", 0),
+        _end(1010.0, "a", 0, "local_failure", (0, 1001.0, 50, 1005.0)),
+        _end(1010.0, "b", 0, "local_failure", (0, 1001.0, 50, 1005.0)),
+        # the store went away at 1005: both agents waited, then exited 75
+        ev("job_end", 1030.0, "a", gen=0, exit_code=75, message="store gone"),
+        ev("job_end", 1030.0, "b", gen=0, exit_code=75, message="store gone"),
+    ]
+    report = build_report(events)
+    (tail,) = report.failures  # it said '0.00 s lost' and 'goodput 100.0%'
+    assert report.ended == "unfinished: exit 75 on every node (store gone)"
+    assert tail.kind == "unfinished: exit 75 on every node" and tail.time_lost_s == 25.0
+    assert report.wall_s == 30.0 and report.goodput == pytest.approx(5 / 30)
+
+
+def test_the_report_fits_80_columns_without_cutting_a_cell(monkeypatch, capsys) -> None:
+    from rtrain.cli.render_report import print_report
+
+    monkeypatch.setenv("COLUMNS", "80")
+    print_report(build_report(_redone_after_a_crash()))
+    out = capsys.readouterr().out
+    assert "…" not in out and max(len(line) for line in out.splitlines()) <= 80
+    assert "│ 31 " in out
+    print_report(build_report(_redone_after_a_crash()), wide=True)
+    wide = capsys.readouterr().out
+    assert "rank 1 on node 0 (10.0.0.1)" in wide
