@@ -1,7 +1,7 @@
 """What every test run gets: no process a test started outlives it, and, on request, a
 CPU load beside the tests.
 
-- Every process a test starts inherits RTRAIN_TEST_PROCESS=<run>:<test> (it is set in
+- Every process a test starts inherits PYTEST_RTRAIN_PROCESS=<run>:<test> (it is set in
   this process's environment for the test's duration; children copy it, forked workers
   keep their parent's). When a test ends, whatever still carries its tag is killed
   (SIGCONT, then SIGKILL: a stopped process too), so a test that timed out or failed
@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 import psutil
 import pytest
 
-MARK = "RTRAIN_TEST_PROCESS"
+MARK = "PYTEST_RTRAIN_PROCESS"
 LOAD = "RTRAIN_TEST_LOAD"
 RUN = uuid.uuid4().hex[:12]
 BETWEEN = f"{RUN}:between-tests"  # what fixtures of a module or session start with
