@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from ..core.errors import RtrainError
+from .safe_text import shown
 
 JSON_HELP = "Print the report as JSON (the same fields as the table) instead of a table."
 
@@ -96,7 +97,7 @@ def run_health(
         _say_unknown(str(exc), as_json)
         return int(Verdict.UNKNOWN)
     except RtrainError as exc:
-        print(f"rtrain: error: {exc}", file=sys.stderr)
+        print(f"rtrain: error: {shown(exc, None)}", file=sys.stderr)
         return exc.exit_code
     reader = NvmlReader(nvml)
     samples = watched_gpus(reader.sample_all(), os.environ)
@@ -120,9 +121,9 @@ def run_health(
         )
         try:
             drain_node(node, f"rtrain health: {failed}")
-            print(f"rtrain: drained {node}", file=sys.stderr)
+            print(f"rtrain: drained {shown(node, None)}", file=sys.stderr)
         except DrainError as exc:
-            print(f"rtrain: error: {exc}", file=sys.stderr)
+            print(f"rtrain: error: {shown(exc, None)}", file=sys.stderr)
     return report.exit_code
 
 
@@ -130,4 +131,4 @@ def _say_unknown(message: str, as_json: bool) -> None:
     if as_json:
         payload: dict[str, Any] = {"verdict": "unknown", "exit_code": 3, "error": message}
         print(json.dumps(payload, indent=2))
-    print(f"rtrain: {message}", file=sys.stderr)
+    print(f"rtrain: {shown(message, None)}", file=sys.stderr)

@@ -24,6 +24,7 @@ import typer
 
 from ..core.config.flag_values import ascii_int
 from ..core.errors import RtrainError, UsageError
+from .safe_text import shown
 
 if TYPE_CHECKING:
     from ..core.planner.plan import Plan
@@ -82,7 +83,7 @@ def plan_command(
             as_json,
         )
     except RtrainError as exc:
-        print(f"rtrain: error: {exc}", file=sys.stderr)
+        print(f"rtrain: error: {shown(exc, None)}", file=sys.stderr)
         code = exc.exit_code
     raise typer.Exit(code)
 
@@ -223,7 +224,7 @@ def write_timeline(timeline: Path, title: str, recycle: Plan, sim: SimResult) ->
             timeline.write_text(timeline_svg(recycle, sim, title))
         except OSError as exc:
             raise UsageError(f"--timeline {timeline}: {exc.strerror}") from None
-        print(f"timeline: {timeline}")
+        print(f"timeline: {shown(timeline, None)}")
         picture = timeline.with_suffix(".png")
         if not have_matplotlib():
             print(f"no {picture.name}: matplotlib is not installed (pip install 'rtrain[plan]')")
@@ -234,4 +235,4 @@ def write_timeline(timeline: Path, title: str, recycle: Plan, sim: SimResult) ->
         write_timeline_png(picture, [(title, timeline_rows(recycle, sim))], TIME_UNIT)
     except OSError as exc:
         raise UsageError(f"--timeline {picture}: {exc.strerror}") from None
-    print(f"timeline: {picture}")
+    print(f"timeline: {shown(picture, None)}")

@@ -21,6 +21,7 @@ import typer
 
 from ..core.errors import RtrainError, UsageError
 from ..core.observe.events import EVENTS_FILE, Event, read_events
+from .safe_text import shown
 
 OUT_HELP = "Folder for rtrain-report.png and .svg (default: LOGDIR)."
 
@@ -39,7 +40,7 @@ def report_command(
     try:
         code = run_report(logdir, out, as_json, wide)
     except RtrainError as exc:
-        print(f"rtrain: error: {exc}", file=sys.stderr)
+        print(f"rtrain: error: {shown(exc, None)}", file=sys.stderr)
         code = exc.exit_code
     raise typer.Exit(code)
 
@@ -85,5 +86,5 @@ def run_report(logdir: Path, out: Path | None, as_json: bool, wide: bool = False
     except OSError as exc:
         raise UsageError(f"--out {folder}: {exc.strerror}") from None
     for path in paths:
-        print(f"timeline: {path}")
+        print(f"timeline: {shown(path, None)}")
     return 0

@@ -28,6 +28,7 @@ from ..core.config.launch_spec import (
     RdzvSpec,
 )
 from ..core.errors import RtrainError, UsageError
+from .safe_text import shown
 
 BACKENDS = ("c10d", "static", *ETCD_BACKENDS)
 Option = typer.Option
@@ -49,7 +50,7 @@ def status_command(
             rdzv_backend, rdzv_endpoint, rdzv_id, rdzv_conf, as_json, watch, interval, timeout
         )
     except RtrainError as exc:
-        print(f"rtrain: error: {exc}", file=sys.stderr)
+        print(f"rtrain: error: {shown(exc, None)}", file=sys.stderr)
         code = exc.exit_code
     except KeyboardInterrupt:
         code = 0

@@ -127,3 +127,10 @@ def test_plan_and_health_show_user_files_as_text(tmp_path: Path) -> None:
     assert done.returncode in (0, 1, 2, 3), done.stdout + done.stderr
     assert_shown_safely(done, "GPU health")
     assert ROOT.exists()
+
+
+def test_error_lines_show_a_user_value_escaped(tmp_path: Path) -> None:
+    missing = tmp_path / "logs\x1b[2J\x07"
+    done = run([*CLI, "report", str(missing)], ENV)
+    assert done.returncode == 64 and "\\x1b[2J\\x07: not a folder" in done.stderr
+    assert "\x1b" not in done.stderr and "\x07" not in done.stderr
