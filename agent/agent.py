@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import time
 import uuid
 from collections.abc import Mapping
 from types import FrameType
@@ -25,20 +24,20 @@ from ..core.config.launch_spec import LaunchSpec
 from ..core.config.worker_env import pool_environment
 from ..core.errors import ExitCode, RendezvousError, RtrainError, exit_code_for_signal
 from ..core.layout.topology import LayoutError
-from ..core.rendezvous.decisions import Next, Outcome, after_generation
+from ..core.rendezvous.decisions import Next, after_generation
 from ..core.rendezvous.failures import FailureRecord, root_cause_first
 from ..core.rendezvous.protocol import MemberInfo, Membership
-from .faults import FaultPolicy, GiveUp, kill_hung
+from .faults import FaultPolicy, GiveUp
 from .generation import (
     Generation,
     default_node_addr,
 )
 from .health.gpu_monitor import GpuFault
 from .health.guard import HealthGuard
+from .monitor import GenerationMonitor
 from .net.descriptors import DescriptorShortage, is_out_of_descriptors
 from .observe.events import emit_failure
 from .observe.observer import Observer
-from .rendezvous.generation_watch import GenerationWatch
 from .rendezvous.job import JobRendezvous
 from .rendezvous.job_end import JobAborted, JobEnd
 from .rendezvous.lease import Leases
@@ -52,7 +51,7 @@ from .runtime_dir import (
 )
 from .snapshots.service import SnapshotService
 from .starter import GenerationStarter
-from .state import AgentState, Ended, Interrupted, RunResult
+from .state import AgentState, Interrupted, RunResult
 from .store.backends import open_job_store
 from .workers.log_tail import LogTail
 from .workers.pool import WorkerPool
@@ -63,9 +62,6 @@ logger = logging.getLogger(__name__)
 # Under Slurm these mean "the job is about to be stopped" (--signal=USR1@T, the time
 # limit's SIGTERM): save and exit 75 to be requeued.
 REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
-# A running generation looks at the store at most this often (and heartbeat_interval/2):
-# its peers' leases, and its news (rendezvous/generation_watch.py).
-STORE_CHECK_S = 0.25
 # Workers of a failed generation get this long after SIGTERM before SIGKILL.
 RESTART_STOP_GRACE_S = 3.0
 
@@ -171,6 +167,16 @@ class Agent:
         self._leases = leases = open_leases(job_store, rdzv.keys, self.spec.faults)
         end = JobEnd(rdzv, job_store.is_host, self.spec.rdzv.close_timeout, self._check_signal)
         self._policy = FaultPolicy(rdzv, self.spec, self.addr, self._check_signal)
+        self._monitor = GenerationMonitor(
+            self.spec,
+            self._check_signal,
+            self._snapshots,
+            self._observer,
+            self._policy,
+            leases,
+            self._health,
+            self._reaper,
+        )
         try:
             return self._generations(rdzv, end, leases)
         except Interrupted as exc:
@@ -245,7 +251,7 @@ class Agent:
         self._observer.generation_started(gen, self._snapshots.restored_step)
         self._set_state(AgentState.HEALTHY)
         self._backoff.started()
-        ended = self._monitor(rdzv, gen)
+        ended = self._monitor.watch(rdzv, gen)
         self._shortage.started()  # a whole generation ran with the descriptors it had
         self._observer.generation_ended(gen, ended.outcome, self._snapshots.progress()[0])
         action = after_generation(ended.decision)
@@ -316,60 +322,6 @@ class Agent:
             logger.warning("restarting the workers: %s", fault.describe())
             restart_for = [self._health.record(fault, gen.number, gen.node_rank, self.addr)]
         return self._policy.after_local_failure(gen, restart_for)
-
-    def _monitor(self, rdzv: JobRendezvous, gen: Generation) -> Ended:
-        group, generation = gen.group, gen.number
-        room_to_grow = len(gen.membership.members) < self.spec.nodes.max_nodes
-        watch = GenerationWatch(rdzv.rounds, rdzv.ends, generation, room_to_grow)
-        # The workers are looked at every monitor_interval; the store only every
-        # STORE_CHECK_S (or at once when a worker failed: was it fenced?), so that an
-        # agent's store traffic is a few requests a second whatever the interval.
-        store_every = min(STORE_CHECK_S, self.spec.faults.heartbeat_interval / 2)
-        next_store_check = 0.0
-        while True:
-            self._check_signal()
-            group.poll(self.spec.monitor_interval)
-            # A signal for the whole step (Slurm's) reaches the workers too: act on it
-            # before their deaths look like a failure.
-            self._check_signal()
-            now = time.monotonic()
-            store_due = now >= next_store_check
-            if store_due:
-                next_store_check = now + store_every
-                progress = self._snapshots.progress()
-                self._observer.sample(gen, *progress)
-                self._observer.publish_status(rdzv, gen, *progress)
-            look = False  # at the round, the abort record and the waiting nodes
-            if store_due or group.failed:
-                if self._leases is not None:
-                    self._leases.raise_if_store_lost()
-                look = watch.due(force=bool(group.failed))
-                if (look and watch.fenced()) or self._lease_lapsed(generation):
-                    self._policy.log_fenced(gen)
-                    return Ended(Outcome.MEMBERSHIP_CHANGE)
-            hung = gen.hangs.hung({w.local_rank: w.pid for w in group.running})
-            if hung:
-                kill_hung(group, gen.hangs, hung)
-            if group.failed:
-                return Ended(Outcome.LOCAL_FAILURE)
-            fault = self._health.poll() if self._health is not None else None
-            if fault is not None:
-                return Ended(Outcome.GPU_FAULT, fault)
-            if group.succeeded:
-                return Ended(Outcome.SUCCEEDED)
-            if self._reaper is not None:
-                self._reaper.poll()
-            if not store_due:
-                continue
-            if self._policy.check_peers(gen):
-                return Ended(Outcome.MEMBERSHIP_CHANGE)
-            if look and watch.admits_waiting():
-                logger.info("a new node is waiting to join; restarting to admit it")
-                return Ended(Outcome.MEMBERSHIP_CHANGE)
-
-    def _lease_lapsed(self, generation: int) -> bool:
-        """etcd expired this node's lease in this generation: the others went on without it."""
-        return self._leases is not None and self._leases.lapsed() == generation
 
     def _save_for_requeue(self, end: JobEnd, why: str) -> RunResult:
         """Slurm is about to stop the job (time limit, preemption): stop the workers,

@@ -14,7 +14,6 @@ from typing import Any
 
 from ..core.config.launch_spec import LaunchSpec
 from ..core.rendezvous.protocol import Membership
-from . import log
 from .faults import FaultPolicy
 from .generation import (
     Generation,
@@ -24,6 +23,7 @@ from .generation import (
     previous_grid,
     write_topology,
 )
+from .observe import log
 from .recycle_plans import plan_generation
 from .rendezvous.job import JobRendezvous
 from .rendezvous.lease import Leases, PeerWatch

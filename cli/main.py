@@ -105,7 +105,7 @@ def run_launch(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     if raw.get("dry_run"):
         render.dry_run(Console(), spec, nproc, took)
         return ExitCode.SUCCESS
-    from ..agent import log
+    from ..agent.observe import log
 
     log.configure()
     from ..agent.store.opening import listens_beyond_loopback

@@ -5,7 +5,7 @@ as several shards and drives them.
 Each simulated agent is a thread that does what Agent does around its workers, through
 the same classes: Rounds.join for generation 0, its lease held and its peers' watched
 (StoreLeases or EtcdLeases), then the running generation's store checks at the
-agent's cadence (agent.STORE_CHECK_S: its peers' leases, and GenerationWatch: the
+agent's cadence (monitor.STORE_CHECK_S: its peers' leases, and GenerationWatch: the
 news, and the round, the abort record and the nodes waiting when it is set or on a
 sweep), until one agent dies: it stops renewing its lease and leaves. The
 survivors find it lost (FaultPolicy.check_leases), and join generation 1 expecting
@@ -38,9 +38,9 @@ from typing import Any
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from rtrain.agent.agent import STORE_CHECK_S  # noqa: E402
 from rtrain.agent.faults import FaultPolicy  # noqa: E402
 from rtrain.agent.generation import Joined  # noqa: E402
+from rtrain.agent.monitor import STORE_CHECK_S  # noqa: E402
 from rtrain.agent.rendezvous.etcd_leases import EtcdLeases  # noqa: E402
 from rtrain.agent.rendezvous.generation_watch import GenerationWatch  # noqa: E402
 from rtrain.agent.rendezvous.job import JobRendezvous  # noqa: E402

@@ -20,7 +20,7 @@ from typing import IO, Any
 
 from ...core.observe.events import EVENTS_FILE, Event, EventError, event_line, parse_event
 from ...core.rendezvous.failures import FailureRecord, is_collective_victim
-from .. import log
+from . import log
 
 logger = logging.getLogger(__name__)
 

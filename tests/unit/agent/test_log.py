@@ -6,7 +6,7 @@ import logging
 from collections.abc import Iterator
 
 import pytest
-from rtrain.agent import log
+from rtrain.agent.observe import log
 
 
 @pytest.fixture
