@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from ..core.errors import RtrainError
-from .safe_text import shown
+from .render.safe_text import shown
 
 JSON_HELP = "Print the report as JSON (the same fields as the table) instead of a table."
 
@@ -110,7 +110,7 @@ def run_health(
     if as_json:
         print(json.dumps(report.to_json(), indent=2))
     else:
-        from .render_health import print_report
+        from .render.health import print_report
 
         print_report(report)
     if node is not None and report.verdict is Verdict.CRITICAL:

@@ -24,7 +24,7 @@ import typer
 
 from ..core.config.flag_values import ascii_int
 from ..core.errors import RtrainError, UsageError
-from .safe_text import shown
+from .render.safe_text import shown
 
 if TYPE_CHECKING:
     from ..core.planner.plan import Plan
@@ -126,7 +126,7 @@ def check_timeline(timeline: Path) -> None:
             f"--timeline {timeline}: the suffix picks the format, .svg or .png "
             f"(not {suffix or 'none'!r})"
         )
-    from .render_timeline import have_matplotlib
+    from .render.timeline import have_matplotlib
 
     if suffix == ".png" and not have_matplotlib():
         raise UsageError(
@@ -202,7 +202,7 @@ def run_plan(
             raise UsageError(options[1].note)
         print(json.dumps(action_list(recycle, sim), indent=1))
         return 0
-    from .render_plan import print_comparison
+    from .render.plan import print_comparison
 
     print_comparison(job, failed, options)
     if recycle is not None and sim is not None:
@@ -217,7 +217,7 @@ def write_timeline(timeline: Path, title: str, recycle: Plan, sim: SimResult) ->
     """The picture in the format the suffix names (checked before); an SVG gets a PNG
     beside it where matplotlib is installed."""
     from ..core.planner.report import timeline_rows, timeline_svg
-    from .render_timeline import have_matplotlib, write_timeline_png
+    from .render.timeline import have_matplotlib, write_timeline_png
 
     if timeline.suffix.lower() == ".svg":
         try:

@@ -21,7 +21,7 @@ import typer
 
 from ..core.errors import RtrainError, UsageError
 from ..core.observe.events import EVENTS_FILE, Event, read_events
-from .safe_text import shown
+from .render.safe_text import shown
 
 OUT_HELP = "Folder for rtrain-report.png and .svg (default: LOGDIR)."
 
@@ -72,8 +72,8 @@ def run_report(logdir: Path, out: Path | None, as_json: bool, wide: bool = False
     if as_json:
         print(json.dumps(asdict(report), indent=1))
         return 0
-    from .render_report import draw_report, print_report
-    from .render_timeline import have_matplotlib
+    from .render.report import draw_report, print_report
+    from .render.timeline import have_matplotlib
 
     print_report(report, wide)
     folder = out or logdir

@@ -28,7 +28,7 @@ from ..core.config.launch_spec import (
     RdzvSpec,
 )
 from ..core.errors import RtrainError, UsageError
-from .safe_text import shown
+from .render.safe_text import shown
 
 BACKENDS = ("c10d", "static", *ETCD_BACKENDS)
 Option = typer.Option
@@ -127,7 +127,7 @@ def run_status(
     rdzv = rdzv_spec(backend, endpoint, run_id, conf, timeout)
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")  # one line, not a C++ trace
     from ..agent.observe.status_reader import read_status
-    from .render_status import print_status, watch_status
+    from .render.status import print_status, watch_status
 
     store = open_reader_store(rdzv)
     if watch:

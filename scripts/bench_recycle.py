@@ -32,7 +32,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_launch import write_doc
-from rtrain.cli.render_timeline import write_timeline_png
+from rtrain.cli.render.timeline import write_timeline_png
 from rtrain.core.layout.recycle import failure_plan
 from rtrain.core.planner.job import PipelineJob
 from rtrain.core.planner.report import TimelineRow, timeline_rows

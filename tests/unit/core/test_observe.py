@@ -499,7 +499,7 @@ def test_an_unfinished_job_says_how_it_ended_and_costs_its_tail() -> None:
 
 
 def test_the_report_fits_80_columns_without_cutting_a_cell(monkeypatch, capsys) -> None:
-    from rtrain.cli.render_report import print_report
+    from rtrain.cli.render.report import print_report
 
     monkeypatch.setenv("COLUMNS", "80")
     print_report(build_report(_redone_after_a_crash()))

@@ -178,7 +178,7 @@ def test_failure_report_prints_text_that_looks_like_markup():
     import io
 
     from rich.console import Console
-    from rtrain.cli.render import failure_report
+    from rtrain.cli.render.launch import failure_report
 
     record = FailureRecord(
         kind="exit", generation=0, node_rank=0, host="[h]", time=1.0, rank=0, local_rank=0,

@@ -11,7 +11,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from ..core.observe.status import JobStatus
+from ...core.observe.status import JobStatus
 from .safe_text import plain, shown
 
 

@@ -8,9 +8,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..core.config.launch_spec import LaunchSpec
-from ..core.layout.topology import LayoutError, NodeSlot, build_grid
-from ..core.rendezvous.failures import FailureKind, FailureRecord, failure_roles
+from ...core.config.launch_spec import LaunchSpec
+from ...core.layout.topology import LayoutError, NodeSlot, build_grid
+from ...core.rendezvous.failures import FailureKind, FailureRecord, failure_roles
 from .safe_text import plain, shown
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from ..core.observe.report import Report
+from ...core.observe.report import Report
 from .safe_text import plain, shown
 
 OUTCOME_COLOURS = {

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..core.planner.report import COLOURS, TimelineRow
+from ...core.planner.report import COLOURS, TimelineRow
 
 Panel = tuple[str, Sequence[TimelineRow]]  # (title, rows)
 

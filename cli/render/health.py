@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..core.health.gpu_health import HealthReport, Verdict
+from ...core.health.gpu_health import HealthReport, Verdict
 from .safe_text import plain
 
 STYLES = {

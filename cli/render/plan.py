@@ -6,8 +6,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..core.planner.job import PipelineJob, Worker
-from ..core.planner.report import Option
+from ...core.planner.job import PipelineJob, Worker
+from ...core.planner.report import Option
 from .safe_text import plain
 
 # (column, what it means and in which unit): the table's header and its caption.
