@@ -42,6 +42,7 @@ from .shard_wire import (
     recv_verified,
     send_message,
 )
+from .slot_check import fitting_header
 
 logger = logging.getLogger(__name__)
 
@@ -154,13 +155,22 @@ class _Handler(socketserver.BaseRequestHandler):
                     ok = self._against_base(sock, request["base"], buffer, size, crcs)
                 else:
                     ok = recv_verified(sock, buffer, size) == crcs
-                if ok:
+                # Whole, and its header must fit it too (header_misfit): never kept else.
+                head = bytes(buffer[:HEADER_SIZE])
+                where = f"a replica of {shard} from {peer}"
+                fits = ok and fitting_header(head, size, where) is not None
+                if fits:
                     store.keep_replica(shard, path, size, crcs)
             if not ok:  # the sender checks its slot did not change: this is corruption
                 self.server.refuse(
                     "mismatch", "a replica of %s from %s failed its checksum", shard, peer
                 )
-            send_message(sock, {"ok": ok, "error": "" if ok else "checksum mismatch"})
+            elif not fits:
+                self.server.refuse(
+                    "corrupt", "refused a corrupt replica of %s from %s", shard, peer
+                )
+            error = "" if fits else "checksum mismatch" if not ok else "corrupt header"
+            send_message(sock, {"ok": fits, "error": error})
             return True
         if request.get("op") == "get":
             why = None if admission is None else admission.refuse_get(peer)

@@ -10,6 +10,7 @@ checksums were computed over the same garbage, and cached) and every worker died
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -188,3 +189,114 @@ def test_a_worker_that_cannot_read_its_copy_marks_it_unusable(tmp_path, monkeypa
     with pytest.raises(api.SnapshotError, match="skeleton refused"):
         api.restore()
     assert store.inventory() == []  # no plan counts it again
+
+
+def test_a_replica_whose_header_does_not_fit_it_is_refused_not_kept(tmp_path):
+    # A sender that trusted such a header (a confused peer): the bytes it sent are
+    # whole and match its digests, but the header claims more than they are.
+    from rtrain.agent.snapshots.checksums import checksums
+    from rtrain.agent.snapshots.shard_client import ShardClient
+    from rtrain.agent.snapshots.shard_wire import ShardError
+
+    receiver = ShardStore(str(tmp_path), budget=0)
+    server = ShardServer("127.0.0.1", SECRET, receiver)
+    data = shard_bytes(0, 5)
+    fields = list(HEADER.unpack_from(data))
+    fields[3], fields[5] = 6, 2**36  # step, data length
+    HEADER.pack_into(data, 0, *fields)
+    client = ShardClient("127.0.0.1", server.port, SECRET)
+    try:
+        with pytest.raises(ShardError, match="refused the replica"):
+            client.put(ShardId(0, 0, 6), data, len(data), checksums(data, len(data)))
+    finally:
+        client.close()
+        server.close()
+    assert receiver.replicas() == [] and server.refusals["corrupt"] == 1
+
+
+SLOT_STEPS = {0: [3, 4, 5], 1: [4, 5, 6]}  # rank -> its three slots' steps (rank 1 ahead)
+
+
+def _misfit(fields: list[int], length: int, step: int, meta_len: int, excess: int) -> bytes:
+    """Magic, version and committed flag kept; a step and lengths that overrun the file."""
+    data_len = max(0, length - HEADER.size - meta_len) + excess
+    return HEADER.pack(*fields[:3], step, meta_len, data_len, fields[6])
+
+
+def _garbage():
+    from hypothesis import strategies as st
+
+    random = st.binary(min_size=HEADER.size, max_size=HEADER.size).map(lambda b: ("random", b))
+    misfit = st.tuples(
+        st.just("misfit"),
+        st.one_of(st.just(None), st.integers(-(2**63), 2**63 - 1)),  # None: step + 1
+        st.one_of(st.just(None), st.integers(0, 2**62)),  # None: the real meta length
+        st.sampled_from([1, 2**36, 2**50, 2**62]) | st.integers(1, 2**62),
+    )
+    cut = st.tuples(st.just("cut"), st.integers(1, 40))  # the skeleton loses its end
+    return random | misfit | cut
+
+
+def _write_garbage(path: str, garbage: tuple) -> None:
+    with open(path, "r+b") as handle:
+        length = os.fstat(handle.fileno()).st_size
+        fields = list(HEADER.unpack(handle.read(HEADER.size)))
+        if garbage[0] == "random":
+            head = garbage[1]
+        elif garbage[0] == "misfit":
+            _, step, meta_len, excess = garbage
+            step = fields[3] + 1 if step is None else step
+            meta_len = fields[4] if meta_len is None else meta_len
+            head = _misfit(fields, length, step, meta_len, excess)
+        else:
+            fields[4] -= garbage[1]
+            head = HEADER.pack(*fields)
+        handle.seek(0)
+        handle.write(head)
+
+
+@pytest.mark.slow
+def test_restore_picks_the_newest_intact_step_whatever_is_written_over_headers(tmp_path):
+    """Random bytes, or a kept magic with a step and lengths that overrun the slot, or a
+    skeleton cut short, over any of the slots' headers: the restore takes the newest
+    step at which every rank has an intact slot, each rank its own state, bitwise."""
+    import shutil
+
+    from hypothesis import HealthCheck, assume, given, settings
+    from hypothesis import strategies as st
+
+    slots = [(rank, i) for rank, steps in SLOT_STEPS.items() for i in range(len(steps))]
+    hits = st.dictionaries(st.sampled_from(slots), _garbage(), min_size=1, max_size=len(slots))
+    examples = iter(range(10**6))
+
+    @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(hits)
+    def check(hits: dict[tuple[int, int], tuple]) -> None:
+        assume(not any(g[0] == "random" and g[1].startswith(b"RTRSHRD1") for g in hits.values()))
+        root = tmp_path / str(next(examples))
+        store = ShardStore(str(root), budget=0)
+        write_slots(store, SLOT_STEPS)
+        for (rank, index), garbage in hits.items():
+            _write_garbage(slot_paths(store.snap_dir(0), rank)[index], garbage)
+        intact = {
+            rank: {s for i, s in enumerate(steps) if (rank, i) not in hits}
+            for rank, steps in SLOT_STEPS.items()
+        }
+        common = set.intersection(*intact.values())
+        topology = one_node_restart()
+        result = restore_once(store, Peers(SECRET, None, {}), topology, 0, {0: store.inventory()})
+        if common:
+            step = max(common)
+            assert result.step == step, (hits, result)
+            assert restored(store, 0) == (step, step)
+            assert restored(store, 1) == (1000 + step, step)
+        elif any(intact.values()):  # no step both have: a DP peer's shard stands in
+            step = max(set.union(*intact.values()))
+            assert result.step == step and result.from_dp_peer, (hits, result)
+            holders = {1000.0 * r + step for r, steps in intact.items() if step in steps}
+            assert {restored(store, 0)[0], restored(store, 1)[0]} <= holders
+        else:
+            assert result.step is None, (hits, result)
+        shutil.rmtree(root)
+
+    check()
