@@ -52,7 +52,9 @@ SCHEMA: dict[str, tuple[tuple[str, ...], str]] = {
         ("outcome", "seconds", "last_step", "reached_step"),
         "this node's generation ended: outcome (succeeded, local_failure, gpu_fault, "
         "membership_change), its length, the newest step its workers committed to a "
-        "snapshot and the newest their heartbeat gave (null: none)",
+        "snapshot and the newest their heartbeat gave (null: none); first_seen_step and "
+        "first_seen_t: the first heartbeat step seen and when (the step rate), last_beat_t: "
+        "when their heartbeats last moved (a hang or an unfinished job costs from then)",
     ),
     "recovery": (
         ("from_generation", "down_s", "lost_steps"),
@@ -60,7 +62,8 @@ SCHEMA: dict[str, tuple[tuple[str, ...], str]] = {
         "from that generation's end to their first step after it (at_step: the step "
         "their heartbeats gave then, seen within 0.25 s; null: they gave none, and "
         "down_s runs to their start); lost_steps: steps its workers had committed past "
-        "the restored step",
+        "the restored step; first_step: the step their first heartbeat stands for (its step "
+        "less the beats before it: exact when heartbeat() is called once a step)",
     ),
     "replication": (
         ("replicas", "sent_bytes", "full_bytes", "seconds"),
