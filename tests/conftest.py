@@ -63,6 +63,19 @@ def _end(procs: list[psutil.Process]) -> None:
     psutil.wait_procs(procs, timeout=10)
 
 
+@contextlib.contextmanager
+def outliving_the_test() -> Iterator[None]:
+    """Processes started inside are a fixture's, not the test's (an etcd member a test
+    restarts belongs to the module's cluster): its teardown leaves them alone."""
+    tag = os.environ.get(MARK)
+    os.environ[MARK] = BETWEEN
+    try:
+        yield
+    finally:
+        if tag is not None:
+            os.environ[MARK] = tag
+
+
 def load_count(value: str) -> int:
     """RTRAIN_TEST_LOAD's busy processes: a count, or `auto` for 2 x the CPUs."""
     if value.strip() == "auto":

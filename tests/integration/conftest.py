@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from tests.conftest import outliving_the_test
 from tests.integration.cluster import SNAPSHOTTING, STEPS, LocalCluster
 
 
@@ -83,6 +84,13 @@ def etcd(tmp_path_factory):
     spec.loader.exec_module(module)
     base = _free_base_port(free_port)
     cluster = module.EtcdCluster(str(tmp_path_factory.mktemp("etcd")), 3, base)
+    restart = cluster.restart
+
+    def restart_for_the_module(name: str) -> None:  # a member the module's cluster keeps
+        with outliving_the_test():
+            restart(name)
+
+    cluster.restart = restart_for_the_module
     cluster.start()
     try:
         yield cluster
