@@ -20,7 +20,7 @@ from rtrain.cli.status import open_reader_store, rdzv_spec
 from rtrain.core.errors import RtrainError
 from rtrain.core.rendezvous.protocol import StoreKeys
 
-from tests.integration.cluster import LocalCluster, final_records
+from tests.integration.cluster import STEPS, LocalCluster, assert_same_weights, final_records
 from tests.integration.helpers import error_lines, free_port
 
 pytestmark = pytest.mark.integration
@@ -155,14 +155,17 @@ class StatusLoop:
             thread.join(timeout=90)
 
 
-def test_status_in_a_loop_through_a_job_with_faults_disturbs_nothing(tmp_path: Path) -> None:
+def test_status_in_a_loop_through_a_job_with_faults_disturbs_nothing(
+    tmp_path: Path, reference: list[float]
+) -> None:
     """Issue 32: one `rtrain status` in an open round (the first rendezvous, a restart,
     the survivors waiting out a lost node) made every waiting agent exit 75 with
     "generation N has no membership in the store". Status runs in a loop from before the
     first agent starts to the end of a 3-node job whose rank 0 fails once (a restart)
-    and whose node 2 is then killed (a lost node): the survivors finish."""
+    and whose node 2 is then killed (a lost node): the survivors finish, with the weights
+    of the run that lost nothing."""
     flags = ["--nproc-per-node=1", "--max-restarts=3", *FAST]
-    steps = "60"
+    steps = STEPS
     cluster = LocalCluster(
         tmp_path,
         0,
@@ -195,6 +198,8 @@ def test_status_in_a_loop_through_a_job_with_faults_disturbs_nothing(tmp_path: P
     final = final_records(cluster)
     assert sorted(final) == [0, 1]
     assert all(rec["world_size"] == 2 and rec["applied"] == int(steps) for rec in final.values())
+    for rec in final.values():
+        assert_same_weights(rec["weights"], reference)
     # read in the first round, the restart's and the lost node's (at least three rounds)
     assert 0 in loop.open_rounds and len(loop.open_rounds) >= 3, loop.open_rounds
     # every command that found the job answered 0 (before it: no job yet, exit 1)
