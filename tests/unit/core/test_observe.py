@@ -127,6 +127,7 @@ FIELDS = st.sampled_from(
 )
 
 
+@pytest.mark.slow  # a fuzzer: seconds, not milliseconds
 @given(
     st.lists(
         st.tuples(
