@@ -27,6 +27,7 @@ from ...core.errors import RtrainError
 from ...core.snapshots.admission import Admission, superseded_by
 from ...core.snapshots.format import HEADER_SIZE
 from ...core.snapshots.restore_plan import ShardId
+from ..net.limits import ConnectionPlaces, RateLimitedLog
 from .delta import assemble, find_base, needed_chunks
 from .shard_store import ShardStore
 from .shard_wire import (
@@ -48,26 +49,6 @@ logger = logging.getLogger(__name__)
 
 MAX_UNAUTHENTICATED = 32  # per source address
 MAX_UNAUTHENTICATED_TOTAL = 256
-LOG_EVERY_S = 60.0
-
-
-class _RateLimitedLog:
-    """One warning per kind of event per LOG_EVERY_S, with the count since the last."""
-
-    def __init__(self) -> None:
-        self._last: dict[str, tuple[float, int]] = {}
-        self._lock = threading.Lock()
-
-    def warn(self, kind: str, message: str, *args: object) -> None:
-        now = time.monotonic()
-        with self._lock:
-            last, skipped = self._last.get(kind, (-LOG_EVERY_S, 0))
-            if now - last < LOG_EVERY_S:
-                self._last[kind] = (last, skipped + 1)
-                return
-            self._last[kind] = (now, 0)
-        more = f" ({skipped} more like it since the last report)" if skipped else ""
-        logger.warning(message + more, *args)
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -234,9 +215,9 @@ class _Server(socketserver.ThreadingTCPServer):
         self.store = store
         self.admission = admission
         self.refusals: Counter[str] = Counter()
-        self._log = _RateLimitedLog()
-        self._unauthenticated: Counter[str] = Counter()  # source address -> connections
-        self._places = threading.Lock()
+        self._log = RateLimitedLog(logger)
+        # Connections still authenticating, by source address.
+        self._unauthenticated = ConnectionPlaces(MAX_UNAUTHENTICATED, MAX_UNAUTHENTICATED_TOTAL)
         super().__init__(addr, _Handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
@@ -247,13 +228,13 @@ class _Server(socketserver.ThreadingTCPServer):
             self.refuse("stranger", "refused a shard connection before its handshake: %s", why)
             self.shutdown_request(request)
             return
-        if not self._take_place(source):
+        if not self._unauthenticated.take(source):
             self.refuse(
                 "flood",
                 "refusing shard connections from %s: %d are already authenticating "
                 "(%d at most from one address, %d in all)",
                 source,
-                self._unauthenticated[source],
+                self._unauthenticated.held(source),
                 MAX_UNAUTHENTICATED,
                 MAX_UNAUTHENTICATED_TOTAL,
                 line=f"flood/{source}",  # a member's address: a few at most
@@ -262,21 +243,9 @@ class _Server(socketserver.ThreadingTCPServer):
             return
         super().process_request(request, client_address)
 
-    def _take_place(self, source: str) -> bool:
-        with self._places:
-            if self._unauthenticated[source] >= MAX_UNAUTHENTICATED:
-                return False
-            if sum(self._unauthenticated.values()) >= MAX_UNAUTHENTICATED_TOTAL:
-                return False
-            self._unauthenticated[source] += 1
-            return True
-
     def authenticated(self, source: str) -> None:
         """A connection left the handshake (authenticated or not): free its place."""
-        with self._places:
-            self._unauthenticated[source] -= 1
-            if self._unauthenticated[source] <= 0:
-                del self._unauthenticated[source]
+        self._unauthenticated.free(source)
 
     def refuse(self, kind: str, message: str, *args: object, line: str | None = None) -> None:
         """Count a refusal of `kind` and log it, once a minute per `line` (its kind,
