@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from tests.integration.cluster import LocalCluster, final_records
+from tests.integration.cluster import STEPS, LocalCluster, assert_same_weights, final_records
 
 pytestmark = pytest.mark.usefixtures("etcd")
 
@@ -104,14 +104,22 @@ def test_a_client_whose_first_member_is_frozen_answers_within_a_third_of_the_lea
         store.close()
 
 
-def test_a_member_frozen_past_the_lease_leaves_the_job_training(tmp_path, etcd):
+def test_a_member_frozen_past_the_lease_leaves_the_job_training(tmp_path, etcd, reference):
     from rtrain.agent.store.etcd_client import first_member
 
     # Node 0 (127.0.0.1) tries this follower first; the other node another member.
     frozen = _follower(etcd)
     members = _ordered(etcd, frozen, first_member("127.0.0.1", len(etcd.members)))
     endpoints = ",".join(m.endpoint for m in members)
-    cluster = LocalCluster(tmp_path, 2, "2", JOB_FLAGS, etcd=endpoints, PROBE_STEPS="200")
+    cluster = LocalCluster(
+        tmp_path,
+        2,
+        "2",
+        JOB_FLAGS,
+        etcd=endpoints,
+        PROBE_STEPS=STEPS,
+        PROBE_STEP_SLEEP="0.25",  # the job outlasts the freeze; the weights do not change
+    )
     try:
         cluster.wait_progress(5)
         before = cluster.progress()
@@ -128,7 +136,9 @@ def test_a_member_frozen_past_the_lease_leaves_the_job_training(tmp_path, etcd):
     assert {e.generation for e in starts} == {0}, [e.fields for e in starts]  # no restart
     assert cluster.events("fault") == []  # nobody declared lost, nobody charged
     final = final_records(cluster)
-    assert sorted(final) == [0, 1, 2, 3] and all(r["applied"] == 200 for r in final.values())
+    assert sorted(final) == [0, 1, 2, 3] and all(r["applied"] == int(STEPS) for r in final.values())
+    for rec in final.values():  # bitwise the weights of the run without a fault
+        assert_same_weights(rec["weights"], reference)
 
 
 def test_a_lapse_that_hits_every_node_at_once_declares_none_and_one_alone_is_declared(etcd):
