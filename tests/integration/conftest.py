@@ -9,6 +9,7 @@ import pytest
 
 from tests.conftest import outliving_the_test
 from tests.integration.cluster import SNAPSHOTTING, STEPS, LocalCluster
+from tests.integration.shard_peer_helpers import guarded  # noqa: F401 - a fixture for the shard tests
 
 
 @pytest.fixture(scope="session")

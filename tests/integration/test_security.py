@@ -14,14 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from rtrain.agent.snapshots.checksums import checksums
-from rtrain.agent.snapshots.shard_client import ShardClient
-from rtrain.agent.snapshots.shard_server import ShardServer
-from rtrain.agent.snapshots.shard_store import ShardStore
 from rtrain.agent.snapshots.shard_wire import ShardError
 from rtrain.agent.store.opening import host_store
 from rtrain.core.rendezvous.protocol import StoreKeys, decode_master
-from rtrain.core.snapshots.admission import Admission
 from rtrain.core.snapshots.format import (
     COMMITTED,
     HEADER,
@@ -35,8 +30,8 @@ from rtrain.core.snapshots.restore_plan import ShardId
 
 from tests.integration.cluster import SNAPSHOTTING, LocalCluster
 from tests.integration.helpers import PROBE, RTRAIN, free_port, probe_env, run
+from tests.integration.shard_peer_helpers import SECRET, get, put
 
-SECRET = b"a job secret nobody else has!!!!"
 FAST = ["--nproc-per-node=2", "--heartbeat-interval=0.5", "--heartbeat-timeout=2"]
 
 
@@ -59,37 +54,6 @@ def pickled_shard(marker: Path, step: int) -> bytearray:
     HEADER.pack_into(buffer, 0, MAGIC, VERSION, COMMITTED, step, len(meta), 0, -1)
     buffer[HEADER_SIZE:] = meta
     return buffer
-
-
-def put(port: int, source: str, which: ShardId, buffer: bytearray, host: str = "127.0.0.1"):
-    client = ShardClient(host, port, SECRET, source)
-    try:
-        client.put(which, buffer, len(buffer), checksums(buffer, len(buffer)))
-    finally:
-        client.close()
-
-
-def get(port: int, source: str, which: ShardId) -> bytearray:
-    got: list[bytearray] = []
-    client = ShardClient("127.0.0.1", port, SECRET, source)
-    try:
-        client.get(which, lambda size: got.append(bytearray(size)) or got[-1])
-    finally:
-        client.close()
-    return got[0]
-
-
-@pytest.fixture
-def guarded(tmp_path):
-    """A shard server of generation 3 whose replicas come from 127.0.0.2 and whose
-    members are 127.0.0.1-2; its own workers reached step 10, snapshotting every step."""
-    admission = Admission(3, frozenset({"127.0.0.2"}), frozenset({"127.0.0.1", "127.0.0.2"}))
-    admission.ceiling.observe(9)
-    admission.ceiling.observe(10)
-    store = ShardStore(str(tmp_path / "shards"), budget=0)
-    server = ShardServer("127.0.0.1", SECRET, store, admission)
-    yield store, server
-    server.close()
 
 
 def test_a_replica_is_accepted_only_from_its_sender_for_now_and_a_plausible_step(guarded):

@@ -19,11 +19,8 @@ import torch
 from rtrain.agent.snapshots import shard_server
 from rtrain.agent.snapshots.checksums import checksums
 from rtrain.agent.snapshots.shard_client import ShardClient
-from rtrain.agent.snapshots.shard_server import ShardServer
-from rtrain.agent.snapshots.shard_store import ShardStore
 from rtrain.agent.snapshots.shard_wire import MAGIC, ShardError, recv_message, send_message
 from rtrain.core.rendezvous.protocol import StoreKeys, decode_master
-from rtrain.core.snapshots.admission import Admission
 from rtrain.core.snapshots.format import (
     COMMITTED,
     HEADER_SIZE,
@@ -35,8 +32,8 @@ from rtrain.core.snapshots.restore_plan import ShardId
 
 from tests.integration.cluster import SNAPSHOTTING, LocalCluster
 from tests.integration.conftest import SNAPSHOT_FLAGS, SNAPSHOT_STEPS
+from tests.integration.shard_peer_helpers import SECRET, get, put
 
-SECRET = b"a job secret nobody else has!!!!"
 STRANGER = "127.0.0.9"
 
 
@@ -45,37 +42,6 @@ def shard(value: float, step: int) -> bytearray:
     buffer = bytearray(layout.size)
     write_shard(buffer, layout, step)
     return buffer
-
-
-def put(port: int, source: str, which: ShardId, buffer: bytearray, secret: bytes = SECRET):
-    client = ShardClient("127.0.0.1", port, secret, source)
-    try:
-        client.put(which, buffer, len(buffer), checksums(buffer, len(buffer)))
-    finally:
-        client.close()
-
-
-def get(port: int, source: str, which: ShardId) -> bytearray:
-    got: list[bytearray] = []
-    client = ShardClient("127.0.0.1", port, SECRET, source)
-    try:
-        client.get(which, lambda size: got.append(bytearray(size)) or got[-1])
-    finally:
-        client.close()
-    return got[0]
-
-
-@pytest.fixture
-def guarded(tmp_path):
-    """A shard server of generation 3 whose replicas come from 127.0.0.2 and whose
-    members are 127.0.0.1-2; its own workers reached step 10, snapshotting every step."""
-    admission = Admission(3, frozenset({"127.0.0.2"}), frozenset({"127.0.0.1", "127.0.0.2"}))
-    admission.ceiling.observe(9)
-    admission.ceiling.observe(10)
-    store = ShardStore(str(tmp_path / "shards"), budget=0)
-    server = ShardServer("127.0.0.1", SECRET, store, admission)
-    yield store, server
-    server.close()
 
 
 def hello(sock: socket.socket) -> bool:
