@@ -42,8 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_e2e import end_to_end
 from bench_launch import write_doc
 from rtrain.agent.snapshots.checksums import checksums, verify
-from rtrain.agent.snapshots.shard_client import ShardClient
-from rtrain.agent.snapshots.shard_server import ShardServer
+from rtrain.agent.snapshots.peers.client import ShardClient
+from rtrain.agent.snapshots.peers.server import ShardServer
 from rtrain.agent.snapshots.shard_store import ShardStore
 from rtrain.core.snapshots.format import (
     plan_shard,

@@ -31,9 +31,9 @@ from ..net.limits import RateLimitedLog
 from ..observe.events import emit
 from .checksums import checksums
 from .disk_checkpoints import DiskCheckpointer
-from .shard_client import ShardClient
+from .peers.client import ShardClient
+from .peers.wire import ShardError
 from .shard_store import SLOT, ShardStore
-from .shard_wire import ShardError
 from .slot_check import fitting_header
 
 logger = logging.getLogger(__name__)

@@ -23,9 +23,9 @@ from ...core.snapshots.restore_plan import RestoreSource, ShardId, plan_restore
 from ..observe.progress import WaitProgress
 from .checksums import verify
 from .disk_checkpoints import CheckpointDir, load_verified, newest_complete
-from .shard_client import Peers, ShardClient
+from .peers.client import Peers, ShardClient
+from .peers.wire import ShardError
 from .shard_store import ShardStore
-from .shard_wire import ShardError
 
 logger = logging.getLogger(__name__)
 

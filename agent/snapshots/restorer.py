@@ -39,6 +39,7 @@ from ...core.snapshots.restore_plan import (
 from ..rendezvous.job import JobRendezvous
 from ..waiting import SYSTEM_CLOCK
 from .disk_checkpoints import CheckpointDir
+from .peers.client import Peers
 from .restore_copies import (
     MAX_ATTEMPTS,
     RestoreResult,
@@ -46,7 +47,6 @@ from .restore_copies import (
     restore_once,
     restore_planned,
 )
-from .shard_client import Peers
 from .shard_store import ShardStore
 
 __all__ = ["Pooled", "RestoreResult", "gather", "publish", "restore_agreed", "restore_once"]

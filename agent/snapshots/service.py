@@ -26,11 +26,11 @@ from ..observe.progress import WaitProgress
 from ..rendezvous.job import JobRendezvous
 from .checksums import checksums
 from .disk_checkpoints import DiskCheckpointer, open_checkpoint_dir, write_checkpoint
-from .fetcher import FetchContext, PeerFetcher, holders_of
+from .peers.client import Peers
+from .peers.fetcher import FetchContext, PeerFetcher, holders_of
+from .peers.server import ShardServer
 from .replicator import Replicator
 from .restorer import gather, publish, restore_agreed
-from .shard_client import Peers
-from .shard_server import ShardServer
 from .shard_store import KEEP_STEPS, ShardStore
 from .slot_check import fitting_header
 
@@ -52,7 +52,7 @@ class SnapshotService:
         keep_checkpoints: int = 0,
     ) -> None:
         """secret: the job secret, or None to hand a random one out through the store;
-        dp_delta: send replicas against the receiving node's DP twin (delta.py);
+        dp_delta: send replicas against the receiving node's DP twin (peers/delta.py);
         keep_checkpoints: complete disk checkpoints kept (0: all)."""
         self._dp_delta = dp_delta
         self.store = ShardStore(root, budget)

@@ -6,7 +6,7 @@ hold the same parameters and optimizer state when data parallelism replicates th
 successor (restore_plan.ring_successors) that runs such a rank, that node already
 holds r's state but for what is unique to r: its RNG, sharded optimizer state, a data
 position. The twin's shard of the same step is then the replica's base, and only the
-chunks whose digests differ travel (agent/snapshots/delta.py). Under FSDP the twin's
+chunks whose digests differ travel (agent/snapshots/peers/delta.py). Under FSDP the twin's
 bytes differ and everything travels: the digests decide, the topology only proposes.
 """
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from rtrain.agent.snapshots.checksums import checksums
-from rtrain.agent.snapshots.shard_client import ShardClient
-from rtrain.agent.snapshots.shard_server import ShardServer
+from rtrain.agent.snapshots.peers.client import ShardClient
+from rtrain.agent.snapshots.peers.server import ShardServer
 from rtrain.agent.snapshots.shard_store import ShardStore
 from rtrain.core.snapshots.admission import Admission
 from rtrain.core.snapshots.restore_plan import ShardId

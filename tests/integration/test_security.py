@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from rtrain.agent.snapshots.shard_wire import ShardError
+from rtrain.agent.snapshots.peers.wire import ShardError
 from rtrain.agent.store.opening import host_store
 from rtrain.core.rendezvous.protocol import StoreKeys, decode_master
 from rtrain.core.snapshots.format import (
@@ -205,7 +205,7 @@ def test_a_slow_flood_of_unauthenticated_connections_is_bounded(guarded, caplog)
     import threading
     import time
 
-    from rtrain.agent.snapshots import shard_server
+    from rtrain.agent.snapshots.peers import server as shard_server
 
     store, server = guarded
     before = threading.active_count()

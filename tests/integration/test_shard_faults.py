@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 from rtrain.agent.snapshots.checksums import checksums
+from rtrain.agent.snapshots.peers.client import Peers, ShardClient
+from rtrain.agent.snapshots.peers.server import ShardServer
+from rtrain.agent.snapshots.peers.wire import ShardError
 from rtrain.agent.snapshots.restorer import restore_once
-from rtrain.agent.snapshots.shard_client import Peers, ShardClient
-from rtrain.agent.snapshots.shard_server import ShardServer
 from rtrain.agent.snapshots.shard_store import ShardStore
-from rtrain.agent.snapshots.shard_wire import ShardError
 from rtrain.core.layout.topology import Layout, NodeSlot, build_grid, recompute_topology
 from rtrain.core.snapshots.format import plan_shard, read_shard, write_shard
 from rtrain.core.snapshots.restore_plan import ShardId
@@ -360,7 +360,7 @@ class CutOffProxy:
 
 def fetch_through_agent(monkeypatch, local: ShardStore, context) -> dict:
     """A worker's fetch_previous_shards against a PeerFetcher polled as the replicator would."""
-    from rtrain.agent.snapshots.fetcher import PeerFetcher
+    from rtrain.agent.snapshots.peers.fetcher import PeerFetcher
     from rtrain.core.worker.peer_shards import fetch_previous_shards
 
     fetcher = PeerFetcher(local)
@@ -384,7 +384,7 @@ def fetch_through_agent(monkeypatch, local: ShardStore, context) -> dict:
 def test_a_dcp_read_whose_holder_dies_mid_transfer_or_sends_a_corrupt_copy_takes_the_next(
     node, tmp_path, monkeypatch
 ):
-    from rtrain.agent.snapshots.fetcher import FetchContext
+    from rtrain.agent.snapshots.peers.fetcher import FetchContext
 
     shard = ShardId(1, 3, 7)  # rank 3's shard of step 7 in generation 1; now generation 2
     layout = plan_shard({"w": torch.full((3 << 20,), 3.0)})  # 12 MiB: cut in the middle
@@ -428,7 +428,7 @@ def test_a_dcp_read_whose_holder_dies_mid_transfer_or_sends_a_corrupt_copy_takes
 
 
 def test_a_dcp_read_with_no_intact_copy_names_the_rank(node, tmp_path, monkeypatch):
-    from rtrain.agent.snapshots.fetcher import FetchContext
+    from rtrain.agent.snapshots.peers.fetcher import FetchContext
     from rtrain.core.snapshots.format import SnapshotError
 
     local = ShardStore(str(tmp_path / "local"), budget=0)

@@ -16,10 +16,10 @@ import time
 
 import pytest
 import torch
-from rtrain.agent.snapshots import shard_server
 from rtrain.agent.snapshots.checksums import checksums
-from rtrain.agent.snapshots.shard_client import ShardClient
-from rtrain.agent.snapshots.shard_wire import MAGIC, ShardError, recv_message, send_message
+from rtrain.agent.snapshots.peers import server as shard_server
+from rtrain.agent.snapshots.peers.client import ShardClient
+from rtrain.agent.snapshots.peers.wire import MAGIC, ShardError, recv_message, send_message
 from rtrain.core.rendezvous.protocol import StoreKeys, decode_master
 from rtrain.core.snapshots.format import (
     COMMITTED,

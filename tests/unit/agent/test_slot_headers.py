@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from rtrain.agent.snapshots.peers.client import Peers
+from rtrain.agent.snapshots.peers.server import ShardServer
 from rtrain.agent.snapshots.replicator import Replicator
 from rtrain.agent.snapshots.restorer import restore_once
-from rtrain.agent.snapshots.shard_client import Peers
-from rtrain.agent.snapshots.shard_server import ShardServer
 from rtrain.agent.snapshots.shard_store import ShardStore
 from rtrain.core.layout.topology import Layout, NodeSlot, build_grid, recompute_topology
 from rtrain.core.snapshots.format import (
@@ -195,8 +195,8 @@ def test_a_replica_whose_header_does_not_fit_it_is_refused_not_kept(tmp_path):
     # A sender that trusted such a header (a confused peer): the bytes it sent are
     # whole and match its digests, but the header claims more than they are.
     from rtrain.agent.snapshots.checksums import checksums
-    from rtrain.agent.snapshots.shard_client import ShardClient
-    from rtrain.agent.snapshots.shard_wire import ShardError
+    from rtrain.agent.snapshots.peers.client import ShardClient
+    from rtrain.agent.snapshots.peers.wire import ShardError
 
     receiver = ShardStore(str(tmp_path), budget=0)
     server = ShardServer("127.0.0.1", SECRET, receiver)

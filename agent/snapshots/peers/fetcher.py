@@ -23,12 +23,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ...core.snapshots.restore_plan import ShardId
-from ...core.worker.peer_shards import MAX_RESPONSE, request_path, response_path
-from .checksums import verify
-from .shard_client import ShardClient
-from .shard_store import ShardStore, allocate
-from .shard_wire import ShardError
+from ....core.snapshots.restore_plan import ShardId
+from ....core.worker.peer_shards import MAX_RESPONSE, request_path, response_path
+from ..checksums import verify
+from ..shard_store import ShardStore, allocate
+from .client import ShardClient
+from .wire import ShardError
 
 logger = logging.getLogger(__name__)
 

@@ -26,10 +26,10 @@ import socket
 import time
 from typing import Any
 
-from ...core.snapshots.format import HEADER_SIZE, chunk_bounds
-from ...core.snapshots.restore_plan import ShardId
-from .checksums import checksums
-from .shard_store import ShardStore
+from ....core.snapshots.format import HEADER_SIZE, chunk_bounds
+from ....core.snapshots.restore_plan import ShardId
+from ..checksums import checksums
+from ..shard_store import ShardStore
 
 BASE_WAIT_S = 0.25  # a DP twin commits the same step within milliseconds of its peer
 BASE_POLL_S = 0.005

@@ -1,4 +1,4 @@
-"""ShardServer: agents hand each other shards over TCP, authenticated (shard_wire.py).
+"""ShardServer: agents hand each other shards over TCP, authenticated (wire.py).
 
 An authenticated request is judged by core.snapshots.admission (who may put what, who
 may get). Before authentication a connection costs a thread and a descriptor, so a
@@ -23,14 +23,15 @@ import time
 from collections import Counter
 from typing import Any
 
-from ...core.errors import RtrainError
-from ...core.snapshots.admission import Admission, superseded_by
-from ...core.snapshots.format import HEADER_SIZE
-from ...core.snapshots.restore_plan import ShardId
-from ..net.limits import ConnectionPlaces, RateLimitedLog
+from ....core.errors import RtrainError
+from ....core.snapshots.admission import Admission, superseded_by
+from ....core.snapshots.format import HEADER_SIZE
+from ....core.snapshots.restore_plan import ShardId
+from ...net.limits import ConnectionPlaces, RateLimitedLog
+from ..shard_store import ShardStore
+from ..slot_check import fitting_header
 from .delta import assemble, find_base, needed_chunks
-from .shard_store import ShardStore
-from .shard_wire import (
+from .wire import (
     HANDSHAKE_S,
     IO_TIMEOUT_S,
     MAGIC,
@@ -43,7 +44,6 @@ from .shard_wire import (
     recv_verified,
     send_message,
 )
-from .slot_check import fitting_header
 
 logger = logging.getLogger(__name__)
 

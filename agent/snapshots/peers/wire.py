@@ -8,7 +8,7 @@ requests go as a 4-byte length + JSON header, then raw bytes:
 
   put {gen, rank, step, size, crcs} + shard   -> {ok}    keep a replica
   put {..., base} + header -> {need} + chunks -> {ok}    the same, against a shard held
-                                                         there (agent/snapshots/delta.py)
+                                                         there (agent/snapshots/peers/delta.py)
   get {gen, rank, step}                       -> {ok, size, crcs} + shard
 
 Shards carry their chunk checksums; the receiver verifies them before keeping or using a
@@ -26,8 +26,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ...core.errors import RtrainError
-from ...core.snapshots.format import HEADER_SIZE, chunk_bounds, chunk_digest
+from ....core.errors import RtrainError
+from ....core.snapshots.format import HEADER_SIZE, chunk_bounds, chunk_digest
 
 MAGIC = b"RTRS"
 NONCE = 32

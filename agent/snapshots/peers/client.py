@@ -1,4 +1,4 @@
-"""ShardClient: one authenticated connection to a peer's shard server (shard_wire.py)."""
+"""ShardClient: one authenticated connection to a peer's shard server (wire.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from ...core.snapshots.format import HEADER_SIZE, chunk_bounds
-from ...core.snapshots.restore_plan import ShardId
-from .shard_wire import (
+from ....core.snapshots.format import HEADER_SIZE, chunk_bounds
+from ....core.snapshots.restore_plan import ShardId
+from .wire import (
     IO_TIMEOUT_S,
     MAGIC,
     NONCE,
