@@ -8,8 +8,10 @@ workers' heartbeat step, the snapshots' replication) at most every SAMPLE_S.
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import os
+import platform
 import threading
 import time
 
@@ -27,7 +29,7 @@ class MetricsFile:
 
     def __init__(self, path: str | None, run_id: str, agent: str) -> None:
         self.path = path
-        self.metrics = NodeMetrics(run_id, agent)
+        self.metrics = NodeMetrics(run_id, agent, build=build_labels())
         self._sampled = 0.0
         self._failed = False
         # Events come from the agent's thread and the replicator's, scrapes from the
@@ -50,7 +52,7 @@ class MetricsFile:
     def sample(self, step: int | None, committed: int | None, replicated: int | None) -> None:
         with self._lock:
             self._sampled = now = time.monotonic()
-            self.metrics.sample(now, step, committed, replicated)
+            self.metrics.sample(now, step, committed, replicated, wall=time.time())
             self._write()
 
     def _write(self) -> None:
@@ -67,3 +69,20 @@ class MetricsFile:
             self._failed = True
             return
         self._failed = False
+
+
+def build_labels() -> dict[str, str]:
+    """rtrain_build_info's labels: rtrain's, torch's and Python's versions (from the
+    installed packages' metadata: the agent need not import torch for them)."""
+    return {
+        "version": _version("rtrain"),
+        "torch": _version("torch"),
+        "python": platform.python_version(),
+    }
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"

@@ -3,8 +3,9 @@ the nodes itself instead of reading node_exporter's textfiles.
 
 A small threaded server on the node's own address (the one it joined the job with,
 not every interface), answering GET /metrics with the text the metrics file holds and
-nothing else: 404 for any other path, 405 for any other method. It serves what the
-agent already keeps in memory; a scrape costs the agent no store request.
+GET /healthz with `ok` (a liveness probe: the agent's process answers), and nothing
+else: 404 for any other path, 405 for any other method. It serves what the agent
+already keeps in memory; a scrape costs the agent no store request.
 
 Anyone who reaches the address can connect, so connections are capped before a thread
 exists (MAX_PER_SOURCE from one address, MAX_CONNECTIONS in all; a scraper needs one)
@@ -29,6 +30,7 @@ from ..net.limits import ConnectionPlaces, RateLimitedLog
 logger = logging.getLogger(__name__)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus' text format
+HEALTH_PATH = "/healthz"  # a liveness probe's: 200 `ok` while the agent serves
 MAX_PER_SOURCE = 4
 MAX_CONNECTIONS = 16
 IO_TIMEOUT_S = 5.0
@@ -95,18 +97,22 @@ class MetricsServer:
             timeout = IO_TIMEOUT_S  # the socket's: a client that sends nothing is dropped
 
             def do_GET(self) -> None:
-                if self.path.split("?", 1)[0] != "/metrics":
-                    self.send_error(404, "only /metrics is here")
+                path = self.path.split("?", 1)[0]
+                if path == HEALTH_PATH:
+                    body, content_type = b"ok\n", "text/plain; charset=utf-8"
+                elif path == "/metrics":
+                    body, content_type = render().encode(), CONTENT_TYPE
+                else:
+                    self.send_error(404, "only /metrics and /healthz are here")
                     return
-                body = render().encode()
                 self.send_response(200)
-                self.send_header("Content-Type", CONTENT_TYPE)
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
 
             def _refuse(self) -> None:
-                self.send_error(405, "GET /metrics only")
+                self.send_error(405, "GET /metrics and /healthz only")
 
             do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _refuse
 

@@ -4,9 +4,17 @@ exposition format for node_exporter's textfile collector.
 
 Counters only grow over the agent's life (restarts, faults by kind, lost steps, bytes
 replicated); gauges are the newest reading (generation, training step and step rate,
-replication lag, the last restore's duration, the GPU verdict). Every series carries
-the job's run id and the node's address as labels, so one collector can hold many
-jobs' files.
+replication lag, the last restore's duration, the GPU verdict, the goodput); the
+recoveries' downtime is a histogram. Every series carries the job's run id and the
+node's address as labels (`run_id`, `rtrain_node`: not `node`, which Kubernetes'
+scrape configurations set to the Kubernetes node and which Prometheus would then
+rename `exported_node`), so one collector can hold many jobs' files.
+`rtrain_build_info` is 1, labelled with the versions (the build_info convention).
+
+The goodput gauge is this node's view, as of its newest reading: the time since its
+first generation started, less the recoveries' downtime (a recovery under way counts
+from its generation's end), less the steps done again at the recent step rate, over
+that time. `rtrain report` gives the job's, from every node's events.
 """
 
 from __future__ import annotations
@@ -16,6 +24,10 @@ from dataclasses import dataclass, field
 from .events import Event
 
 GPU_VERDICTS = ("ok", "warning", "critical", "unknown")  # the gauge's values: 0..3 (Verdict)
+NODE_LABEL = "rtrain_node"  # the node's address; `node` is Kubernetes' own
+# rtrain_recovery_seconds' buckets: a restart from memory takes seconds, a lost node's
+# up to a join timeout (600 s by default)
+RECOVERY_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 
 @dataclass
@@ -31,6 +43,12 @@ class NodeMetrics:
     replication_seconds: float = 0.0
     restore_seconds: float | None = None
     gpu_verdict: str | None = None
+    build: dict[str, str] = field(default_factory=dict)  # rtrain_build_info's labels
+    recovery_buckets: list[int] = field(default_factory=lambda: [0] * len(RECOVERY_BUCKETS))
+    down_seconds: float = 0.0  # the recoveries' downtime, summed
+    started_t: float | None = None  # wall clock: the first generation's start
+    down_since: float | None = None  # wall clock: a failed generation's end, not recovered
+    newest_t: float | None = None  # wall clock: the newest event or reading
     # sampled
     step: int | None = None
     step_rate: float | None = None
@@ -41,10 +59,21 @@ class NodeMetrics:
         """Fold one event in."""
         if event.generation is not None:
             self.generation = event.generation
+        self._seen(event.t)
         name = event.name
-        if name == "recovery":
+        if name == "generation_start" and self.started_t is None:
+            self.started_t = event.t
+        elif name == "generation_end" and event["outcome"] != "succeeded":
+            self.down_since = event.t
+        elif name == "recovery":
             self.restarts += 1
             self.lost_steps += max(int(event["lost_steps"] or 0), 0)
+            down = max(float(event["down_s"]), 0.0)
+            self.down_seconds += down
+            for index, bound in enumerate(RECOVERY_BUCKETS):
+                if down <= bound:
+                    self.recovery_buckets[index] += 1
+            self.down_since = None
         elif name == "fault":
             kind = str(event["kind"])
             self.faults[kind] = self.faults.get(kind, 0) + 1
@@ -57,11 +86,23 @@ class NodeMetrics:
         elif name == "gpu":
             self.gpu_verdict = str(event["verdict"])
 
+    def _seen(self, wall: float) -> None:
+        if self.newest_t is None or wall > self.newest_t:
+            self.newest_t = wall
+
     def sample(
-        self, now: float, step: int | None, committed: int | None, replicated: int | None
+        self,
+        now: float,
+        step: int | None,
+        committed: int | None,
+        replicated: int | None,
+        wall: float | None = None,
     ) -> None:
         """Readings: the newest step a local worker's heartbeat gave, and the newest step
-        committed and replicated by this node's snapshots."""
+        committed and replicated by this node's snapshots. now: a monotonic clock (the
+        step rate); wall: the events' clock (the goodput), when known."""
+        if wall is not None:
+            self._seen(wall)
         if step is not None and step >= 0:
             if self._step_seen is not None and step > self._step_seen[1]:
                 seen_at, seen_step = self._step_seen
@@ -73,9 +114,23 @@ class NodeMetrics:
         if committed is not None:
             self.replication_lag = committed - (replicated if replicated is not None else -1)
 
+    @property
+    def goodput(self) -> float | None:
+        """The share of the time since the first generation started spent on steps kept
+        (None before a generation started, or with no time passed)."""
+        if self.started_t is None or self.newest_t is None or self.newest_t <= self.started_t:
+            return None
+        elapsed = self.newest_t - self.started_t
+        lost = self.down_seconds
+        if self.down_since is not None:
+            lost += max(self.newest_t - self.down_since, 0.0)
+        if self.step_rate:
+            lost += self.lost_steps / self.step_rate
+        return min(max((elapsed - lost) / elapsed, 0.0), 1.0)
+
     def exposition(self) -> str:
         """The Prometheus text format of every series (unknown gauges left out)."""
-        labels = f'run_id="{_escape(self.run_id)}",node="{_escape(self.agent)}"'
+        labels = f'run_id="{_escape(self.run_id)}",{NODE_LABEL}="{_escape(self.agent)}"'
         out: list[str] = []
 
         def series(name: str, kind: str, help_text: str, values: list[tuple[str, float]]) -> None:
@@ -88,6 +143,9 @@ class NodeMetrics:
             if value is not None:
                 series(name, "gauge", help_text, [("", value)])
 
+        if self.build:
+            built = "".join(f',{k}="{_escape(v)}"' for k, v in sorted(self.build.items()))
+            series("rtrain_build_info", "gauge", "rtrain's build: its versions.", [(built, 1)])
         gauge("rtrain_generation", "The job's generation this node runs in.", self.generation)
         series(
             "rtrain_restarts_total",
@@ -134,6 +192,31 @@ class NodeMetrics:
             self.replication_lag,
         )
         gauge("rtrain_restore_seconds", "How long the last restore took.", self.restore_seconds)
+        buckets = [
+            (f',le="{float(b)!r}"', n)
+            for b, n in zip(RECOVERY_BUCKETS, self.recovery_buckets, strict=True)
+        ]
+        series(
+            "rtrain_recovery_seconds",
+            "histogram",
+            "Each recovery's downtime: from the failed generation's end to the next first step.",
+            [],
+        )
+        out.extend(
+            f"rtrain_recovery_seconds{suffix}{{{labels}{extra}}} {_number(value)}"
+            for suffix, extra, value in (
+                *(("_bucket", e, n) for e, n in buckets),
+                ("_bucket", ',le="+Inf"', self.restarts),
+                ("_sum", "", self.down_seconds),
+                ("_count", "", self.restarts),
+            )
+        )
+        gauge(
+            "rtrain_goodput_ratio",
+            "Share of the time since the first generation started spent on steps kept "
+            "(this node's view: downtime and steps done again taken out).",
+            self.goodput,
+        )
         if self.gpu_verdict in GPU_VERDICTS:
             gauge(
                 "rtrain_gpu_verdict",

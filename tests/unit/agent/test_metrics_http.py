@@ -1,4 +1,5 @@
-"""--metrics-port's server: GET /metrics and nothing else; a taken port is a usage error."""
+"""--metrics-port's server: GET /metrics and /healthz and nothing else; a taken port is a
+usage error."""
 
 from __future__ import annotations
 
@@ -42,12 +43,20 @@ def test_get_metrics_renders_them_fresh_each_time(server) -> None:
     assert ask(server.port, "GET", "/metrics?x=1")[2].endswith("# scrapes 2\n")
 
 
+def test_healthz_answers_ok_without_rendering_the_metrics(server) -> None:
+    """A liveness probe beside /metrics (Kubernetes' httpGet): 200 `ok`, no scrape."""
+    assert ask(server.port, "GET", "/healthz") == (200, "text/plain; charset=utf-8", "ok\n")
+    assert ask(server.port, "GET", "/metrics")[2].endswith("# scrapes 1\n")
+
+
 @pytest.mark.parametrize(
     "method, path, status",
     [
         ("GET", "/", 404),
         ("GET", "/metricsx", 404),
+        ("GET", "/healthzx", 404),
         ("POST", "/metrics", 405),
+        ("POST", "/healthz", 405),
         ("DELETE", "/metrics", 405),
     ],
 )

@@ -190,7 +190,7 @@ def test_metrics_fold_the_events_and_parse_as_prometheus_text() -> None:
         for family in families.values()
         for s in family.samples
     }
-    labels = (("node", 'n"1'), ("run_id", "job 42"))
+    labels = (("rtrain_node", 'n"1'), ("run_id", "job 42"))
     assert value[("rtrain_generation", labels)] == 1
     assert value[("rtrain_restarts_total", labels)] == 1
     assert value[("rtrain_lost_steps_total", labels)] == 3
