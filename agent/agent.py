@@ -22,7 +22,13 @@ from typing import Any
 
 from ..core.config.launch_spec import LaunchSpec
 from ..core.config.worker_env import pool_environment
-from ..core.errors import ExitCode, RendezvousError, RtrainError, exit_code_for_signal
+from ..core.errors import (
+    ExitCode,
+    JobFinished,
+    RendezvousError,
+    RtrainError,
+    exit_code_for_signal,
+)
 from ..core.layout.topology import LayoutError
 from ..core.rendezvous.decisions import Next, after_generation
 from ..core.rendezvous.failures import FailureRecord, root_cause_first
@@ -198,6 +204,10 @@ class Agent:
             failures = end.read_abort(self._gen, exc.record)
             message = f"job ended by node {exc.record.node_rank}: {exc.record.reason}"
             return self._result(AgentState.FAILED, exc.record.exit_code, message, failures)
+        except JobFinished as exc:
+            self._stop_group(signal.SIGTERM, RESTART_STOP_GRACE_S)
+            logger.info("%s", exc)
+            return self._result(AgentState.SUCCEEDED, ExitCode.SUCCESS, str(exc))
         except LayoutError as exc:
             self._stop_group(signal.SIGTERM, RESTART_STOP_GRACE_S)
             end.end_job(self._gen, ExitCode.LAYOUT, str(exc))

@@ -63,6 +63,13 @@ class StoreUnavailable(RendezvousError):
     """The rendezvous store is gone, stopped or cut off: no call to it can succeed."""
 
 
+class JobFinished(RtrainError):
+    """The job ended successfully while this node was away (stopped, fenced, late): there
+    is nothing left to join, and nothing failed."""
+
+    exit_code = ExitCode.SUCCESS
+
+
 class RendezvousTimeout(RendezvousError):
     """Too few nodes joined a generation within join_timeout."""
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from ...core.clock import Clock
 from ...core.config.launch_spec import LaunchSpec
-from ...core.errors import RendezvousError, RendezvousTimeout
+from ...core.errors import JobFinished, RendezvousError, RendezvousTimeout
 from ...core.rendezvous.closing import round_timeout
 from ...core.rendezvous.protocol import (
     MemberInfo,
@@ -209,6 +209,7 @@ class Rounds:
                 if self._clock.now() < next_check:
                     return False
                 next_check = self._clock.now() + BACKUP_CLOSE_S
+            self._raise_if_finished(target - 1)
             joined = self._store.counter(self._keys.joins(target))
             progress.update(lambda: self._joined_text(target, joined, slot == 1, expected))
             if self.current_round() == target:
@@ -304,6 +305,20 @@ class Rounds:
 
     def read_membership(self, generation: int) -> Membership:
         return read_membership(self._store, self._keys, generation)
+
+    def _raise_if_finished(self, generation: int) -> None:
+        """A node that comes back (stopped, fenced, late) after every member of the last
+        generation passed its exit barrier finds the job over: nobody will close its round."""
+        if generation < 0:
+            return
+        membership = self.closed_membership(generation)
+        if membership is None:
+            return
+        if self._ends.exited_count(generation) >= len(membership.members):
+            raise JobFinished(
+                f"the job finished at generation {generation} with "
+                f"{len(membership.members)} nodes while this node was away; nothing to rejoin"
+            )
 
     def closed_membership(self, generation: int) -> Membership | None:
         """The membership of `generation` if its round has closed, without waiting."""

@@ -146,11 +146,15 @@ class LocalCluster:
             self.close()
 
     def wait(self, timeout: float = 120) -> list[int | None]:
+        return self.wait_some(list(range(len(self.procs))), timeout)
+
+    def wait_some(self, indices: list[int], timeout: float) -> list[int | None]:
+        """The exit codes of the nodes at `indices` (None: still running after `timeout`)."""
         end = time.monotonic() + timeout
         codes = []
-        for proc in self.procs:
+        for index in indices:
             try:
-                codes.append(proc.wait(timeout=max(end - time.monotonic(), 0.1)))
+                codes.append(self.procs[index].wait(timeout=max(end - time.monotonic(), 0.1)))
             except subprocess.TimeoutExpired:
                 codes.append(None)
         return codes

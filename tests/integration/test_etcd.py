@@ -127,7 +127,8 @@ def test_quorum_lost_past_the_join_timeout_is_one_clear_error(tmp_path, etcd):
 
 
 def test_a_stopped_agent_past_its_ttl_is_fenced_by_etcd(tmp_path, etcd):
-    cluster = _cluster(tmp_path, etcd, 3, "2:3", steps="60")
+    # The two-node generation cannot finish: the stopped node must come back to end the job.
+    cluster = _cluster(tmp_path, etcd, 3, "2:3", steps="60", PROBE_HOLD_WORLD="4")
 
     def went_on_without_it() -> bool:  # the others started a generation of two nodes
         return any(
@@ -141,6 +142,23 @@ def test_a_stopped_agent_past_its_ttl_is_fenced_by_etcd(tmp_path, etcd):
     # and came back at a generation boundary.
     assert "fenced: " in cluster.log(2)
     assert_fenced_and_back(cluster, stale_workers, 60)
+
+
+def test_an_agent_stopped_until_the_job_finished_without_it_exits_0(tmp_path, etcd):
+    """It comes back to a job whose last generation passed its exit barrier: nobody will
+    close another round, so it says so and exits 0, not 75 at the join timeout (30 s)."""
+    cluster = _cluster(tmp_path, etcd, 3, "2:3")
+    try:
+        cluster.wait_progress(3)
+        cluster.stop_agent(2)
+        assert cluster.wait_some([0, 1], 60) == [0, 0], cluster.log(0)
+        cluster.cont_agent(2)
+        assert cluster.wait(20)[2] == 0, cluster.log(2)
+    finally:
+        cluster.close()
+    ends = {e.agent: e["exit_code"] for e in cluster.events("job_end")}
+    assert ends == {"127.0.0.1": 0, "127.0.0.2": 0, "127.0.0.3": 0}
+    assert "while this node was away" in cluster.log(2).strip().splitlines()[-1]
 
 
 def test_garbage_under_the_jobs_prefix_is_refused_with_one_line(tmp_path, etcd):
