@@ -52,7 +52,10 @@ def test_node_killed_survivors_shrink_and_finish_with_the_same_weights(tmp_path,
 
 
 def test_stopped_agent_is_fenced_and_rejoins_at_the_next_generation(tmp_path, reference):
-    cluster = LocalCluster(tmp_path, 3, "2:3", ["--nproc-per-node=2", *FAST], PROBE_STEPS="60")
+    # The four-worker generation cannot finish: the stopped node must come back to end the job.
+    cluster = LocalCluster(
+        tmp_path, 3, "2:3", ["--nproc-per-node=2", *FAST], PROBE_STEPS="60", PROBE_HOLD_WORLD="4"
+    )
     # the others go on without it: a generation of 4 workers trains
     codes, stale_workers = stop_agent_until_gone_on(
         cluster, 2, lambda: any(w == 4 for w in _world_sizes_seen(cluster))

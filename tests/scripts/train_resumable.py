@@ -14,6 +14,9 @@ step of the generation and when they completed. Faults, torchft-style, through
 PROBE_FAULT="rank=R,step=S,gen=G,action=A" (gen may be a/b/c): exit, kill, stop
 (SIGSTOP itself), deadlock (blocks on a lock inside deadlocked_here()).
 PROBE_STEPS (default 20), PROBE_STEP_SLEEP (seconds, default 0.05).
+PROBE_HOLD_WORLD=N: a generation whose world size is N stops before its last step (still
+heartbeating) until the agent replaces it: a test's way to keep a shrunk generation
+running until a node rejoins, whatever the machine's load.
 """
 
 import json
@@ -63,6 +66,12 @@ def inject(fault: dict[str, str], rank: int, step: int, generation: int) -> None
         deadlocked_here()
 
 
+def hold_until_replaced(step: int) -> None:
+    while True:  # the agent ends this generation (SIGTERM) when the world changes
+        heartbeat(step)
+        time.sleep(0.1)
+
+
 def load(path: str) -> tuple[torch.Tensor, int]:
     if path and os.path.exists(path):
         state = torch.load(path)
@@ -110,6 +119,8 @@ def main() -> None:
     }
     for step in range(applied, steps):
         inject(fault, rank, step, generation)
+        if step == steps - 1 and world == int(os.environ.get("PROBE_HOLD_WORLD", "0")):
+            hold_until_replaced(step)
         gen = torch.Generator().manual_seed(1000 + step)
         inputs = torch.randn(GLOBAL_BATCH, FEATURES, generator=gen, dtype=torch.float64)
         targets = inputs @ truth
