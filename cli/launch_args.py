@@ -12,8 +12,8 @@ import argparse
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
-from ..core.config.flag_values import RDZV_CONF_DEFAULTS
-from ..core.config.launch_spec import DEFAULT_MASTER_PORT
+from ..core.config.endpoints import DEFAULT_MASTER_PORT
+from ..core.config.rdzv_conf import RDZV_CONF_DEFAULTS
 from ..core.config.settings import IGNORED_DEFAULTS, SETTINGS, Setting
 from ..core.errors import UsageError
 

@@ -20,13 +20,14 @@ from typing import Annotated, Any
 
 import typer
 
-from ..core.config.flag_values import parse_endpoint, parse_endpoints, parse_rdzv_conf
+from ..core.config.endpoints import parse_endpoint, parse_endpoints
 from ..core.config.launch_spec import (
     DEFAULT_C10D_PORT,
     DEFAULT_ETCD_PORT,
     ETCD_BACKENDS,
     RdzvSpec,
 )
+from ..core.config.rdzv_conf import parse_rdzv_conf
 from ..core.errors import RtrainError, UsageError
 from .render.safe_text import shown
 

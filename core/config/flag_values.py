@@ -1,9 +1,10 @@
 """Parsers for the values of torchrun's flags: each turns one raw string into a typed
-value or raises UsageError naming the flag. Pure: no processes, no I/O."""
+value or raises UsageError naming the flag (endpoints.py and rdzv_conf.py hold those
+of --rdzv-endpoint and --rdzv-conf; checks.py gives them to the settings table's rows).
+Pure: no processes, no I/O."""
 
 from __future__ import annotations
 
-import ipaddress
 import math
 import re
 import signal
@@ -14,30 +15,15 @@ from typing import Any
 from ..errors import UsageError
 
 NPROC_KEYWORDS = ("auto", "cpu", "gpu", "xpu")
-# --rdzv-conf keys with torchrun's defaults (seconds).
-RDZV_CONF_DEFAULTS: dict[str, float] = {
-    "join_timeout": 600.0,
-    "last_call_timeout": 30.0,
-    "close_timeout": 30.0,
-    "heartbeat_timeout": 5.0,
-    "read_timeout": 60.0,
-}
-RDZV_CONF_FLAGS = ("is_host",)
 # Bounds past which a value is a typo, not a configuration: they keep absurd numbers
 # from turning into sleeps that never end, overflows or a launcher forking for ever.
 MAX_SECONDS = 7 * 24 * 3600.0
 MAX_COUNT = 1 << 31
 MAX_NODES = 65536
 MAX_NPROC = 1024
-MAX_ENDPOINTS = 64
 MAX_SIZE = 1 << 60
 _INT = re.compile(r"\+?[0-9]{1,19}")  # ASCII digits only (str.isdigit() takes "²", "١")
 _SIZE = re.compile(r"[0-9]{1,19}(\.[0-9]{1,9})?")
-_HOST = re.compile(r"[A-Za-z0-9_.\-]{1,253}")
-RDZV_CONF_STRINGS = ("store_type", "protocol", "cacert", "cert", "key")
-# torchrun's etcd backends call the join timeout "timeout".
-RDZV_CONF_ALIASES = {"timeout": "join_timeout"}
-ETCD_PROTOCOLS = ("http", "https")
 
 
 @dataclass(frozen=True)
@@ -135,45 +121,6 @@ def _check_mask(flag: str, mask: int, value: str) -> None:
         raise UsageError(f"{flag}: stream mask must be 0, 1, 2 or 3, got {value!r}")
 
 
-def parse_endpoint(value: str, default_port: int) -> tuple[str, int]:
-    """HOST, HOST:PORT, an IPv6 address, or [IPv6]:PORT."""
-    text = str(value).strip()
-    if not text:
-        raise UsageError("--rdzv-endpoint: empty endpoint")
-    if text.startswith("["):  # [ipv6]:port
-        host, closed, rest = text[1:].partition("]")
-        if not closed or (rest and not rest.startswith(":")) or not _is_ipv6(host):
-            raise UsageError(f"--rdzv-endpoint: expected [IPv6]:PORT, got {value!r}")
-        port_text = rest[1:] if rest else None
-    elif text.count(":") > 1:
-        if not _is_ipv6(text):
-            raise UsageError(
-                f"--rdzv-endpoint: too many ':' in {value!r} (write an IPv6 address as "
-                "[ADDRESS]:PORT)"
-            )
-        host, port_text = text, None
-    else:
-        host, sep, port_text_or_empty = text.partition(":")
-        port_text = port_text_or_empty if sep else None
-        if not host:
-            raise UsageError(f"--rdzv-endpoint: missing host in {value!r}")
-        if not _HOST.fullmatch(host):
-            raise UsageError(f"--rdzv-endpoint: {host!r} is not a host name or address")
-    if port_text is None:
-        return host, default_port
-    port = ascii_int(port_text)
-    if port is None or not 0 <= port < 65536:
-        raise UsageError(f"--rdzv-endpoint: port must be 0-65535, got {value!r}")
-    return host, port
-
-
-def _is_ipv6(text: str) -> bool:
-    try:
-        return ipaddress.ip_address(text).version == 6
-    except ValueError:
-        return False
-
-
 def seconds_value(flag: str, raw: Any) -> float:
     """A positive, finite number of seconds within MAX_SECONDS."""
     try:
@@ -185,60 +132,6 @@ def seconds_value(flag: str, raw: Any) -> float:
             f"{flag}: expected a positive number of seconds, at most {MAX_SECONDS:g}, got {raw!r}"
         )
     return seconds
-
-
-def parse_rdzv_conf(value: str) -> dict[str, Any]:
-    conf: dict[str, Any] = dict(RDZV_CONF_DEFAULTS)
-    conf["is_host"] = None
-    text = str(value).strip()
-    if not text:
-        return conf
-    for item in text.split(","):
-        key, sep, raw = item.partition("=")
-        key = key.strip()
-        raw = raw.strip()
-        if not sep or not key:
-            raise UsageError(f"--rdzv-conf: expected key=value pairs, got {item!r}")
-        key = RDZV_CONF_ALIASES.get(key, key)
-        if key in RDZV_CONF_DEFAULTS:
-            conf[key] = seconds_value(f"--rdzv-conf {key}", raw)
-        elif key in RDZV_CONF_FLAGS:
-            conf[key] = _parse_bool(f"--rdzv-conf {key}", raw)
-        elif key in RDZV_CONF_STRINGS:
-            if not raw:
-                raise UsageError(f"--rdzv-conf {key}: empty value")
-            conf[key] = raw
-        else:
-            known = ", ".join(
-                [*RDZV_CONF_DEFAULTS, *RDZV_CONF_FLAGS, *RDZV_CONF_STRINGS, *RDZV_CONF_ALIASES]
-            )
-            raise UsageError(f"--rdzv-conf: unknown key {key!r} (known: {known})")
-    protocol = conf.get("protocol", "http")
-    if protocol not in ETCD_PROTOCOLS:
-        raise UsageError(f"--rdzv-conf protocol: expected http or https, got {protocol!r}")
-    return conf
-
-
-def parse_endpoints(value: str, default_port: int) -> tuple[tuple[str, int], ...]:
-    """HOST[:PORT],HOST[:PORT],... (an etcd cluster's members)."""
-    items = [item for item in str(value).split(",") if item.strip()]
-    if not items:
-        raise UsageError("--rdzv-endpoint: empty endpoint")
-    if len(items) > MAX_ENDPOINTS:
-        raise UsageError(f"--rdzv-endpoint: more than {MAX_ENDPOINTS} endpoints")
-    endpoints = tuple(parse_endpoint(item, default_port) for item in items)
-    if any(port == 0 for _, port in endpoints):
-        raise UsageError("--rdzv-endpoint: an etcd endpoint needs a real port, not 0")
-    return endpoints
-
-
-def _parse_bool(flag: str, raw: str) -> bool:
-    lowered = raw.lower()
-    if lowered in ("1", "true", "yes", "y", "on"):
-        return True
-    if lowered in ("0", "false", "no", "n", "off"):
-        return False
-    raise UsageError(f"{flag}: expected true or false, got {raw!r}")
 
 
 def parse_signals(value: str) -> tuple[tuple[int, ...], tuple[str, ...]]:
@@ -272,11 +165,10 @@ def parse_ranks_filter(value: str) -> frozenset[int] | None:
     return frozenset(n for n in numbers if n is not None)
 
 
-def parse_preload(value: str, start_method: str | None = None) -> tuple[str, ...]:
-    """--preload's modules; none under --start-method spawn, whose workers all start as
-    fresh interpreters (the pool only forks and execs them)."""
+def parse_preload(value: str) -> tuple[str, ...]:
+    """--preload's modules (`none` or empty: none)."""
     text = str(value).strip()
-    if text.lower() in ("", "none") or start_method == "spawn":
+    if text.lower() in ("", "none"):
         return ()
     modules = tuple(item.strip() for item in text.split(",") if item.strip())
     for module in modules:

@@ -1,162 +1,39 @@
-"""Every flag of `rtrain launch`, once: name, value, default, help, environment.
+"""Every flag of `rtrain launch`, once: name, value, default, help, environment, check.
 
-This table is the single source of the argparse parser (cli/launch_args.py), of the
-defaults build_launch_spec fills in (launch_spec.py) and the spec dataclasses carry,
-and of the flag tables in README.md and docs/flags.md (scripts/settings_doc.py writes
-them; tests/unit/core/test_settings.py fails when they drift). Pure data.
+This table (torchrun's flags from torchrun_flags.py, then rtrain's own, below) is the
+single source of the argparse parser (cli/launch_args.py), of the values
+build_launch_spec checks (each row's check, core/config/checks.py) and fills in
+(launch_spec.py) and the spec dataclasses' defaults, and of the flag tables in README.md
+and docs/flags.md (scripts/settings_doc.py writes them; tests/unit/core/test_settings.py
+fails when they drift). A new flag is one row here. Pure data.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
-NOT_ACTED_ON = "[accepted for compatibility, not acted on]"
+from .checks import (
+    COUNT,
+    MODULES,
+    ON_OFF,
+    PORT,
+    POSITIVE,
+    SECONDS,
+    SECONDS_OR_ZERO,
+    SIZE,
+    SWITCH,
+    TEXT,
+    optional,
+)
+from .setting_row import NOT_ACTED_ON, Setting
+from .torchrun_flags import TORCHRUN_SETTINGS
 
-
-@dataclass(frozen=True)
-class Setting:
-    """One flag. Every flag is also read from PET_<DEST> (torchrun's convention)."""
-
-    name: str  # the dashed long name without "--": "nproc-per-node"
-    default: Any  # the raw value argparse hands on when the flag is absent
-    help: str
-    value: str = ""  # the metavar in docs ("N", "S", "FILE"); "" for a switch
-    switch: bool = False  # takes no value (store_true)
-    short: str | None = None  # "-m", "-r", "-t"
-    underscore: bool = True  # also --nproc_per_node, as torchrun
-    choices: tuple[str, ...] | None = None
-    own: bool = False  # rtrain's own, not torchrun's
-    acted_on: bool = True  # False: torchrun's, accepted and ignored (the default changes nothing)
-
-    @property
-    def dest(self) -> str:
-        return self.name.replace("-", "_")
-
-    @property
-    def env(self) -> str:
-        return f"PET_{self.dest.upper()}"
-
-    @property
-    def flags(self) -> tuple[str, ...]:
-        dashed = f"--{self.name}"
-        under = f"--{self.dest}"
-        spellings = (dashed, under) if self.underscore and under != dashed else (dashed,)
-        return (self.short, *spellings) if self.short else spellings
-
-    @property
-    def full_help(self) -> str:
-        return self.help if self.acted_on else f"{NOT_ACTED_ON} {self.help}".rstrip()
-
+__all__ = ["NOT_ACTED_ON", "SETTINGS", "Setting", "default", "markdown_table", "values"]
 
 S = Setting
-SETTINGS: tuple[Setting, ...] = (
-    # -- torchrun's --
-    S("nnodes", "1:1", "number of nodes, N or MIN:MAX (elastic)", "N", underscore=False),
-    S("nproc-per-node", "1", "workers per node: an integer, auto, cpu or gpu", "N"),
-    S(
-        "rdzv-backend",
-        "static",
-        "rendezvous backend: static, c10d (a TCPStore on one node) or etcd / etcd-v2 "
-        "(an etcd v3 cluster)",
-        "NAME",
-    ),
-    S(
-        "rdzv-endpoint",
-        "",
-        "rendezvous store HOST[:PORT] (c10d port 29400); etcd: HOST[:PORT],... "
-        "(port 2379), every member",
-        "HOST:PORT",
-    ),
-    S("rdzv-id", "none", "job id shared by all nodes", "ID"),
-    S(
-        "rdzv-conf",
-        "",
-        "k=v,... join_timeout, last_call_timeout, close_timeout, heartbeat_timeout, "
-        "read_timeout (seconds), is_host; etcd: protocol=https, cacert, cert, key "
-        "(files), timeout (= join_timeout)",
-        "K=V,...",
-    ),
-    S(
-        "standalone",
-        False,
-        "single node: a local store on a free port, a random job id",
-        switch=True,
-        underscore=False,
-    ),
-    S("max-restarts", 0, "restarts of the worker group allowed after a failure", "N"),
-    S("monitor-interval", 0.1, "seconds between checks of the workers", "S"),
-    S(
-        "start-method",
-        None,
-        "spawn: every worker a fresh interpreter, as torchrun starts it (import-time "
-        "settings are the script's; a restart imports torch again); fork, forkserver or "
-        "unset: workers forked from rtrain's preloaded pool",
-        "METHOD",
-        choices=("spawn", "fork", "forkserver"),
-    ),
-    S("event-log-handler", "null", "", "NAME", acted_on=False),
-    S("role", "default", "role name of the workers (ROLE_NAME)", "NAME", underscore=False),
-    S(
-        "module",
-        False,
-        "run the entry point as a module, like python -m",
-        switch=True,
-        short="-m",
-        underscore=False,
-    ),
-    S("no-python", False, "execute the entry point directly, without python", switch=True),
-    S(
-        "run-path",
-        False,
-        "run the script with runpy.run_path (what rtrain always does)",
-        switch=True,
-    ),
-    S("log-dir", None, "base folder for workers' logs (default: a temp folder)", "DIR"),
-    S(
-        "redirects",
-        "0",
-        "streams to files: 0-3 (1 out, 2 err) or 0:1,1:2",
-        "MAP",
-        short="-r",
-        underscore=False,
-    ),
-    S(
-        "tee",
-        "0",
-        "streams to files and console with a [roleRANK]: prefix",
-        "MAP",
-        short="-t",
-        underscore=False,
-    ),
-    S("local-ranks-filter", "", "console output only from these local ranks", "RANKS"),
-    S("duplicate-stdout-filters", "", "", "FILTERS", acted_on=False),
-    S("duplicate-stderr-filters", "", "", "FILTERS", acted_on=False),
-    S("node-rank", 0, "this node's rank (static backend)", "N"),
-    S("master-addr", "127.0.0.1", "static backend: node 0's address", "HOST"),
-    S("master-port", None, "static backend: the rendezvous port on node 0", "PORT"),
-    S("local-addr", None, "this node's address as peers reach it (default FQDN)", "HOST"),
-    S("logs-specs", None, "", "NAME", acted_on=False),
-    S("numa-binding", None, "", "NAME", acted_on=False),
-    S(
-        "signals-to-handle",
-        "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
-        "signals rtrain forwards to the workers before exiting",
-        "SIGNALS",
-    ),
-    S(
-        "shutdown-timeout",
-        None,
-        "seconds between forwarding a signal and SIGKILL (default 30)",
-        "S",
-    ),
-    S(
-        "virtual-local-rank",
-        False,
-        "LOCAL_RANK=0 and one GPU visible per worker",
-        switch=True,
-    ),
-    # -- rtrain's own --
+# rtrain's own flags (own=True), after torchrun's.
+OWN_SETTINGS: tuple[Setting, ...] = (
     S(
         "preload",
         "torch",
@@ -165,6 +42,7 @@ SETTINGS: tuple[Setting, ...] = (
         "MODULES",
         underscore=False,
         own=True,
+        check=MODULES,
     ),
     S(
         "dry-run",
@@ -173,6 +51,7 @@ SETTINGS: tuple[Setting, ...] = (
         "grid) and exit",
         switch=True,
         own=True,
+        check=SWITCH,
     ),
     S(
         "tp",
@@ -181,6 +60,7 @@ SETTINGS: tuple[Setting, ...] = (
         "N",
         underscore=False,
         own=True,
+        check=POSITIVE,
     ),
     S(
         "pp",
@@ -189,8 +69,16 @@ SETTINGS: tuple[Setting, ...] = (
         "N",
         underscore=False,
         own=True,
+        check=POSITIVE,
     ),
-    S("heartbeat-interval", 1.0, "seconds between an agent's lease renewals", "S", own=True),
+    S(
+        "heartbeat-interval",
+        1.0,
+        "seconds between an agent's lease renewals",
+        "S",
+        own=True,
+        check=SECONDS,
+    ),
     S(
         "heartbeat-timeout",
         None,
@@ -198,6 +86,7 @@ SETTINGS: tuple[Setting, ...] = (
         "`--rdzv-conf heartbeat_timeout=`)",
         "S",
         own=True,
+        check=optional(SECONDS, (None,)),
     ),
     S(
         "hang-timeout",
@@ -206,6 +95,7 @@ SETTINGS: tuple[Setting, ...] = (
         "before it counts as hung",
         "S",
         own=True,
+        check=SECONDS,
     ),
     S(
         "snapshot-memory",
@@ -214,6 +104,7 @@ SETTINGS: tuple[Setting, ...] = (
         "(default: half of `/dev/shm`)",
         "SIZE",
         own=True,
+        check=optional(SIZE),
     ),
     S(
         "snapshot-copies",
@@ -221,6 +112,7 @@ SETTINGS: tuple[Setting, ...] = (
         "copies of each snapshot shard on distinct nodes, the original included",
         "N",
         own=True,
+        check=POSITIVE,
     ),
     S(
         "snapshot-dp-delta",
@@ -230,6 +122,7 @@ SETTINGS: tuple[Setting, ...] = (
         "MODE",
         choices=("on", "off"),
         own=True,
+        check=ON_OFF,
     ),
     S(
         "checkpoint-dir",
@@ -238,6 +131,7 @@ SETTINGS: tuple[Setting, ...] = (
         "survives in memory",
         "DIR",
         own=True,
+        check=optional(TEXT),
     ),
     S(
         "checkpoint-every",
@@ -246,6 +140,7 @@ SETTINGS: tuple[Setting, ...] = (
         "snapshot (0: never)",
         "N",
         own=True,
+        check=COUNT,
     ),
     S(
         "keep-checkpoints",
@@ -254,6 +149,7 @@ SETTINGS: tuple[Setting, ...] = (
         "the newest K are deleted after each step written (0: keep all)",
         "K",
         own=True,
+        check=COUNT,
     ),
     S(
         "secret-file",
@@ -263,6 +159,7 @@ SETTINGS: tuple[Setting, ...] = (
         "secret goes through the rendezvous store (see Security)",
         "FILE",
         own=True,
+        check=optional(TEXT),
     ),
     S(
         "restart-backoff",
@@ -272,6 +169,7 @@ SETTINGS: tuple[Setting, ...] = (
         "never wait)",
         "S",
         own=True,
+        check=SECONDS_OR_ZERO,
     ),
     S(
         "kill-process-tree",
@@ -280,6 +178,7 @@ SETTINGS: tuple[Setting, ...] = (
         "(torchrun leaves them running)",
         switch=True,
         own=True,
+        check=SWITCH,
     ),
     S(
         "max-node-failures",
@@ -288,6 +187,7 @@ SETTINGS: tuple[Setting, ...] = (
         "times (0: never)",
         "N",
         own=True,
+        check=COUNT,
     ),
     S(
         "health-interval",
@@ -296,6 +196,7 @@ SETTINGS: tuple[Setting, ...] = (
         "without an NVIDIA driver skip the checks)",
         "S",
         own=True,
+        check=SECONDS_OR_ZERO,
     ),
     S(
         "drain-on-fault",
@@ -304,6 +205,7 @@ SETTINGS: tuple[Setting, ...] = (
         "failed check as the reason",
         switch=True,
         own=True,
+        check=SWITCH,
     ),
     S(
         "recycle-profile",
@@ -313,6 +215,7 @@ SETTINGS: tuple[Setting, ...] = (
         "(`rtrain.core.recycle_actions()`), the fault-free one until a loss",
         "FILE",
         own=True,
+        check=optional(TEXT),
     ),
     S(
         "events",
@@ -322,6 +225,7 @@ SETTINGS: tuple[Setting, ...] = (
         "MODE",
         choices=("on", "off"),
         own=True,
+        check=ON_OFF,
     ),
     S(
         "metrics-file",
@@ -330,6 +234,7 @@ SETTINGS: tuple[Setting, ...] = (
         "textfile collector (rewritten whole as they change)",
         "FILE",
         own=True,
+        check=optional(TEXT),
     ),
     S(
         "metrics-port",
@@ -338,10 +243,12 @@ SETTINGS: tuple[Setting, ...] = (
         "the node's own address only (the one it joins the job with)",
         "PORT",
         own=True,
+        check=optional(PORT),
     ),
 )
 del S
 
+SETTINGS: tuple[Setting, ...] = (*TORCHRUN_SETTINGS, *OWN_SETTINGS)
 BY_DEST: dict[str, Setting] = {s.dest: s for s in SETTINGS}
 # What each flag is when it is not given: what build_launch_spec fills in.
 DEFAULTS: dict[str, Any] = {s.dest: s.default for s in SETTINGS}
@@ -350,19 +257,23 @@ IGNORED_DEFAULTS: dict[str, Any] = {s.dest: s.default for s in SETTINGS if not s
 
 
 def default(name: str) -> Any:
-    """The default of the flag --name (dashed), for the spec dataclasses."""
+    """The default of the flag --name (dashed), as the table (and argparse) has it."""
     return BY_DEST[name.replace("-", "_")].default
+
+
+def typed_default(name: str) -> Any:
+    """The default of --name (dashed) as its check makes it, for the spec dataclasses."""
+    return BY_DEST[name.replace("-", "_")].typed_default
+
+
+def values(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """Every flag's typed value, by dest: raw's (keyed by dest) or the default, through
+    the row's check; the first bad value raises its UsageError."""
+    return {s.dest: s.parse(raw.get(s.dest, s.default)) for s in SETTINGS}
 
 
 def markdown_table(own: bool | None = None) -> str:
     """The flags as a markdown table (own: rtrain's only, torchrun's only, or None: all)."""
     rows = ["| flag | default | meaning |", "|---|---|---|"]
-    for s in SETTINGS:
-        if own is not None and s.own != own:
-            continue
-        flag = f"`--{s.name} {s.value}`" if s.value else f"`--{s.name}`"
-        if s.short:
-            flag = f"`{s.short}`, {flag}"
-        shown = "" if s.switch or s.default in (None, "") else f"`{s.default}`"
-        rows.append(f"| {flag} | {shown} | {s.full_help} |")
+    rows += [s.markdown_row() for s in SETTINGS if own is None or s.own == own]
     return "\n".join(rows) + "\n"

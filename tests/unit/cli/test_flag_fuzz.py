@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from rtrain.cli.launch_args import parse_launch_args
 from rtrain.core.config import flag_values
 from rtrain.core.config.launch_spec import LaunchSpec, build_launch_spec
+from rtrain.core.config.rdzv_conf import RDZV_CONF_DEFAULTS
 from rtrain.core.config.slurm_env import read_slurm_job
 from rtrain.core.errors import UsageError
 
@@ -54,7 +55,7 @@ OTHER_FLAGS = [
     "--signals-to-handle",
     "--preload",
 ]
-CONF_KEYS = [*flag_values.RDZV_CONF_DEFAULTS, "is_host", "store_type", "bogus"]
+CONF_KEYS = [*RDZV_CONF_DEFAULTS, "is_host", "store_type", "bogus"]
 
 
 @st.composite

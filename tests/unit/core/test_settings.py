@@ -10,6 +10,7 @@ import pytest
 from rtrain.cli.launch_args import build_parser, parse_launch_args
 from rtrain.core.config.launch_spec import FaultSpec, HealthSpec, SnapshotSpec, build_launch_spec
 from rtrain.core.config.settings import SETTINGS, default
+from rtrain.core.errors import ExitCode, UsageError
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -29,6 +30,27 @@ def test_every_spelling_and_the_environment_reach_the_same_dest(setting) -> None
         assert parse_launch_args([flag, value, "train.py"], {})[setting.dest] == value, flag
     from_env = parse_launch_args(["train.py"], {setting.env: value})
     assert from_env[setting.dest] == value and setting.dest in from_env["explicit"]
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: s.name)
+def test_every_setting_checks_its_value_and_refuses_a_bad_one_naming_the_flag(setting) -> None:
+    assert setting.check is not None, f"{setting.flag}: no check (core/config/checks.py)"
+    setting.parse(setting.default)  # the table's default passes its own check
+    bad = setting.check.bad
+    tries = [lambda: build_launch_spec({"training_script": "train.py", setting.dest: bad})]
+    if not setting.switch:  # a switch takes no value on the command line or in PET_*
+        tries.append(lambda: spec_from([setting.flag, bad, "train.py"], {}))
+        tries.append(lambda: spec_from(["train.py"], {setting.env: bad}))
+    for attempt in tries:
+        with pytest.raises(UsageError) as info:
+            attempt()
+        message = str(info.value)
+        assert setting.flag in message and "\n" not in message, message
+        assert info.value.exit_code == ExitCode.USAGE
+
+
+def spec_from(argv: list[str], environ: dict[str, str]) -> object:
+    return build_launch_spec(parse_launch_args(argv, environ))
 
 
 def test_a_spec_built_from_nothing_but_the_script_takes_the_table_defaults() -> None:
