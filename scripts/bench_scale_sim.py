@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from etcd_cluster import EtcdCluster
 
 SHARD = Path(__file__).resolve().parent / "sim_shard.py"
-AGENTS_PER_SHARD = int(os.environ.get("BENCH_SCALE_SHARD", "128"))
+AGENTS_PER_SHARD = int(os.environ.get("BENCH_SCALE_SHARD", "512"))
 WINDOW_S = float(os.environ.get("BENCH_SCALE_WINDOW_S", "10"))
 ETCD_MAX_AGENTS = int(os.environ.get("BENCH_SCALE_ETCD_MAX", "1024"))
 
@@ -162,6 +162,9 @@ def _measure(
         result["error"] = f"connecting: {error}"
         return result
     _progress(f"  {nodes} agents connected in {time.monotonic() - opened_at:.0f} s")
+    result["threads_per_process"] = max(int(a.get("threads", 0)) for a in ready)
+    result["load_before"] = round(os.getloadavg()[0], 2)
+    sims = [psutil.Process(shard.proc.pid) for shard in shards]
     start = time.time()
     joined = ask(shards, "go", 330)
     error = _first_error(joined)
@@ -171,9 +174,16 @@ def _measure(
     result["generation0_s"] = round(max(a["joined_at"] for a in joined) - start, 3)
     time.sleep(2.0)  # leases taken, watches open
     counts, cpu_before, t0 = ask(shards, "count", 30), cpu_of(servers), time.monotonic()
+    sim_before = cpu_of(sims)
     time.sleep(WINDOW_S)
     counts_after = ask(shards, "count", 30)
     elapsed = time.monotonic() - t0
+    result["simulator_cpu_pct"] = round((cpu_of(sims) - sim_before) / elapsed * 100, 1)
+    result["loop_late_window"] = _worst(counts_after, "loop_late")
+    moved = sum(a["bytes_out"] + a["bytes_in"] for a in counts_after) - sum(
+        a["bytes_out"] + a["bytes_in"] for a in counts
+    )
+    result["bytes_per_agent_s"] = round(moved / elapsed / nodes, 1)
     total = sum(a["count"] for a in counts_after) - sum(a["count"] for a in counts)
     by_op: collections.Counter[str] = collections.Counter()
     for after, before in zip(counts_after, counts, strict=True):
@@ -183,10 +193,27 @@ def _measure(
         op: round(n / elapsed / nodes, 2) for op, n in by_op.items()
     }
     result["store_server_cpu_pct"] = round((cpu_of(servers) - cpu_before) / elapsed * 100, 1)
-    stopped, cpu_before = time.time(), cpu_of(servers)
+    server_pct = float(result["store_server_cpu_pct"])  # type: ignore[arg-type]
+    result["store_server_cpu_pct_per_agent"] = round(server_pct / nodes, 4)
+    stopped, cpu_before, sim_before = time.time(), cpu_of(servers), cpu_of(sims)
+    before_kill = ask(shards, "count", 30)
     ask(shards[-1:], "kill", 30)
     finished = ask(shards, "finish", 150)
     result["store_server_cpu_s_through_commit"] = round(cpu_of(servers) - cpu_before, 2)
+    result["simulator_cpu_s_through_commit"] = round(cpu_of(sims) - sim_before, 2)
+    result["load_after"] = round(os.getloadavg()[0], 2)
+    if all("bytes_out" in a for a in finished):
+        # the loss, the declaration and the whole next round, with the renewals and
+        # checks of the 5 s the loss took to find (subtracted below at the window's rate)
+        moved = sum(a["bytes_out"] + a["bytes_in"] for a in finished) - sum(
+            a["bytes_out"] + a["bytes_in"] for a in before_kill
+        )
+        steady = float(result["bytes_per_agent_s"]) * nodes * (time.time() - stopped)  # type: ignore[arg-type]
+        result["bytes_per_generation"] = int(max(0.0, moved - steady))
+        result["bytes_through_commit"] = moved
+        result["loop_late_commit"] = _worst(finished, "loop_late")
+        result["join_slot_wait_commit"] = _worst(finished, "join_slot_wait")
+        result["declared_by"] = sum(int(a.get("declared_by", 0)) for a in finished)
     declared = [a["declared_at"] for a in finished if a.get("declared_at") is not None]
     error = _first_error(finished)
     if error is not None or not declared or any(a.get("committed_at") is None for a in finished):
@@ -200,6 +227,14 @@ def _measure(
         max(a["committed_at"] for a in finished) - min(declared), 3
     )
     return result
+
+
+def _worst(answers: list[dict[str, Any]], name: str) -> dict[str, object]:
+    """The worst shard's lateness figures (each shard's own median, 99th, max)."""
+    figures = [a[name] for a in answers if isinstance(a.get(name), dict) and a[name].get("n")]
+    if not figures:
+        return {}
+    return {k: max(f[k] for f in figures) for k in ("p50_ms", "p99_ms", "max_ms")}
 
 
 def _progress(message: str) -> None:

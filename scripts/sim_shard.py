@@ -1,9 +1,9 @@
-"""One shard of bench_scale.py sim: simulated agents, threads of one process, running
-the real protocol code against a real store; bench_scale_sim.py runs a job's agents
-as several shards and drives them.
+"""One shard of bench_scale.py sim: simulated agents of one process, running the real
+protocol code against a real store; bench_scale_sim.py runs a job's agents as several
+shards and drives them.
 
-Each simulated agent is a thread that does what Agent does around its workers, through
-the same classes: Rounds.join for generation 0, its lease held and its peers' watched
+Each simulated agent does what Agent does around its workers, through the same
+classes: Rounds.join for generation 0, its lease held and its peers' watched
 (StoreLeases or EtcdLeases), then the running generation's store checks at the
 agent's cadence (monitor.STORE_CHECK_S: its peers' leases, and GenerationWatch: the
 news, and the round, the abort record and the nodes waiting when it is set or on a
@@ -12,18 +12,25 @@ survivors find it lost (FaultPolicy.check_leases), and join generation 1 expecti
 each other (FaultPolicy.survivors). No workers are started: the figures are the
 coordination's own. Store requests are counted at each agent's client.
 
+How the agents share the process (sim_loop.py): the checks and the lease renewals are
+tasks on one loop served by LOOP_WORKERS threads, not a thread per agent; the joins
+(Rounds.join blocks) run on a thread per agent, parked between joins, JOIN_SLOTS of
+them at a time. What a real agent has that stays a thread here: KeyNotices' blocking
+wait on TCPStore (torch_notices.py), blocked in C++ until its key is set, and over
+etcd each watch's stream (etcd_watch.py). The loop's lateness (a check or renewal run
+later than due) and the joins' wait for a slot are reported: the simulator's share.
+
     sim_shard.py BACKEND NODES ENDPOINT RUN_ID FIRST END
 
 runs agents FIRST..END-1 of a job of NODES agents. It prints {"ready": ...} once
 they are connected and waiting, then answers each command read from stdin with one
 JSON line: go (generation 0 starts; answered once every agent here joined it), count
-(the requests so far), kill (its last agent goes silent), finish (answered once every
-survivor here joined generation 1), exit.
+(the requests and bytes so far, the lateness since the last), kill (its last agent
+goes silent), finish (answered once every survivor here joined generation 1), exit.
 """
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import dataclasses
 import json
@@ -37,6 +44,7 @@ from typing import Any
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 
 from rtrain.agent.faults import FaultPolicy  # noqa: E402
 from rtrain.agent.generation import Joined  # noqa: E402
@@ -45,13 +53,14 @@ from rtrain.agent.rendezvous.etcd_leases import EtcdLeases  # noqa: E402
 from rtrain.agent.rendezvous.generation_watch import GenerationWatch  # noqa: E402
 from rtrain.agent.rendezvous.job import JobRendezvous  # noqa: E402
 from rtrain.agent.rendezvous.lease import Leases, StoreLeases  # noqa: E402
-from rtrain.agent.store.etcd_client import EtcdClient  # noqa: E402
 from rtrain.agent.store.etcd_store import EtcdKeyValueStore  # noqa: E402
 from rtrain.agent.store.opening import connect_store  # noqa: E402
 from rtrain.agent.store.torch_store import TorchKeyValueStore  # noqa: E402
 from rtrain.cli.launch_args import parse_launch_args  # noqa: E402
 from rtrain.core.config.launch_spec import LaunchSpec, build_launch_spec  # noqa: E402
 from rtrain.core.rendezvous.protocol import MemberInfo, Membership  # noqa: E402
+from sim_counting import CountedEtcdClient, CountedTorchStore, CountedWaits, Requests  # noqa: E402
+from sim_loop import Loop, RunSlots  # noqa: E402
 
 
 def decode_memberships_once() -> None:
@@ -79,53 +88,8 @@ def decode_memberships_once() -> None:
 
 CONNECTS_AT_ONCE = 16
 TIMEOUT_S = 5.0  # heartbeat timeout
-
-
-class Requests:
-    """Store requests of every simulated agent, counted at the client."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.by_op: collections.Counter[str] = collections.Counter()
-        self._lock = threading.Lock()
-
-    def add(self, op: str) -> None:
-        with self._lock:
-            self.count += 1
-            self.by_op[op] += 1
-
-
-class CountedTorchStore(TorchKeyValueStore):
-    requests: Requests
-
-    def _call(self, op: str, *args: Any) -> Any:
-        self.requests.add(op)
-        return super()._call(op, *args)
-
-
-class CountedWaits:
-    """A torch Store connection whose waits (KeyNotices') are counted as requests."""
-
-    def __init__(self, store: Any, requests: Requests) -> None:
-        self._store = store
-        self._requests = requests
-
-    def wait(self, keys: list[str], timeout: Any) -> None:
-        self._requests.add("wait")
-        self._store.wait(keys, timeout)
-
-
-class CountedEtcdClient(EtcdClient):
-    requests: Requests
-
-    def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        self.requests.add(path)
-        return super().call(path, body)
-
-    def copy(self) -> EtcdClient:
-        twin = CountedEtcdClient(self.endpoints, self.tls, self.attempt_s, self.deadline_s)
-        twin.requests = self.requests
-        return twin
+LOOP_WORKERS = int(os.environ.get("BENCH_SCALE_LOOP_WORKERS", "2"))
+JOIN_SLOTS = int(os.environ.get("BENCH_SCALE_JOIN_SLOTS", "8"))
 
 
 def spec_for(backend: str, nodes: int, endpoint: str, run_id: str) -> LaunchSpec:
@@ -138,9 +102,11 @@ def spec_for(backend: str, nodes: int, endpoint: str, run_id: str) -> LaunchSpec
     return build_launch_spec(parse_launch_args(flags, {}))
 
 
-class SimAgent(threading.Thread):
+class SimAgent:
+    """One simulated agent: joins on a thread of its own (parked between joins, see
+    sim_loop.RunSlots), runs its generation's checks and lease renewals on the loop."""
+
     def __init__(self, index: int, spec: LaunchSpec, requests: Requests, run: SimRun) -> None:
-        super().__init__(name=f"sim-agent-{index}", daemon=True)
         self.index = index
         self.spec = spec
         self.run_ = run
@@ -156,19 +122,22 @@ class SimAgent(threading.Thread):
         self.error: str | None = None
         self.leases: Leases | None = None
         self.ready = False
-        self._opened: tuple[JobRendezvous, Leases] | None = None
+        self._opened: tuple[JobRendezvous, Leases, Callable[[], bool]] | None = None
+        self._leave = threading.Event()
+        self._running: Callable[[], float | None] | None = None
 
-    def _open(self) -> tuple[JobRendezvous, Leases]:
+    def _open(self) -> tuple[JobRendezvous, Leases, Callable[[], bool]]:
         rdzv_spec, faults = self.spec.rdzv, self.spec.faults
+        clock = self.run_.slots.clock
         if rdzv_spec.is_etcd:
             client = CountedEtcdClient(rdzv_spec.endpoints, deadline_s=rdzv_spec.join_timeout)
             client.requests = self.requests
-            store = EtcdKeyValueStore(client)
-            rdzv = JobRendezvous.over(store, self.spec)
-            leases: Leases = EtcdLeases(
-                store, rdzv.keys, faults.heartbeat_timeout, faults.heartbeat_interval
+            store = EtcdKeyValueStore(client, clock)
+            rdzv = JobRendezvous.over(store, self.spec, clock)
+            etcd_leases = EtcdLeases(
+                store, rdzv.keys, faults.heartbeat_timeout, faults.heartbeat_interval, False
             )
-            return rdzv, leases
+            return rdzv, etcd_leases, etcd_leases.renew_once
 
         def connect_raw() -> Any:
             return connect_store(rdzv_spec.host, rdzv_spec.port, 60.0, rdzv_spec.read_timeout).store
@@ -177,29 +146,32 @@ class SimAgent(threading.Thread):
             # Called directly (no deadline thread): a thread per call would double the
             # threads of an already crowded process.
             counted = CountedTorchStore(
-                connect_raw(), rdzv_spec.host, connect=(lambda: waits) if waits else None
-            )
+                connect_raw(), rdzv_spec.host, clock=clock,
+                connect=(lambda: waits) if waits else None,
+            )  # fmt: skip
             counted.requests = self.requests
             return counted
 
-        # The lease thread's and the waits' own connections, opened now, before the
-        # clock starts: opened later by many threads at once, connects held renewals up
-        # past the timeout.
+        # The waits' and the lease's own connections, opened now, before the clock
+        # starts: opened later by many at once, connects held renewals up past the timeout.
         store = connect(CountedWaits(connect_raw(), self.requests))
-        keeper_store = connect()
-        rdzv = JobRendezvous.over(store, self.spec)
+        rdzv = JobRendezvous.over(store, self.spec, clock)
         leases = StoreLeases(
             store,
-            lambda: keeper_store,
+            connect,
             rdzv.keys,
             faults.heartbeat_timeout,
             faults.heartbeat_interval,
+            own_thread=False,
         )
-        return rdzv, leases
+        return rdzv, leases, leases.keeper.renew_once
 
     def prepare(self) -> None:
         """Open this agent's store connections, before the clock starts."""
         self._opened = self._open()
+
+    def start(self) -> None:
+        threading.Thread(target=self.run, name=f"sim-agent-{self.index}", daemon=True).start()
 
     def run(self) -> None:
         try:
@@ -209,34 +181,52 @@ class SimAgent(threading.Thread):
 
     def _run(self) -> None:
         assert self._opened is not None, "prepare() first"
-        rdzv, leases = self._opened
+        rdzv, leases, renew_once = self._opened
         policy = FaultPolicy(rdzv, self.spec, self.member.addr, lambda: None)
+        loop, slots = self.run_.loop, self.run_.slots
         self.ready = True
         self.run_.opened.wait()
-        membership = rdzv.rounds.join(self.member)
+        with slots:
+            membership = rdzv.rounds.join(self.member)
         self.joined_at = time.time()
         rank = membership.node_rank_of(self.member.node_id)
         assert rank is not None
         peers = leases.peers(0, rank, len(membership.members))
         leases.hold(0, rank)
+        interval = self.spec.faults.heartbeat_interval
+        loop.call_later(0.0, lambda: interval if renew_once() else None)
         room = len(membership.members) < self.spec.nodes.max_nodes
         watch = GenerationWatch(rdzv.rounds, rdzv.ends, 0, room)
-        while True:  # the running generation's store checks, at the agent's cadence
-            if self.run_.victim is self:
-                leases.close()  # stops renewing: a silent loss
-                return
-            look = watch.due()
-            if look and watch.fenced():
-                break
-            if policy.check_leases(membership, rank, peers):
-                self.declared_at = time.time()
-                break
-            if look:
-                watch.admits_waiting()
-            time.sleep(STORE_CHECK_S)
+
+        def check() -> float | None:
+            """One pass of the running generation's store checks (Agent's cadence)."""
+            try:
+                if self.run_.victim is self:
+                    leases.close()  # stops renewing: a silent loss
+                    return None
+                look = watch.due()
+                if look and watch.fenced():
+                    self._leave.set()
+                    return None
+                if policy.check_leases(membership, rank, peers):
+                    self.declared_at = time.time()
+                    self._leave.set()
+                    return None
+                if look:
+                    watch.admits_waiting()
+            except Exception as exc:  # reported in the results
+                self.error = f"{type(exc).__name__}: {exc}"[:300]
+                return None
+            return STORE_CHECK_S
+
+        loop.call_later(STORE_CHECK_S, check)
+        self._leave.wait()
+        if self.error is not None:
+            return
         self.left_at = time.time()
         survivors = policy.survivors(Joined(membership, rank, peers))
-        rdzv.rounds.join(dataclasses.replace(self.member, prev_rank=rank), expected=survivors)
+        with slots:
+            rdzv.rounds.join(dataclasses.replace(self.member, prev_rank=rank), expected=survivors)
         self.committed_at = time.time()
         # The lease is renewed on until the run ends (as an agent renews its next
         # generation's): a slower peer still checking generation 0 must not find it gone.
@@ -247,6 +237,11 @@ class SimRun:
     def __init__(self) -> None:
         self.opened = threading.Event()
         self.victim: SimAgent | None = None
+        self.loop = Loop(LOOP_WORKERS)
+        self.slots = RunSlots(JOIN_SLOTS)
+
+    def lateness(self) -> dict[str, object]:
+        return {"loop_late": self.loop.lateness.take(), "join_slot_wait": self.slots.waited.take()}
 
 
 def _wait_all(agents: list[SimAgent], done: Callable[[SimAgent], bool], timeout: float) -> None:
@@ -264,7 +259,7 @@ def shard(argv: list[str]) -> None:
     backend, nodes, endpoint, run_id, first, end = argv
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    threading.stack_size(512 * 1024)
+    threading.stack_size(256 * 1024)
     decode_memberships_once()
     requests = Requests()
     spec = spec_for(backend, int(nodes), endpoint, run_id)
@@ -277,7 +272,7 @@ def shard(argv: list[str]) -> None:
     for agent in agents:
         agent.start()
     _wait_all(agents, lambda a: a.ready, 300)  # every agent waiting before the clock
-    _reply({"ready": len(agents)})
+    _reply({"ready": len(agents), "threads": threading.active_count()})
     survivors = agents
     for line in sys.stdin:
         command = line.strip()
@@ -287,7 +282,7 @@ def shard(argv: list[str]) -> None:
             joined = [a.joined_at for a in agents]
             _reply({"joined_at": None if None in joined else max(joined), **_errors(agents)})  # type: ignore[type-var]
         elif command == "count":
-            _reply({"count": requests.count, "by_op": dict(requests.by_op)})
+            _reply({**requests.snapshot(), **run.lateness()})
         elif command == "kill":
             run.victim = agents[-1]
             survivors = agents[:-1]
@@ -301,10 +296,14 @@ def shard(argv: list[str]) -> None:
                 "declared_at": min(declared, default=None),
                 "committed_at": None if None in committed else max(committed),  # type: ignore[type-var]
                 "left_at": max(left, default=None),
+                "declared_by": len(declared),
+                **requests.snapshot(),
+                **run.lateness(),
                 **_errors(survivors),
             })  # fmt: skip
         elif command == "exit":
             break
+    run.loop.stop()
     for agent in agents:
         if agent.leases is not None:
             agent.leases.close()

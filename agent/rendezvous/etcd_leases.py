@@ -47,8 +47,16 @@ KEPT_GENERATIONS = 8  # which lease bound each of the last few generations' keys
 
 class EtcdLeases:
     def __init__(
-        self, store: EtcdKeyValueStore, keys: StoreKeys, timeout: float, interval: float
+        self,
+        store: EtcdKeyValueStore,
+        keys: StoreKeys,
+        timeout: float,
+        interval: float,
+        own_thread: bool = True,
     ) -> None:
+        """own_thread=False: the keep-alive is the caller's to drive, renew_once() every
+        interval (a simulator of many agents on one event loop)."""
+        self._own_thread = own_thread
         self._store = store
         self._keys = keys
         self.ttl = max(MIN_TTL_S, math.ceil(timeout))
@@ -79,7 +87,7 @@ class EtcdLeases:
         # this node takes its place; renewals are the thread's.
         with contextlib.suppress(RendezvousError):
             self._bind()
-        if self._thread is None:
+        if self._thread is None and self._own_thread:
             self._thread = threading.Thread(target=self._run, name="rtrain-etcd-lease", daemon=True)
             self._thread.start()
         self._wake.set()
@@ -130,18 +138,25 @@ class EtcdLeases:
     # -- the keeper thread --
 
     def _run(self) -> None:
-        while not self._closed.is_set():
-            try:
-                self._renew()
-            except LeaseNotFound:
-                self._on_lapse()
-            except StoreUnavailable as exc:  # past the join timeout: the job cannot go on
-                self._store_lost = exc
-                return
-            except RendezvousError as exc:  # the main thread's own calls report the store
-                logger.warning("lease renewal failed: %s", first_line(exc))
+        while self.renew_once():
             self._wake.wait(self._interval)
             self._wake.clear()
+
+    def renew_once(self) -> bool:
+        """One keep-alive (a lapse found is handled); False once closed or the store is
+        lost: no renewal follows."""
+        if self._closed.is_set() or self._store_lost is not None:
+            return False
+        try:
+            self._renew()
+        except LeaseNotFound:
+            self._on_lapse()
+        except StoreUnavailable as exc:  # past the join timeout: the job cannot go on
+            self._store_lost = exc
+            return False
+        except RendezvousError as exc:  # the main thread's own calls report the store
+            logger.warning("lease renewal failed: %s", first_line(exc))
+        return True
 
     def _bind(self) -> None:
         """Hold a lease, and bind the current generation's key to it once."""

@@ -77,16 +77,19 @@ class StoreLeases:
         timeout: float,
         interval: float,
         clock: Callable[[], float] = time.monotonic,
+        own_thread: bool = True,
     ) -> None:
+        """own_thread=False: nothing renews until the caller drives keeper.renew_once()
+        every interval (a simulator of many agents on one event loop)."""
         self._store = store
         self._keys = keys
         self._timeout = timeout
         self._interval = interval
         self._clock = clock
-        self._keeper = LeaseKeeper(connect, keys, interval)
+        self.keeper = LeaseKeeper(connect, keys, interval, own_thread)
 
     def hold(self, generation: int, node_rank: int) -> None:
-        self._keeper.hold(generation, node_rank)
+        self.keeper.hold(generation, node_rank)
 
     def lapsed(self) -> int | None:
         return None  # a counter never lapses: the round counter fences this node
@@ -103,13 +106,19 @@ class StoreLeases:
         )
 
     def close(self) -> None:
-        self._keeper.close()
+        self.keeper.close()
 
 
 class LeaseKeeper:
     def __init__(
-        self, connect: Callable[[], KeyValueStore], keys: StoreKeys, interval: float
+        self,
+        connect: Callable[[], KeyValueStore],
+        keys: StoreKeys,
+        interval: float,
+        own_thread: bool = True,
     ) -> None:
+        """own_thread=False: the connection is opened now, on the caller's thread, and
+        renew_once() is the caller's to call every interval."""
         self._connect = connect
         self._keys = keys
         self._interval = interval
@@ -117,11 +126,15 @@ class LeaseKeeper:
         self._seq = 0
         self._wake = threading.Event()
         self._closed = threading.Event()
+        self._store: KeyValueStore | None = None
         # Its connection is opened now, before any lease is held: a TCPStore server
         # stalls every client while it looks up a new one's name (for the resolver's
         # timeout on a host without DNS), which must not delay the other nodes' renewals.
-        self._thread = threading.Thread(target=self._run, name="rtrain-lease", daemon=True)
-        self._thread.start()
+        if own_thread:
+            self._thread = threading.Thread(target=self._run, name="rtrain-lease", daemon=True)
+            self._thread.start()
+        else:
+            self._store = connect()
 
     def hold(self, generation: int, node_rank: int) -> None:
         """Renew the lease of (generation, node_rank) from now on; renews once right away."""
@@ -132,21 +145,29 @@ class LeaseKeeper:
         self._closed.set()
         self._wake.set()
 
+    def renew_once(self) -> bool:
+        """Renew the lease held now (if any); False once closed or the store failed:
+        no renewal follows."""
+        if self._closed.is_set() or self._store is None:
+            return False
+        key = self._key
+        if key is not None:
+            self._seq += 1
+            try:
+                self._store.set(key, str(self._seq))
+            except Exception as exc:  # the main thread reports the lost store
+                logger.warning("lease renewal stopped: %s", first_line(exc))
+                self._store = None
+                return False
+        return True
+
     def _run(self) -> None:
         try:
-            store = self._connect()
+            self._store = self._connect()
         except Exception as exc:  # the main thread's own store calls end the run
             logger.error("cannot renew this node's lease: %s", first_line(exc))
             return
-        while not self._closed.is_set():
-            key = self._key
-            if key is not None:
-                self._seq += 1
-                try:
-                    store.set(key, str(self._seq))
-                except Exception as exc:  # the main thread reports the lost store
-                    logger.warning("lease renewal stopped: %s", first_line(exc))
-                    return
+        while self.renew_once():
             self._wake.wait(self._interval)
             self._wake.clear()
 
