@@ -65,6 +65,14 @@ SCHEMA: dict[str, tuple[tuple[str, ...], str]] = {
         "the restored step; first_step: the step their first heartbeat stands for (its step "
         "less the beats before it: exact when heartbeat() is called once a step)",
     ),
+    "repair": (
+        ("from_generation", "kept", "restarted", "fallback", "seconds"),
+        "repair in place (rtrain.repairable): this node's workers of from_generation that "
+        "were kept alive into the next generation (kept: their ranks then), the ranks "
+        "started afresh from the pool (restarted: the failed ones and those in fallback), "
+        "those among them asked to repair that did not park in time and were stopped "
+        "(fallback), and how long the parking took",
+    ),
     "replication": (
         ("replicas", "sent_bytes", "full_bytes", "seconds"),
         "replicas this node sent to peers since the last such event: count, bytes sent, "
@@ -118,6 +126,9 @@ FIELD_TYPES: dict[str, tuple[str, bool]] = {  # field -> (type, may be null)
     "full_bytes": (NUMBER, False),
     "verdict": (TEXT, False),
     "findings": (LIST, False),
+    "kept": (LIST, False),
+    "restarted": (LIST, False),
+    "fallback": (LIST, False),
     "exit_code": (INTEGER, False),
     "why": (TEXT, False),
     "failures": (INTEGER, False),
