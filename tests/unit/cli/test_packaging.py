@@ -1,0 +1,34 @@
+"""What the package ships beside the code: `python -m rtrain` is the `rtrain` command,
+and py.typed marks rtrain's type hints for its users' type checkers (PEP 561)."""
+
+from __future__ import annotations
+
+import configparser
+import subprocess
+import sys
+from pathlib import Path
+
+import rtrain
+from rtrain.core.errors import ExitCode
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def run_module(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rtrain", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_python_m_rtrain_is_the_rtrain_command() -> None:
+    assert run_module("--version").stdout == f"rtrain {rtrain.__version__}\n"
+    bad = run_module("launch", "--nproc-per-node=x", "train.py")
+    assert bad.returncode == ExitCode.USAGE
+    assert bad.stderr.startswith("rtrain: error: --nproc-per-node")
+
+
+def test_py_typed_is_in_the_package_and_shipped() -> None:
+    assert (Path(rtrain.__file__).parent / "py.typed").is_file()
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    assert config["options.package_data"]["rtrain"].split() == ["py.typed"]
