@@ -12,22 +12,8 @@ import argparse
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
-from ..core.config.endpoints import DEFAULT_MASTER_PORT
-from ..core.config.rdzv_conf import RDZV_CONF_DEFAULTS
 from ..core.config.settings import IGNORED_DEFAULTS, SETTINGS, Setting
 from ..core.errors import UsageError
-
-# What --help says for defaults whose raw value (None, "") says little; every other
-# flag shows its value from the table, a switch "off".
-DEFAULT_WORDS = {
-    "rdzv_endpoint": "none (static: --master-addr:--master-port)",
-    "rdzv_conf": ", ".join(f"{k}={v:g}" for k, v in RDZV_CONF_DEFAULTS.items())
-    + ", is_host: the node that owns the endpoint",
-    "master_port": str(DEFAULT_MASTER_PORT),
-    "local_ranks_filter": "every rank",
-    "checkpoint_dir": "none (no disk checkpoints)",
-    "metrics_port": "none (not served)",
-}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -48,8 +34,8 @@ def help_text(setting: Setting) -> str:
     """The flag's help with its default, unless the help already states it."""
     text = setting.full_help
     if "(default" not in text:
-        if setting.dest in DEFAULT_WORDS:
-            shown = DEFAULT_WORDS[setting.dest]
+        if setting.shown:
+            shown = setting.shown
         elif setting.switch:
             shown = "off"
         else:

@@ -30,6 +30,8 @@ class Setting:
     # How a raw value becomes the spec's, or one line naming the flag (checks.py). Every
     # row has one (tests/unit/core/test_settings.py); None hands the raw value on.
     check: Check | None = None
+    # What --help gives as the default where the raw one (None, "") says little.
+    shown: str = ""
 
     @property
     def dest(self) -> str:

@@ -132,6 +132,7 @@ OWN_SETTINGS: tuple[Setting, ...] = (
         "DIR",
         own=True,
         check=optional(TEXT),
+        shown="none (no disk checkpoints)",
     ),
     S(
         "checkpoint-every",
@@ -244,6 +245,7 @@ OWN_SETTINGS: tuple[Setting, ...] = (
         "PORT",
         own=True,
         check=optional(PORT),
+        shown="none (not served)",
     ),
 )
 del S

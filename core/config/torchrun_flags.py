@@ -23,6 +23,8 @@ from .checks import (
     optional,
     or_default,
 )
+from .endpoints import DEFAULT_MASTER_PORT
+from .rdzv_conf import RDZV_CONF_DEFAULTS
 from .setting_row import Setting
 
 S = Setting
@@ -51,6 +53,7 @@ TORCHRUN_SETTINGS: tuple[Setting, ...] = (
         "(port 2379), every member",
         "HOST:PORT",
         check=ENDPOINTS,
+        shown="none (static: --master-addr:--master-port)",
     ),
     S("rdzv-id", "none", "job id shared by all nodes", "ID", check=or_default(TEXT)),
     S(
@@ -61,6 +64,8 @@ TORCHRUN_SETTINGS: tuple[Setting, ...] = (
         "(files), timeout (= join_timeout)",
         "K=V,...",
         check=RDZV_CONF,
+        shown=", ".join(f"{k}={v:g}" for k, v in RDZV_CONF_DEFAULTS.items())
+        + ", is_host: the node that owns the endpoint",
     ),
     S(
         "standalone",
@@ -139,7 +144,14 @@ TORCHRUN_SETTINGS: tuple[Setting, ...] = (
         underscore=False,
         check=STREAMS,
     ),
-    S("local-ranks-filter", "", "console output only from these local ranks", "RANKS", check=RANKS),
+    S(
+        "local-ranks-filter",
+        "",
+        "console output only from these local ranks",
+        "RANKS",
+        check=RANKS,
+        shown="every rank",
+    ),
     S("duplicate-stdout-filters", "", "", "FILTERS", acted_on=False, check=TEXT),
     S("duplicate-stderr-filters", "", "", "FILTERS", acted_on=False, check=TEXT),
     S("node-rank", 0, "this node's rank (static backend)", "N", check=COUNT),
@@ -156,6 +168,7 @@ TORCHRUN_SETTINGS: tuple[Setting, ...] = (
         "static backend: the rendezvous port on node 0",
         "PORT",
         check=optional(PORT, (None,)),
+        shown=str(DEFAULT_MASTER_PORT),
     ),
     S(
         "local-addr",

@@ -12,6 +12,7 @@ from rtrain.cli.launch_args import parse_launch_args
 from rtrain.core.config import flag_values
 from rtrain.core.config.launch_spec import LaunchSpec, build_launch_spec
 from rtrain.core.config.rdzv_conf import RDZV_CONF_DEFAULTS
+from rtrain.core.config.settings import SETTINGS
 from rtrain.core.config.slurm_env import read_slurm_job
 from rtrain.core.errors import UsageError
 
@@ -26,41 +27,14 @@ VALUES = st.one_of(
     st.sampled_from(["[::1]", "[::1", "::1", "h:1:2", "[::1]:x", "a b:1", "h:", ":9", "h:99999"]),
     st.text(max_size=10),
 )
-INT_FLAGS = [
-    "--nnodes",
-    "--nproc-per-node",
-    "--max-restarts",
-    "--node-rank",
-    "--master-port",
-    "--tp",
-    "--pp",
-    "--snapshot-copies",
-    "--checkpoint-every",
-    "--max-node-failures",
-]
-SECONDS_FLAGS = [
-    "--monitor-interval",
-    "--shutdown-timeout",
-    "--heartbeat-interval",
-    "--heartbeat-timeout",
-    "--hang-timeout",
-    "--health-interval",
-]
-OTHER_FLAGS = [
-    "--snapshot-memory",
-    "--rdzv-endpoint",
-    "--redirects",
-    "--tee",
-    "--local-ranks-filter",
-    "--signals-to-handle",
-    "--preload",
-]
+# Every flag that takes a value, from the settings table: a new row is fuzzed as well.
+FLAGS = [s.flag for s in SETTINGS if not s.switch]
 CONF_KEYS = [*RDZV_CONF_DEFAULTS, "is_host", "store_type", "bogus"]
 
 
 @st.composite
 def command_lines(draw: st.DrawFn) -> list[str]:
-    flags = draw(st.lists(st.sampled_from(INT_FLAGS + SECONDS_FLAGS + OTHER_FLAGS), max_size=4))
+    flags = draw(st.lists(st.sampled_from(FLAGS), max_size=4))
     argv = [f"{flag}={draw(VALUES)}" for flag in flags]
     if draw(st.booleans()):
         pairs = draw(st.lists(st.tuples(st.sampled_from(CONF_KEYS), VALUES), max_size=3))
@@ -104,9 +78,7 @@ def test_any_command_line_gives_a_sane_spec_or_one_usage_line(argv):
 @settings(max_examples=300, deadline=None)
 @given(
     st.dictionaries(
-        st.sampled_from(
-            [f"PET_{f[2:].upper().replace('-', '_')}" for f in INT_FLAGS + SECONDS_FLAGS]
-        ),
+        st.sampled_from([s.env for s in SETTINGS if not s.switch]),
         VALUES,
         max_size=3,
     )
