@@ -22,17 +22,13 @@ from typing import Any
 
 from ..core.config.launch_spec import LaunchSpec
 from ..core.config.worker_env import pool_environment
-from ..core.errors import (
-    ExitCode,
-    JobFinished,
-    RendezvousError,
-    RtrainError,
-    exit_code_for_signal,
-)
+from ..core.errors import ExitCode, RendezvousError, RtrainError, exit_code_for_signal
 from ..core.layout.topology import LayoutError
 from ..core.rendezvous.decisions import Next, after_generation
 from ..core.rendezvous.failures import FailureRecord, root_cause_first
+from ..core.rendezvous.place import Place
 from ..core.rendezvous.protocol import MemberInfo, Membership
+from .ending import JobEnd
 from .faults import FaultPolicy, GiveUp
 from .generation import (
     Generation,
@@ -45,10 +41,11 @@ from .net.descriptors import DescriptorShortage, is_out_of_descriptors
 from .observe.events import emit_failure
 from .observe.observer import Observer
 from .rendezvous.job import JobRendezvous
-from .rendezvous.job_end import JobAborted, JobEnd
+from .rendezvous.job_end import JobAborted
 from .rendezvous.lease import Leases
 from .rendezvous.leases_for import open_leases
 from .rendezvous.rounds import GenerationEnded
+from .repair.coordinator import RepairCoordinator
 from .restart_backoff import RestartBackoff
 from .runtime_dir import (
     make_run_log_dir,
@@ -105,6 +102,7 @@ class Agent:
         self._runtime = make_runtime_dir()
         self._runtime_dir = self._runtime.path
         self._snapshots = SnapshotService.for_launch(spec, self._runtime_dir, self.addr, secret)
+        self._repair = RepairCoordinator(self._runtime_dir, spec.rdzv.join_timeout)
         self._starter = GenerationStarter(
             spec,
             self.node_id,
@@ -193,7 +191,7 @@ class Agent:
                 "received %s; stopping workers (up to %gs)", name, self.spec.shutdown_timeout
             )
             self._stop_group(exc.signum, self.spec.shutdown_timeout)
-            end.end_job(self._gen, ExitCode.TEMPFAIL, f"received {name}")
+            end.end_job(self._place(), ExitCode.TEMPFAIL, f"received {name}")
             return self._result(
                 AgentState.FAILED, exit_code_for_signal(exc.signum), f"stopped by {name}"
             )
@@ -201,20 +199,16 @@ class Agent:
             if self.spec.slurm is not None and exc.record.exit_code == ExitCode.TEMPFAIL:
                 return self._save_for_requeue(end, f"node {exc.record.node_rank} was told to stop")
             self._stop_group(signal.SIGTERM, RESTART_STOP_GRACE_S)
-            failures = end.read_abort(self._gen, exc.record)
+            failures = end.read_abort(self._place(), exc.record)
             message = f"job ended by node {exc.record.node_rank}: {exc.record.reason}"
             return self._result(AgentState.FAILED, exc.record.exit_code, message, failures)
-        except JobFinished as exc:
-            self._stop_group(signal.SIGTERM, RESTART_STOP_GRACE_S)
-            logger.info("%s", exc)
-            return self._result(AgentState.SUCCEEDED, ExitCode.SUCCESS, str(exc))
         except LayoutError as exc:
             self._stop_group(signal.SIGTERM, RESTART_STOP_GRACE_S)
-            end.end_job(self._gen, ExitCode.LAYOUT, str(exc))
+            end.end_job(self._place(), ExitCode.LAYOUT, str(exc))
             return self._result(AgentState.FAILED, ExitCode.LAYOUT, str(exc))
         except RtrainError as exc:
             self._stop_group(signal.SIGTERM, RESTART_STOP_GRACE_S)
-            message = end.explain(self._gen, exc, self.spec.nodes.min_nodes)
+            message = end.explain(self._place(), exc, self.spec.nodes.min_nodes)
             return self._result(AgentState.FAILED, exc.exit_code, message)
 
     def _generations(self, rdzv: JobRendezvous, end: JobEnd, leases: Leases) -> RunResult:
@@ -257,13 +251,17 @@ class Agent:
             return None
         self._gen = gen
         self._policy.settle(previous, gen)
+        self._repair.hand_over(gen)  # workers kept by a repair in place, if any
         gen.group.start()
-        self._observer.generation_started(gen, self._snapshots.restored_step)
+        self._observer.generation_started(
+            gen.place, gen.topology.world_size, self._snapshots.restored_step
+        )
         self._set_state(AgentState.HEALTHY)
         self._backoff.started()
         ended = self._monitor.watch(rdzv, gen)
         self._shortage.started()  # a whole generation ran with the descriptors it had
-        self._observer.generation_ended(gen, ended.outcome, self._snapshots.progress()[0])
+        last_step = self._snapshots.progress()[0]
+        self._observer.generation_ended(gen.number, gen.beats(), ended.outcome, last_step)
         action = after_generation(ended.decision)
         if action is Next.FINISH:
             finished = self._finish(rdzv, end, gen)
@@ -275,14 +273,15 @@ class Agent:
         if action is Next.LEAVE:
             assert ended.fault is not None
             return self._leave(rdzv, end, ended.fault)
-        self._stop_workers()
+        if ended.fault is not None or not self._repair.park(gen):
+            self._stop_workers()
         if action is Next.REJOIN:  # ours may have failed as the job moved on
             self._policy.record_failures(gen)
             self._backoff.healthy()
         else:
             give_up = self._recover(gen, ended.fault)
             if give_up is not None:
-                end.end_job(gen, give_up.exit_code, give_up.reason)
+                end.end_job(gen.place, give_up.exit_code, give_up.reason)
                 return self._result(
                     AgentState.FAILED, give_up.exit_code, give_up.reason, give_up.failures
                 )
@@ -348,7 +347,7 @@ class Agent:
         elif not directory:
             why = f"{why}; nothing saved (no --checkpoint-dir)"
         logger.warning("%s; exiting %d to be requeued", why, ExitCode.TEMPFAIL)
-        end.end_job(self._gen, ExitCode.TEMPFAIL, why)
+        end.end_job(self._place(), ExitCode.TEMPFAIL, why)
         return self._result(AgentState.FAILED, ExitCode.TEMPFAIL, f"{why}; requeue to go on")
 
     def _leave(self, rdzv: JobRendezvous, end: JobEnd, fault: GpuFault) -> RunResult:
@@ -363,6 +362,10 @@ class Agent:
         end.host_until_done(self.spec.rdzv.join_timeout)
         message = f"this node left the job: {fault.describe()}"
         return self._result(AgentState.FAILED, ExitCode.NODE_UNHEALTHY, message, [record])
+
+    def _place(self) -> Place | None:
+        """This node's place in its last generation, if it started one."""
+        return self._gen.place if self._gen is not None else None
 
     def _stop_group(self, sig: int, timeout: float) -> None:
         if self._gen is not None:

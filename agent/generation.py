@@ -13,7 +13,9 @@ from ..core.config.launch_spec import LaunchSpec
 from ..core.config.worker_env import TOPOLOGY_FILE
 from ..core.errors import RendezvousError
 from ..core.layout.topology import Layout, NodeSlot, Topology, build_grid, recompute_topology
+from ..core.rendezvous.place import Place
 from ..core.rendezvous.protocol import Membership
+from .observe.observer import WorkerBeat
 from .rendezvous.job import JobRendezvous
 from .rendezvous.lease import PeerWatch
 from .workers.group import WorkerGroup
@@ -48,6 +50,15 @@ class Generation:
     @property
     def num_nodes(self) -> int:
         return len(self.membership.members)
+
+    @property
+    def place(self) -> Place:
+        return Place(self.membership, self.node_rank)
+
+    def beats(self) -> list[WorkerBeat]:
+        """Each local worker's global rank and its heartbeat now (count, step), or None
+        before its first: what the observer reads of a running generation."""
+        return [(w.rank, self.hangs.read(w.local_rank)) for w in self.group.workers]
 
 
 def previous_grid(

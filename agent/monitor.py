@@ -79,8 +79,9 @@ class GenerationMonitor:
             if store_due:
                 next_store_check = now + store_every
                 progress = self._snapshots.progress()
-                self._observer.sample(gen, *progress)
-                self._observer.publish_status(rdzv, gen, *progress)
+                beats = gen.beats()
+                self._observer.sample(beats, *progress)
+                self._observer.publish_status(rdzv.store, rdzv.keys, gen.place, beats, *progress)
             look = False  # at the round, the abort record and the waiting nodes
             if store_due or group.failed:
                 self._leases.raise_if_store_lost()

@@ -21,20 +21,23 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ...core.config.launch_spec import LaunchSpec
 from ...core.errors import StoreUnavailable
 from ...core.observe.status import STATUS_EVERY_S, NodeStatus
 from ...core.rendezvous.decisions import Outcome
+from ...core.rendezvous.place import Place
+from ...core.rendezvous.protocol import StoreKeys
+from ..store.kv import KeyValueStore
 from .events import EVENTS, emit
 from .metrics_file import MetricsFile
 from .metrics_http import MetricsServer
 
-if TYPE_CHECKING:
-    from ..generation import Generation
-    from ..rendezvous.job import JobRendezvous
+# A local worker's global rank and its heartbeat (count, step), None before its first:
+# what the observer reads of a running generation (Generation.beats()).
+WorkerBeat = tuple[int, tuple[int, int] | None]
 
 
 @dataclass(frozen=True)
@@ -75,15 +78,15 @@ class Observer:
             max_restarts=spec.max_restarts,
         )
 
-    def generation_started(self, gen: Generation, restored_step: int | None) -> None:
+    def generation_started(self, place: Place, world_size: int, restored_step: int | None) -> None:
         self._started = time.monotonic()
         self._status_due = 0.0
         self._beats = _Beats()
         emit(
             "generation_start",
-            nodes=gen.num_nodes,
-            world_size=gen.topology.world_size,
-            members=[m.addr for m in gen.membership.members],
+            nodes=place.num_nodes,
+            world_size=world_size,
+            members=[m.addr for m in place.membership.members],
             restored_step=restored_step,
         )
         self._end_recovery(None)  # a generation that ended before its first step
@@ -97,7 +100,9 @@ class Observer:
             number, outcome.name.lower(), when, self._started, max(lost, 0)
         )
 
-    def _end_recovery(self, first_step: int | None, gen: Generation | None = None) -> None:
+    def _end_recovery(
+        self, first_step: int | None, beats: Sequence[WorkerBeat] | None = None
+    ) -> None:
         """The `recovery` event: down until the first step (None: none seen, so until
         the workers' start)."""
         recovery, self._recovering = self._recovering, None
@@ -111,40 +116,55 @@ class Observer:
             down_s=round(end - recovery.ended_at, 6),
             lost_steps=recovery.lost_steps,
             at_step=first_step,
-            first_step=None if gen is None or first_step is None else _first_beat_step(gen),
+            first_step=None if beats is None or first_step is None else _first_beat_step(beats),
         )
 
-    def generation_ended(self, gen: Generation, outcome: Outcome, last_step: int | None) -> None:
-        self._end_recovery(_first_step(gen), gen)
-        self._beats.see(gen)
+    def generation_ended(
+        self,
+        generation: int,
+        beats: Sequence[WorkerBeat],
+        outcome: Outcome,
+        last_step: int | None,
+    ) -> None:
+        """beats: the generation's heartbeats as it ended (Generation.beats())."""
+        self._end_recovery(_first_step(beats), beats)
+        self._beats.see(beats)
         now = time.monotonic()
-        self._ended = (gen.number, outcome, now, last_step)
-        beats = self._beats
+        self._ended = (generation, outcome, now, last_step)
+        seen = self._beats
         emit(
             "generation_end",
             outcome=outcome.name.lower(),
             seconds=round(now - self._started, 6),
             last_step=last_step,
-            reached_step=_newest_beat(gen),
-            first_seen_step=beats.first_step,
-            first_seen_t=beats.first_t,
-            last_beat_t=beats.last_t,
+            reached_step=_newest_beat(beats),
+            first_seen_step=seen.first_step,
+            first_seen_t=seen.first_t,
+            last_beat_t=seen.last_t,
         )
 
-    def sample(self, gen: Generation, committed: int | None, replicated: int | None) -> None:
+    def sample(
+        self, beats: Sequence[WorkerBeat], committed: int | None, replicated: int | None
+    ) -> None:
         """Fresh readings for the metrics file, when it wants them (every few seconds);
-        the end of a recovery, at the workers' first step."""
-        self._beats.see(gen)
+        the end of a recovery, at the workers' first step. beats: Generation.beats()."""
+        self._beats.see(beats)
         if self._recovering is not None:
-            step = _first_step(gen)
+            step = _first_step(beats)
             if step is not None:
-                self._end_recovery(step, gen)
+                self._end_recovery(step, beats)
         if self._metrics is None or not self._metrics.due():
             return
-        self._metrics.sample(_newest_beat(gen), committed, replicated)
+        self._metrics.sample(_newest_beat(beats), committed, replicated)
 
     def publish_status(
-        self, rdzv: JobRendezvous, gen: Generation, committed: int | None, replicated: int | None
+        self,
+        store: KeyValueStore,
+        keys: StoreKeys,
+        place: Place,
+        beats: Sequence[WorkerBeat],
+        committed: int | None,
+        replicated: int | None,
     ) -> None:
         """This node's status record for `rtrain status`, every STATUS_EVERY_S: one small
         write, whose failure is left to the lease watch that reports a lost store."""
@@ -152,12 +172,11 @@ class Observer:
         if now < self._status_due:
             return
         self._status_due = now + STATUS_EVERY_S
-        workers = gen.group.workers
-        steps = [_step(gen.hangs.read(w.local_rank)) for w in workers]
-        ranks = tuple(w.rank for w in workers)
+        steps = [_step(beat) for _, beat in beats]
+        ranks = tuple(rank for rank, _ in beats)
         record = NodeStatus(time.time(), "running", ranks, tuple(steps), committed, replicated)
         with contextlib.suppress(StoreUnavailable):
-            rdzv.store.set(rdzv.keys.status(gen.number, gen.node_rank), record.encode())
+            store.set(keys.status(place.generation, place.node_rank), record.encode())
 
     def job_ended(self, exit_code: int, message: str) -> None:
         self._end_recovery(None)
@@ -179,38 +198,35 @@ class _Beats:
         self.last_t: float | None = None
         self._counts: tuple[int, ...] = ()
 
-    def see(self, gen: Generation) -> None:
-        beats = [gen.hangs.read(w.local_rank) for w in gen.group.workers]
-        counts = tuple(0 if b is None else b[0] for b in beats)
+    def see(self, beats: Sequence[WorkerBeat]) -> None:
+        counts = tuple(0 if b is None else b[0] for _, b in beats)
         now = round(time.time(), 6)
         if counts != self._counts and any(counts):
             self._counts, self.last_t = counts, now
         if self.first_step is None:
-            self.first_step = _first_step(gen)
+            self.first_step = _first_step(beats)
             if self.first_step is not None:
                 self.first_t = now
 
 
-def _first_beat_step(gen: Generation) -> int | None:
+def _first_beat_step(beats: Sequence[WorkerBeat]) -> int | None:
     """The step of the workers' first heartbeat of this generation, the earliest of
     theirs: each one's step less the beats it made before (exact for a script that
     beats once per step; never below 0)."""
-    beats = [gen.hangs.read(w.local_rank) for w in gen.group.workers]
-    firsts = [max(b[1] - b[0] + 1, 0) for b in beats if b is not None and b[0] > 0 and b[1] >= 0]
+    firsts = [max(b[1] - b[0] + 1, 0) for _, b in beats if b is not None and b[0] > 0 and b[1] >= 0]
     return min(firsts, default=None)
 
 
-def _newest_beat(gen: Generation) -> int | None:
+def _newest_beat(beats: Sequence[WorkerBeat]) -> int | None:
     """The newest step a local worker's heartbeat gave in this generation, or None."""
-    steps = [_step(gen.hangs.read(w.local_rank)) for w in gen.group.workers]
+    steps = [_step(b) for _, b in beats]
     return max((s for s in steps if s is not None), default=None)
 
 
-def _first_step(gen: Generation) -> int | None:
+def _first_step(beats: Sequence[WorkerBeat]) -> int | None:
     """The newest step a local worker of this generation gave in a heartbeat it made
     (the files start zeroed), or None: none stepped yet."""
-    beats = [gen.hangs.read(w.local_rank) for w in gen.group.workers]
-    steps = [b[1] for b in beats if b is not None and b[0] > 0 and b[1] >= 0]
+    steps = [b[1] for _, b in beats if b is not None and b[0] > 0 and b[1] >= 0]
     return max(steps, default=None)
 
 
