@@ -23,6 +23,17 @@ RECYCLE_PLAN_FILE = "RTRAIN_RECYCLE_PLAN"
 HEARTBEAT_FORMAT = "<Qq"
 HEARTBEAT_SIZE = struct.calcsize(HEARTBEAT_FORMAT)
 
+# torch's flight recorder: ProcessGroupNCCL keeps each rank's last collectives in a ring
+# and, on its watchdog's timeout or a collective error, dumps them to <prefix><rank>.
+# rtrain turns it on for workers on GPU nodes, the dumps in the worker's log folder,
+# unless the user sized the ring (0: off). Both spellings: torch >= 2.7's TORCH_FR_* and
+# the older TORCH_NCCL_* ones.
+FLIGHT_RECORDER_ENTRIES = "2000"
+FLIGHT_RECORDER_PREFIX = "nccl_trace_rank_"
+FLIGHT_RECORDER_SIZES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+FLIGHT_RECORDER_FILES = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+FLIGHT_RECORDER_DUMP_ON_TIMEOUT = "TORCH_NCCL_DUMP_ON_TIMEOUT"
+
 
 @dataclass(frozen=True)
 class NodeAssignment:
@@ -116,13 +127,30 @@ def import_time_differences(
     return sorted(n for n in names if pool_env.get(n) != worker_env.get(n))
 
 
+def flight_recorder_env(base_env: Mapping[str, str], log_dir: str) -> dict[str, str]:
+    """The flight recorder's variables for a worker whose log folder is log_dir: none if
+    the user set the ring's size (their choice, 0 turning it off), and none the user set."""
+    if any(name in base_env for name in FLIGHT_RECORDER_SIZES):
+        return {}
+    prefix = posixpath.join(log_dir, FLIGHT_RECORDER_PREFIX)
+    wanted = {
+        **dict.fromkeys(FLIGHT_RECORDER_SIZES, FLIGHT_RECORDER_ENTRIES),
+        **dict.fromkeys(FLIGHT_RECORDER_FILES, prefix),
+        FLIGHT_RECORDER_DUMP_ON_TIMEOUT: "1",
+    }
+    return {name: value for name, value in wanted.items() if name not in base_env}
+
+
 def worker_environment(
     spec: LaunchSpec,
     assignment: NodeAssignment,
     local_rank: int,
     error_file: str,
     base_env: Mapping[str, str],
+    flight_recorder: bool = False,
 ) -> dict[str, str]:
+    """flight_recorder: the node has GPUs (NCCL): torch's flight recorder on, its dumps
+    beside the worker's error file (flight_recorder_env)."""
     env = dict(base_env)
     rank = assignment.global_rank(local_rank)
     env.update(
@@ -153,6 +181,8 @@ def worker_environment(
     omp = omp_threads_default(base_env, assignment.local_world_size)
     if omp is not None:
         env["OMP_NUM_THREADS"] = omp
+    if flight_recorder:
+        env.update(flight_recorder_env(base_env, posixpath.dirname(error_file)))
     if spec.virtual_local_rank:
         visible = base_env.get("CUDA_VISIBLE_DEVICES")
         devices = visible.split(",") if visible else [str(i) for i in range(local_rank + 1)]
