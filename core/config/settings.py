@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .checks import (
+    CHOICE,
     COUNT,
     MODULES,
     ON_OFF,
@@ -240,12 +241,23 @@ OWN_SETTINGS: tuple[Setting, ...] = (
     S(
         "metrics-port",
         None,
-        "serve this node's metrics at http://ADDR:PORT/metrics (Prometheus text), on "
-        "the node's own address only (the one it joins the job with)",
+        "serve this node's metrics at http://ADDR:PORT/metrics (Prometheus text) and a "
+        "liveness probe at /healthz, on the node's own address only (the one it joins "
+        "the job with)",
         "PORT",
         own=True,
         check=optional(PORT),
         shown="none (not served)",
+    ),
+    S(
+        "log-format",
+        "text",
+        "rtrain's own log lines on the console: `text`, or `json` for log collectors (one "
+        "object a line: time, level, logger, node, generation, message)",
+        "FORMAT",
+        choices=("text", "json"),
+        own=True,
+        check=CHOICE,
     ),
 )
 del S
