@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -20,6 +21,9 @@ from .health import health
 from .plan import plan_command
 from .report import report_command
 from .status import status_command
+
+if TYPE_CHECKING:
+    from ..core.config.launch_spec import LaunchSpec
 
 app = typer.Typer(
     name="rtrain",
@@ -65,7 +69,12 @@ def _root(
     """rtrain: launch training that survives crashed ranks, hung ranks, sick GPUs, lost nodes."""
 
 
+# The one-line reason of launch's exit, for the container's termination message.
+_exit_reason: list[str] = []
+
+
 def _error(message: str) -> None:
+    _exit_reason.append(message)
     print(f"rtrain: error: {message}", file=sys.stderr)
 
 
@@ -103,7 +112,7 @@ def run_launch(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         _error(str(exc))
         return exc.exit_code
     if raw.get("dry_run"):
-        render.dry_run(Console(), spec, nproc, took)
+        render.dry_run(Console(), spec, nproc, took, _store_host(spec))
         return ExitCode.SUCCESS
     from ..agent.observe import log
 
@@ -114,6 +123,9 @@ def run_launch(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         from ..agent.snapshots.job_secret import STORE_FALLBACK_WARNING
 
         logging.getLogger("rtrain.cli").warning("%s", STORE_FALLBACK_WARNING)
+    from ..agent.kube.shm import check_shm
+
+    check_shm(spec.snapshots.memory, nproc, spec.snapshots.copies, environ)
     job = spec.slurm
     if job is not None:  # the first line says what rtrain took from Slurm
         node = job.nodes[job.node_id]
@@ -154,10 +166,25 @@ def run_launch(argv: Sequence[str], environ: Mapping[str, str]) -> int:
             render.recovery_report(console, spec.entrypoint.target, result.failures)
         return result.exit_code
     if result.failures:
+        _exit_reason.append(result.message)
         render.failure_report(console, spec.entrypoint.target, result.failures, result.message)
     else:
         _error(result.message)
     return result.exit_code
+
+
+def _store_host(spec: LaunchSpec) -> str | None:
+    """Which node hosts the job's TCPStore, and why; None over etcd (no node hosts it)."""
+    if spec.rdzv.is_etcd:
+        return None
+    from ..agent.store.store_host import choose_store_host
+
+    rdzv = spec.rdzv
+    choice = choose_store_host(
+        rdzv.host, rdzv.backend, rdzv.is_host, spec.node_rank, spec.local_addr
+    )
+    hosts = {True: "this node", False: "another node", None: "this node (if its port is free)"}
+    return f"{hosts[choice.hosts]}: {choice.reason}"
 
 
 def _read_json(path: str, flag: str) -> object:
@@ -191,6 +218,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise
         _error(exc.format_message())  # type: ignore[attr-defined]
         code = ExitCode.USAGE
+    if args and args[0] == "launch" and code:
+        from ..agent.kube.termination_log import write_termination_log
+
+        reason = _exit_reason[-1] if _exit_reason else f"exit {code}"
+        write_termination_log(int(code), reason, os.environ)
     if args and args[0] in ("launch", "status"):
         # A TCPStore connect that outlived its deadline still runs in a C++ thread;
         # interpreter shutdown would then abort ("terminate called without an active

@@ -38,10 +38,14 @@ class JobStore:
 
 
 def open_job_store(
-    rdzv: RdzvSpec, local_addr: str | None, interrupt: Callable[[], None]
+    rdzv: RdzvSpec,
+    local_addr: str | None,
+    interrupt: Callable[[], None],
+    node_rank: int | None = None,
 ) -> JobStore:
     """interrupt: called while an etcd call waits for a member, or while the TCPStore
-    has not answered yet (it raises on a signal)."""
+    has not answered yet (it raises on a signal). node_rank: --node-rank (the static
+    rendezvous hosts the store on node rank 0)."""
     if rdzv.is_etcd:
         etcd = open_etcd(rdzv, interrupt, local_addr)
         announce_store(rdzv, rdzv.port, hosted=False)
@@ -54,6 +58,8 @@ def open_job_store(
         rdzv.join_timeout,
         rdzv.read_timeout,
         interrupt,
+        backend=rdzv.backend,
+        node_rank=node_rank,
     )
     endpoint = f"{rdzv.host}:{opened.port}"
     announce_store(rdzv, opened.port, opened.is_host)

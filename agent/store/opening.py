@@ -17,7 +17,6 @@ a localhost job gave up after a fixed 10 s while node 0 was still starting).
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import errno
 import ipaddress
@@ -31,12 +30,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...core.errors import RendezvousError, first_line
+from .store_host import choose_store_host, endpoint_owner
 
 logger = logging.getLogger(__name__)
 
 WAIT_LINE_S = 10.0  # a line this often while the store has not answered
 JOIN_SLICE_S = 0.25  # how often a wait for the store looks for a signal
-LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
 
 
 @dataclass
@@ -47,24 +46,9 @@ class OpenedStore:
     is_host: bool
 
 
-def local_addresses(local_addr: str | None) -> set[str]:
-    names = set(LOCAL_NAMES)
-    for name in (socket.gethostname(), socket.getfqdn(), local_addr):
-        if not name:
-            continue
-        names.add(name)
-        with contextlib.suppress(OSError):
-            names.update(socket.gethostbyname_ex(name)[2])
-    return names
-
-
 def endpoint_is_local(host: str, local_addr: str | None) -> bool:
-    if host in local_addresses(local_addr):
-        return True
-    try:
-        return socket.gethostbyname(host).startswith("127.")
-    except OSError:
-        return False
+    """Whether this node owns the endpoint (torch's rule: agent/store/store_host.py)."""
+    return endpoint_owner(host, local_addr).hosts is True
 
 
 def _tcp_store(**kwargs: Any) -> Any:
@@ -245,17 +229,21 @@ def open_rendezvous_store(
     join_timeout: float,
     read_timeout: float,
     interrupt: Callable[[], None] | None = None,
+    backend: str = "c10d",
+    node_rank: int | None = None,
 ) -> OpenedStore:
-    """Host the store if this node owns the endpoint, else (or if already hosted) connect,
-    waiting for it up to join_timeout."""
-    wants_host = endpoint_is_local(host, local_addr) if is_host is None else is_host
-    if wants_host:
+    """Host the store if this node is the one to (agent/store/store_host.py says which
+    and why, in one line), else (or if already hosted here) connect, waiting for it up
+    to join_timeout."""
+    choice = choose_store_host(host, backend, is_host, node_rank, local_addr)
+    logger.info("%s", choice.line(f"{host}:{port}"))
+    if choice.hosts is not False:
         try:
             opened = host_store(host, port, read_timeout)
             logger.info("hosting the rendezvous store on %s:%d", host, opened.port)
             return opened
         except OSError:
-            if is_host:
+            if choice.hosts:
                 raise RendezvousError(
                     f"cannot host the rendezvous store: port {port} on {host} is in use"
                 ) from None

@@ -82,7 +82,14 @@ def _failure_table(console: Console, title: str, style: str, failures: list[Fail
     console.print(table)
 
 
-def dry_run(console: Console, spec: LaunchSpec, nproc: int, took: list[str] | None = None) -> None:
+def dry_run(
+    console: Console,
+    spec: LaunchSpec,
+    nproc: int,
+    took: list[str] | None = None,
+    store_host: str | None = None,
+) -> None:
+    """store_host: which node hosts the job's TCPStore and why (agent/store/store_host.py)."""
     table = Table(title="rtrain launch --dry-run", show_header=False)
     table.add_column("setting", style="bold")
     table.add_column("value")
@@ -103,6 +110,7 @@ def dry_run(console: Console, spec: LaunchSpec, nproc: int, took: list[str] | No
             + (f" ({rdzv.protocol})" if rdzv.is_etcd else "")
             + (" (standalone)" if spec.standalone else ""),
         ),
+        *([("store host", store_host)] if store_host else []),
         ("run id", rdzv.run_id),
         ("join timeout", f"{rdzv.join_timeout:g}s"),
         ("max restarts", str(spec.max_restarts)),

@@ -1,0 +1,1 @@
+"""rtrain on Kubernetes: what a pod's agent does differently (agent/kube/)."""
