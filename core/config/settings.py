@@ -259,6 +259,18 @@ OWN_SETTINGS: tuple[Setting, ...] = (
         own=True,
         check=CHOICE,
     ),
+    S(
+        "on-sigterm",
+        None,
+        "what a SIGTERM to the agent means: `leave` (this node leaves within 20 s and the "
+        "others go on: a pod's eviction; the default under Kubernetes) or `end-job` (every "
+        "node stops; the default elsewhere); under Slurm a SIGTERM saves and requeues",
+        "MODE",
+        choices=("end-job", "leave"),
+        own=True,
+        check=optional(CHOICE),
+        shown="leave under Kubernetes (KUBERNETES_SERVICE_HOST set), else end-job",
+    ),
 )
 del S
 

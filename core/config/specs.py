@@ -82,6 +82,8 @@ class FaultSpec:
     restart_backoff: float = flag_field("restart-backoff")
     # Stop whatever the workers started when they stop (agent/workers/process_tree.py).
     kill_process_tree: bool = flag_field("kill-process-tree")
+    # What a SIGTERM means: "leave", "end-job", or None (leave under Kubernetes).
+    on_sigterm: str | None = flag_field("on-sigterm")
 
 
 @dataclass(frozen=True)
