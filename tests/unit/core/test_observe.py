@@ -94,6 +94,7 @@ def test_any_line_is_an_event_or_none(line: str) -> None:
     assert event is None or event.name in SCHEMA
 
 
+@pytest.mark.slow  # a fuzzer: 2-4 s, too long for the quick loop
 @given(
     st.dictionaries(
         st.sampled_from(["v", "event", "t", "agent", "node", "generation", "kind"]), JSON
