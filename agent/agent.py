@@ -22,7 +22,13 @@ from typing import Any
 
 from ..core.config.launch_spec import LaunchSpec
 from ..core.config.worker_env import pool_environment
-from ..core.errors import ExitCode, RendezvousError, RtrainError, exit_code_for_signal
+from ..core.errors import (
+    ExitCode,
+    JobFinished,
+    RendezvousError,
+    RtrainError,
+    exit_code_for_signal,
+)
 from ..core.layout.topology import LayoutError
 from ..core.rendezvous.decisions import Next, after_generation
 from ..core.rendezvous.failures import FailureRecord, root_cause_first
@@ -45,7 +51,6 @@ from .rendezvous.job_end import JobAborted
 from .rendezvous.lease import Leases
 from .rendezvous.leases_for import open_leases
 from .rendezvous.rounds import GenerationEnded
-from .repair.coordinator import RepairCoordinator
 from .restart_backoff import RestartBackoff
 from .runtime_dir import (
     make_run_log_dir,
@@ -102,7 +107,6 @@ class Agent:
         self._runtime = make_runtime_dir()
         self._runtime_dir = self._runtime.path
         self._snapshots = SnapshotService.for_launch(spec, self._runtime_dir, self.addr, secret)
-        self._repair = RepairCoordinator(self._runtime_dir, spec.rdzv.join_timeout)
         self._starter = GenerationStarter(
             spec,
             self.node_id,
@@ -202,6 +206,10 @@ class Agent:
             failures = end.read_abort(self._place(), exc.record)
             message = f"job ended by node {exc.record.node_rank}: {exc.record.reason}"
             return self._result(AgentState.FAILED, exc.record.exit_code, message, failures)
+        except JobFinished as exc:
+            self._stop_group(signal.SIGTERM, RESTART_STOP_GRACE_S)
+            logger.info("%s", exc)
+            return self._result(AgentState.SUCCEEDED, ExitCode.SUCCESS, str(exc))
         except LayoutError as exc:
             self._stop_group(signal.SIGTERM, RESTART_STOP_GRACE_S)
             end.end_job(self._place(), ExitCode.LAYOUT, str(exc))
@@ -251,7 +259,6 @@ class Agent:
             return None
         self._gen = gen
         self._policy.settle(previous, gen)
-        self._repair.hand_over(gen)  # workers kept by a repair in place, if any
         gen.group.start()
         self._observer.generation_started(
             gen.place, gen.topology.world_size, self._snapshots.restored_step
@@ -273,8 +280,7 @@ class Agent:
         if action is Next.LEAVE:
             assert ended.fault is not None
             return self._leave(rdzv, end, ended.fault)
-        if ended.fault is not None or not self._repair.park(gen):
-            self._stop_workers()
+        self._stop_workers()
         if action is Next.REJOIN:  # ours may have failed as the job moved on
             self._policy.record_failures(gen)
             self._backoff.healthy()
