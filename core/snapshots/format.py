@@ -27,10 +27,33 @@ import struct
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import xxhash
 
+from .header import (  # noqa: F401  (re-exported: the shard's layout is read from here)
+    COMMITTED,
+    EMPTY,
+    HEADER,
+    HEADER_SIZE,
+    INTERVAL_OFFSET,
+    MAGIC,
+    REPLICATE_US_OFFSET,
+    REPLICATED_OFFSET,
+    STATE_OFFSET,
+    VERSION,
+    WRITING,
+    ShardHeader,
+    header_misfit,
+    read_header,
+    replicate_time,
+    replicated_step,
+    set_replicate_time,
+    set_replicated,
+    shard_interval,
+    write_header,
+)
+from .layout_reuse import signature
 from .skeleton import (
     NUMPY_DTYPES,
     TORCH_DTYPES,
@@ -42,13 +65,6 @@ from .skeleton import (
     where_of,
 )
 
-MAGIC = b"RTRSHRD1"
-HEADER = struct.Struct("<8sIIqqqq")  # magic, version, state, step, meta_len, data_len, replicated
-HEADER_SIZE = 64
-VERSION = 3  # 2: XXH3-64 chunk digests instead of CRC-32; 3: a JSON skeleton, no pickle
-EMPTY, WRITING, COMMITTED = 0, 1, 2
-STATE_OFFSET = 12  # where the 4-byte state field sits, for the final commit write
-REPLICATED_OFFSET = 40  # the step the agent last replicated (written by the agent)
 ALIGN = 64
 CHUNK = 8 << 20
 # A worker's slot files. With the wait policy (core/worker/snapshots.py) a node that
@@ -66,35 +82,35 @@ class SnapshotError(ValueError):
     """A state dict rtrain cannot snapshot, or a shard it must not trust."""
 
 
-@dataclass(frozen=True)
-class ShardHeader:
-    state: int
-    step: int
-    meta_len: int
-    data_len: int
-    replicated: int
-
-    @property
-    def size(self) -> int:
-        return HEADER_SIZE + self.meta_len + self.data_len
-
-
 @dataclass
 class ShardLayout:
-    """What write_shard needs: the encoded skeleton, the tensors, and the total size."""
+    """What write_shard needs: the encoded skeleton, the tensors, and the total size;
+    signature: what layout_reuse.py says of the state (None: it could not say)."""
 
     meta: bytes
     tensors: list[Any]
     refs: list[TensorRef]
     data_len: int
+    signature: list[Any] | None = None
 
     @property
     def size(self) -> int:
         return HEADER_SIZE + len(self.meta) + self.data_len
 
 
-def plan_shard(state: Any) -> ShardLayout:
-    """Lay out a state dict; raise SnapshotError (naming the key) for what cannot be kept."""
+def plan_shard(state: Any, previous: ShardLayout | None = None) -> ShardLayout:
+    """Lay out a state dict; raise SnapshotError (naming the key) for what cannot be kept.
+    A state whose structure is that of `previous` (layout_reuse.py) reuses its skeleton
+    and offsets: only its tensors are new."""
+    found = signature(state)
+    if found is not None and previous is not None and previous.signature == found[0]:
+        return ShardLayout(previous.meta, found[1], previous.refs, previous.data_len, found[0])
+    layout = _plan(state)
+    layout.signature = None if found is None else found[0]
+    return layout
+
+
+def _plan(state: Any) -> ShardLayout:
     import numpy
     import torch
 
@@ -196,49 +212,55 @@ def no_dtensors(ref: DTensorRef, local: Any, where: str) -> Any:
     )
 
 
-def write_shard(buffer: Any, layout: ShardLayout, step: int) -> None:
-    """Copy the shard into `buffer` (a writable mapping of at least layout.size bytes)."""
+class Copier(Protocol):
+    """How write_shard copies each tensor into the slot (core/worker/device_copy.py:
+    device tensors on a side stream), and waits for every copy before the commit."""
+
+    def copy(self, target: Any, source: Any) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+def write_shard(
+    buffer: Any,
+    layout: ShardLayout,
+    step: int,
+    interval: int = 0,
+    views: dict[tuple[int, int], Any] | None = None,
+    copier: Copier | None = None,
+) -> None:
+    """Copy the shard into `buffer` (a writable mapping of at least layout.size bytes).
+    views: the buffer's byte views by (offset, size), kept by the caller between
+    writes into the same mapping (made here when missing); copier: see Copier (a plain
+    copy_ by default); interval: written at INTERVAL_OFFSET."""
     import torch
 
-    _write_header(buffer, ShardHeader(WRITING, step, len(layout.meta), layout.data_len, -1))
+    write_header(buffer, ShardHeader(WRITING, step, len(layout.meta), layout.data_len, -1))
+    struct.pack_into("<qq", buffer, INTERVAL_OFFSET, interval, 0)
     meta_end = HEADER_SIZE + len(layout.meta)
     buffer[HEADER_SIZE:meta_end] = layout.meta
     for tensor, ref in zip(layout.tensors, layout.refs, strict=True):
         if ref.nbytes == 0:
             continue
-        target = torch.frombuffer(
-            buffer, dtype=torch.uint8, count=ref.nbytes, offset=meta_end + ref.offset
-        )
-        source = tensor.detach().contiguous().view(-1).view(torch.uint8)
-        # One copy, device to host straight into the slot, on the tensor's current
-        # stream (a device tensor is not staged through .cpu() first).
-        target.copy_(source)
+        where = (meta_end + ref.offset, ref.nbytes)
+        target = None if views is None else views.get(where)
+        if target is None:
+            target = torch.frombuffer(buffer, dtype=torch.uint8, count=where[1], offset=where[0])
+            if views is not None:
+                views[where] = target
+        source = tensor.detach()
+        if not source.is_contiguous():
+            source = source.contiguous()
+        source = source.view(-1).view(torch.uint8)
+        # One copy, device to host straight into the slot (a device tensor is not
+        # staged through .cpu() first).
+        if copier is None:
+            target.copy_(source)
+        else:
+            copier.copy(target, source)
+    if copier is not None:
+        copier.finish()
     struct.pack_into("<I", buffer, STATE_OFFSET, COMMITTED)
-
-
-def read_header(buffer: Any) -> ShardHeader | None:
-    """The shard's header, or None if the buffer does not hold one."""
-    if len(buffer) < HEADER_SIZE:
-        return None
-    magic, version, state, step, meta_len, data_len, replicated = HEADER.unpack_from(buffer, 0)
-    if magic != MAGIC or version != VERSION or meta_len < 0 or data_len < 0:
-        return None
-    return ShardHeader(state, step, meta_len, data_len, replicated)
-
-
-def header_misfit(header: ShardHeader, length: int) -> str | None:
-    """Why `header` cannot be that of a shard held in `length` bytes (its slot file's,
-    its mapping's, a replica's listed size), or None when it fits.
-
-    Every size a header gives is checked here before it is used: a header is not
-    covered by the checksums, so one with a data length of 2**50 would otherwise be
-    hashed, sent, allocated and restored as if its slot held that much."""
-    if header.size > length:
-        return (
-            f"its header claims {header.meta_len} + {header.data_len} bytes past the "
-            f"header, but only {max(length - HEADER_SIZE, 0)} hold them"
-        )
-    return None
 
 
 def check_shard(buffer: Any, length: int | None = None) -> tuple[ShardHeader, Any]:
@@ -322,25 +344,3 @@ def chunk_digest(data: Any) -> int:
     """The checksum of one CHUNK of a shard (agent/snapshots/checksums.py hashes the
     chunks of a shard in parallel: xxhash releases the GIL)."""
     return xxhash.xxh3_64_intdigest(data)
-
-
-def _write_header(buffer: Any, header: ShardHeader) -> None:
-    HEADER.pack_into(
-        buffer,
-        0,
-        MAGIC,
-        VERSION,
-        header.state,
-        header.step,
-        header.meta_len,
-        header.data_len,
-        header.replicated,
-    )
-
-
-def set_replicated(buffer: Any, step: int) -> None:
-    struct.pack_into("<q", buffer, REPLICATED_OFFSET, step)
-
-
-def replicated_step(buffer: Any) -> int:
-    return struct.unpack_from("<q", buffer, REPLICATED_OFFSET)[0]

@@ -6,13 +6,23 @@ oldest slot and marks it committed: that copy is the only work on the step's pat
 agent then checksums the slot and replicates it to peers in the background, and marks
 it replicated.
 
-Policy when a snapshot comes while the previous one is still replicating: **wait**.
 A slot is only overwritten once the newest snapshot is safe on its peers, so every
-rank always has a replicated snapshot no more than one step behind its newest, and
-the ranks always share a step they can all restore. (Skipping instead would let ranks
-drift apart until they share none.) If replication is slower than a step, the step
-waits for it: take snapshots less often then. Why three slots and not two:
+rank always has a replicated snapshot no more than one kept step behind its newest.
+When a snapshot comes while the previous one is still replicating, the step does not
+wait for it: snapshot() skips that step and keeps every k-th step from then on, k
+chosen from what replication measurably costs (core/worker/cadence.py). While every
+rank keeps the same steps, the ranks always share a step they can all restore; a rank
+whose replication alone falls behind keeps fewer steps than the others for a while (k
+is a power of two and the kept steps are aligned, so they are steps the others keep
+too, but the others' three slots may have moved past them), and a failure then finds
+the newest step every rank holds on disk, or none. Why three slots and not two:
 core/snapshots/format.py, SLOTS_PER_RANK.
+
+The step pays the copy and nothing else: the skeleton and offsets of an unchanged
+state are the last snapshot's (core/snapshots/layout_reuse.py), the byte views into
+each slot are kept, checksums are the agent's, and device tensors go by an
+asynchronous copy on a side stream into page-locked slot memory
+(core/worker/device_copy.py).
 
 The slots outlive the worker: the agent owns the folder. After a restart the agent puts
 the restored shard into the new worker's slot before it starts, and restore() reads it.
@@ -28,25 +38,26 @@ import struct
 import time
 from typing import Any
 
-from ..clock import wait_until
 from ..config.worker_env import SNAPSHOT_BUDGET, SNAPSHOT_DIR
 from ..snapshots.format import (
     COMMITTED,
     EMPTY,
     SLOTS_PER_RANK,
     STATE_OFFSET,
+    ShardLayout,
     SnapshotError,
     check_shard,
     header_misfit,
     plan_shard,
     read_header,
     read_shard,
+    replicate_time,
     replicated_step,
     write_shard,
 )
+from .cadence import Cadence
+from .device_copy import DeviceCopier
 from .stateful import dtensor_builder, load_into, meshes_in, state_of
-
-WAIT_LIMIT_S = 300.0
 
 __all__ = ["SNAPSHOT_BUDGET", "SNAPSHOT_DIR", "SnapshotError", "restore", "slot_paths", "snapshot"]
 
@@ -62,12 +73,22 @@ class _Slot:
         self.size = 0
         # Tensors returned by restore(copy=False) map this file: never write it again.
         self.pinned = False
+        self.views: dict[tuple[int, int], Any] = {}  # write_shard's views of the map
+        self.copier = DeviceCopier()
 
     def open_existing(self) -> None:
         if self.map is None and os.path.exists(self.path) and os.path.getsize(self.path) > 0:
             with open(self.path, "r+b") as handle:
                 self.size = os.fstat(handle.fileno()).st_size
                 self.map = mmap.mmap(handle.fileno(), self.size)
+            self.copier.mapping = (self.map, self.size)
+
+    def _close(self) -> None:
+        if self.map is not None:
+            self.views.clear()  # views export the map's buffer: none may outlive it
+            self.copier.unregister(self.map)
+            self.copier.mapping = None
+            self.map.close()
 
     def reserve(self, size: int) -> None:
         """Make the slot at least `size` bytes, with its memory allocated now: a full
@@ -76,8 +97,7 @@ class _Slot:
             self._replace()
         if self.map is not None and self.size >= size:
             return
-        if self.map is not None:
-            self.map.close()
+        self._close()
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             try:
@@ -90,6 +110,7 @@ class _Slot:
                 ) from None
             self.size = os.fstat(fd).st_size
             self.map = mmap.mmap(fd, self.size)
+            self.copier.mapping = (self.map, self.size)
         finally:
             os.close(fd)
 
@@ -97,8 +118,7 @@ class _Slot:
         """Take the file restored tensors still map (their pages live on with them) out
         of the slot's name: the agent's spare file takes its place if there is one
         (memory already backed), else a fresh one will. The agent notices the new inode."""
-        if self.map is not None:
-            self.map.close()
+        self._close()
         self.map, self.size, self.pinned = None, 0, False
         spare = self.path.rsplit(".slot", 1)[0] + ".spare"
         try:
@@ -131,10 +151,18 @@ class _Slots:
         self.slots = [_Slot(p) for p in slot_paths(directory, rank)]
         for slot in self.slots:
             slot.open_existing()
+        self.cadence = Cadence()
+        self.layout: ShardLayout | None = None  # the last snapshot's, reused if it fits
+        self.committed_at = 0.0  # when the newest snapshot was written (monotonic)
 
     def newest(self) -> _Slot | None:
-        committed = [s for s in self.slots if s.header_step() is not None]
-        return max(committed, key=lambda s: s.header_step() or 0, default=None)
+        """The slot of the newest committed step (the first such slot on a tie)."""
+        best: tuple[int, _Slot] | None = None
+        for slot in self.slots:
+            step = slot.header_step()
+            if step is not None and (best is None or step > best[0]):
+                best = (step, slot)
+        return None if best is None else best[1]
 
     def next_target(self, newest: _Slot | None) -> _Slot:
         """The slot the next snapshot goes to: one holding no snapshot (never written, or
@@ -165,14 +193,21 @@ def snapshot(state: Any, step: int) -> bool:
     """Keep `state` as of `step`: nested dicts, lists and tuples of tensors, DTensors,
     numpy arrays, plain values and Stateful objects (kept as their state_dict()).
 
-    Returns False without rtrain. Raises SnapshotError, naming the key and the type,
-    for a state that cannot be kept (any other object, a snapshot over the memory
-    budget, no shared memory left), before anything is written.
+    Returns whether this step was kept: False without rtrain, and False for a step
+    skipped because replication is behind (see the module's doc: the step then pays
+    nothing; keep calling it every step). Raises SnapshotError, naming the key and the
+    type, for a state that cannot be kept (any other object, a snapshot over the
+    memory budget, no shared memory left), before anything is written.
     """
     slots = _my_slots()
     if slots is None:
         return False
-    layout = plan_shard(state_of(state))
+    now = time.monotonic()
+    cadence = slots.cadence
+    cadence.observe(step, now)
+    if not cadence.due(step):
+        return False
+    layout = plan_shard(state_of(state), slots.layout)
     budget = int(os.environ.get(SNAPSHOT_BUDGET, "0") or 0)
     if budget and layout.size > budget:
         raise SnapshotError(
@@ -181,23 +216,22 @@ def snapshot(state: Any, step: int) -> bool:
         )
     newest = slots.newest()
     if newest is not None:
-        _wait_replicated(newest)
+        assert newest.map is not None
+        if replicated_step(newest.map) < (newest.header_step() or 0):
+            cadence.behind(now - slots.committed_at if slots.committed_at else 0.0)
+            return False
+        cadence.replicated(replicate_time(newest.map))
     target = slots.next_target(newest)
     target.reserve(layout.size)
     assert target.map is not None
-    write_shard(target.map, layout, step)
+    write_shard(target.map, layout, step, cadence.interval, target.views, target.copier)
+    slots.layout, slots.committed_at = layout, time.monotonic()
     return True
 
 
-def _wait_replicated(slot: _Slot) -> None:
-    assert slot.map is not None
-    mapped, step = slot.map, slot.header_step() or 0
-    if not wait_until(
-        lambda: replicated_step(mapped) >= step, WAIT_LIMIT_S, 0.001, time.monotonic, time.sleep
-    ):
-        raise SnapshotError(
-            f"the snapshot of step {step} was not replicated within {WAIT_LIMIT_S:g}s"
-        )
+def snapshots_kept() -> bool:
+    """Whether snapshot() keeps snapshots here (the process runs under rtrain)."""
+    return _my_slots() is not None
 
 
 def restore(copy: bool = True, *, into: Any = None, mesh: Any = None) -> tuple[Any, int] | None:

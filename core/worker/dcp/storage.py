@@ -52,7 +52,7 @@ from torch.futures import Future
 
 from ...snapshots.format import SnapshotError
 from ..peer_shards import FETCH_TIMEOUT_S, fetch_previous_shards
-from ..snapshots import restore, snapshot
+from ..snapshots import restore, snapshot, snapshots_kept
 from .index import Item, Location, SaveIndex, parse_index
 
 KIND = {WriteItemType.TENSOR: "t", WriteItemType.SHARD: "s", WriteItemType.BYTE_IO: "b"}
@@ -145,7 +145,7 @@ class SnapshotWriter(StorageWriter):
             kept = snapshot(shard, self.step)
         except SnapshotError as exc:
             raise SnapshotError(_named(str(exc), plan)) from None
-        if not kept:
+        if not kept and not snapshots_kept():
             raise SnapshotError("SnapshotWriter writes into rtrain's memory: run under rtrain")
         done: Future[list[WriteResult]] = Future()
         done.set_result(results)

@@ -1,0 +1,103 @@
+"""Reusing the last snapshot's layout while the state's structure is unchanged.
+
+plan_shard (format.py) walks the state once per snapshot and writes its skeleton as
+JSON: about 9 microseconds a tensor, which for a state of many small tensors costs as
+much as copying them. A training state keeps its structure from step to step (the same
+keys, tensors of the same dtypes, shapes and devices, the same plain values), so the
+skeleton, the tensors' offsets and the shard's size are those of the last snapshot.
+
+signature() is the lean walk that tells: it lists the state's tensors (or DTensors'
+local shards) in the order plan_shard lays them out, and a signature of everything the
+skeleton says about them, which compares equal exactly when the skeleton's text would
+be the same (the types of plain values are in it: 1, 1.0 and True are not one value to
+a shard; floats by their repr, as JSON writes them: -0.0 is not 0.0). Anything
+the lean walk does not know (a numpy array, a subclass, an object) is None: plan_shard
+then lays the state out in full. Pure: no I/O; torch is imported on first use.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+MAX_DEPTH = 64
+_TENSOR_TYPES: tuple[type, ...] = ()
+_DTENSOR: type | None = None
+
+
+def _types() -> None:
+    global _TENSOR_TYPES, _DTENSOR
+    import torch
+
+    _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch built without distributed
+        _DTENSOR = None
+    else:
+        _DTENSOR = DTensor
+
+
+class _Unknown(Exception):
+    """A value the lean walk leaves to plan_shard."""
+
+
+def signature(state: Any) -> tuple[list[Any], list[Any]] | None:
+    """(signature, tensors) of `state`, or None where plan_shard must decide."""
+    if not _TENSOR_TYPES:
+        _types()
+    sig: list[Any] = []
+    tensors: list[Any] = []
+    try:
+        _walk(state, sig, tensors, 0)
+    except _Unknown:
+        return None
+    return sig, tensors
+
+
+def _walk(value: Any, sig: list[Any], tensors: list[Any], depth: int) -> None:
+    kind = type(value)
+    if kind is str or value is None:
+        sig.append(value)
+    elif kind is int or kind is bool or kind is bytes:
+        sig.append((kind, value))
+    elif kind is float:
+        sig.append((kind, repr(value)))
+    elif depth > MAX_DEPTH:
+        raise _Unknown
+    elif kind is dict or kind is OrderedDict:  # a module's state_dict() is the second
+        sig.append((dict, len(value)))
+        for key, item in value.items():
+            key_kind = type(key)
+            if key_kind is str:
+                sig.append(key)
+            elif key_kind is int or key_kind is bool:
+                sig.append((key_kind, key))
+            else:
+                raise _Unknown
+            _walk(item, sig, tensors, depth + 1)
+    elif kind is list or kind is tuple:
+        sig.append((kind, len(value)))
+        for item in value:
+            _walk(item, sig, tensors, depth + 1)
+    elif kind in _TENSOR_TYPES:
+        sig.append((value.dtype, value.shape, value.device, value.layout))
+        tensors.append(value)
+    elif kind is _DTENSOR:
+        local = value.to_local()
+        sig.append(
+            (
+                _DTENSOR,
+                value.device_mesh,
+                tuple(value.placements),
+                value.shape,
+                value.stride(),
+                local.dtype,
+                local.shape,
+                local.device,
+                local.layout,
+            )
+        )
+        tensors.append(local)
+    else:
+        raise _Unknown

@@ -1,0 +1,77 @@
+"""Which steps snapshot() keeps: every k-th, k adapting to what replication costs.
+
+A snapshot may only overwrite a slot once the newest one is replicated (the agent's
+checksums and copies to peers, core/worker/snapshots.py). When replication is slower
+than the steps between snapshots, the old policy made the step wait for it. Instead,
+snapshot() now skips the step and takes snapshots every k steps, k chosen from the
+measured cost (GEMINI's way: the checkpoint interval follows the time the traffic
+needs):
+
+- k is a power of two and the kept steps are those whose index (step / the smallest
+  gap seen between two steps) is a multiple of k, so ranks keeping different k still
+  keep the steps of the largest k in common;
+- each replicated snapshot tells how long the agent took (the shard header's
+  replicate_us, core/snapshots/header.py): k becomes the smallest power of two whose
+  steps outlast that time by MARGIN, lowered at most by half per snapshot (no
+  oscillation), never above MAX_INTERVAL;
+- a due step that finds the newest snapshot still unreplicated is skipped (the step
+  pays nothing) and k at least doubles.
+
+The agent reads k from each shard's header and says when it changes
+(a `snapshot_interval` event, agent/snapshots/replicator.py).
+"""
+
+from __future__ import annotations
+
+MARGIN = 1.25
+MAX_INTERVAL = 1024
+SMOOTHING = 0.2  # the weight of the newest step time in the running mean
+
+
+class Cadence:
+    def __init__(self) -> None:
+        self.interval = 1
+        self.step_s: float | None = None  # the mean seconds per step index
+        self._gap: int | None = None
+        self._last: tuple[int, float] | None = None  # (step, when) of the last call
+
+    def observe(self, step: int, now: float) -> None:
+        """A snapshot() call for `step` at `now` (monotonic seconds)."""
+        if self._last is not None and step > self._last[0]:
+            gap = step - self._last[0]
+            self._gap = gap if self._gap is None else min(self._gap, gap)
+            per_index = (now - self._last[1]) / (gap / self._gap)
+            if self.step_s is None:
+                self.step_s = per_index
+            else:
+                self.step_s += SMOOTHING * (per_index - self.step_s)
+        self._last = (step, now)
+
+    def due(self, step: int) -> bool:
+        """Whether `step` is one to keep."""
+        index = step // self._gap if self._gap else step
+        return index % self.interval == 0
+
+    def behind(self, pending_s: float) -> None:
+        """A due step found the newest snapshot unreplicated after pending_s seconds."""
+        self.interval = min(max(self.interval * 2, self.needed(pending_s)), MAX_INTERVAL)
+
+    def replicated(self, took_s: float) -> None:
+        """The newest snapshot was replicated, in took_s seconds (0: not known)."""
+        if took_s <= 0:
+            return
+        need = self.needed(took_s)
+        if need < self.interval:
+            self.interval = max(need, self.interval // 2)
+        else:
+            self.interval = need
+
+    def needed(self, seconds: float) -> int:
+        """The smallest power-of-two interval whose steps outlast `seconds` by MARGIN."""
+        if not self.step_s or self.step_s <= 0:
+            return 1
+        steps = seconds * MARGIN / self.step_s
+        interval = 1
+        while interval < steps and interval < MAX_INTERVAL:
+            interval *= 2
+        return interval

@@ -1,0 +1,163 @@
+"""What the step pays in snapshot() (issue 35 items 1-3): the last layout reused while
+the state's structure is unchanged, and only then; the device copier's path on the CPU
+(a no-op stream); which steps are kept when replication falls behind (Cadence)."""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+import pytest
+import torch
+from rtrain.core.snapshots.format import (
+    COMMITTED,
+    plan_shard,
+    read_shard,
+    shard_interval,
+    write_shard,
+)
+from rtrain.core.worker import snapshots as snapshot_api
+from rtrain.core.worker.cadence import MAX_INTERVAL, Cadence
+from rtrain.core.worker.device_copy import DeviceCopier, NoStream
+from rtrain.core.worker.snapshots import restore, snapshot
+
+from .test_snapshot_api import _mark_replicated
+
+
+def _state(step: int, lr: object = 0.1) -> dict:
+    generator = torch.Generator().manual_seed(step)
+    weights = OrderedDict(w=torch.randn(64, 8, generator=generator), b=torch.zeros(3))
+    return {"model": weights, "opt": {"lr": lr, "betas": (0.9, 0.99)}, "tag": "run", "n": 3}
+
+
+def _written(layout) -> bytes:
+    buffer = bytearray(layout.size)
+    write_shard(buffer, layout, 5)
+    return bytes(buffer)
+
+
+def test_an_unchanged_structure_reuses_the_skeleton_and_writes_the_same_bytes() -> None:
+    first = plan_shard(_state(1))
+    second = plan_shard(_state(2), first)
+    assert second.meta is first.meta and second.refs is first.refs
+    assert _written(second) == _written(plan_shard(_state(2)))
+    state, _ = read_shard(bytearray(_written(second)))
+    assert torch.equal(state["model"]["w"], _state(2)["model"]["w"])
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        (1, True),
+        (True, 1),
+        (1, 1.0),
+        (0.0, -0.0),
+        (math.nan, math.nan),
+        (0.1, "0.1"),
+        (0.1, None),
+        (0.1, (0.1,)),
+        (0.1, 0.2),
+    ],
+)
+def test_a_plain_value_of_another_type_or_text_never_reuses_the_old_text(
+    before: object, after: object
+) -> None:
+    first = plan_shard(_state(1, lr=before))
+    second = plan_shard(_state(2, lr=after), first)
+    assert second.meta == plan_shard(_state(2, lr=after)).meta  # what a fresh plan writes
+    state, _ = read_shard(bytearray(_written(second)))
+    got = state["opt"]["lr"]
+    assert type(got) is type(after) and repr(got) == repr(after)
+
+
+def test_a_tensor_of_another_shape_or_dtype_lays_the_state_out_again() -> None:
+    first = plan_shard(_state(1))
+    for change in (torch.zeros(4), torch.zeros(3, dtype=torch.float64)):
+        state = _state(2)
+        state["model"]["b"] = change
+        again = plan_shard(state, first)
+        assert again.meta != first.meta
+        restored, _ = read_shard(bytearray(_written(again)))
+        assert torch.equal(restored["model"]["b"], change)
+        assert restored["model"]["b"].dtype == change.dtype
+
+
+def test_snapshot_copies_through_the_device_copier_with_a_no_op_stream_on_the_cpu(
+    slot_dir: str,
+) -> None:
+    for step in range(3):
+        assert snapshot(_state(step), step)
+        _mark_replicated(slot_dir)
+    slots = snapshot_api._my_slots()
+    assert slots is not None
+    for slot in slots.slots:
+        assert isinstance(slot.copier, DeviceCopier) and isinstance(slot.copier.stream, NoStream)
+        assert slot.copier.device_copies == 0  # host tensors: copied inline
+        assert slot.views  # the views into the slot were kept for the next write
+    restored = restore()
+    assert restored is not None and restored[1] == 2
+    assert torch.equal(restored[0]["model"]["w"], _state(2)["model"]["w"])
+
+
+def test_the_copier_finishes_before_the_commit_and_a_cpu_finish_waits_for_nothing() -> None:
+    finished: list[bool] = []
+
+    class Watching(DeviceCopier):
+        def finish(self) -> None:
+            finished.append(buffer[12] == COMMITTED)
+            super().finish()
+
+    layout = plan_shard(_state(3))
+    buffer = bytearray(layout.size)
+    write_shard(buffer, layout, 3, 4, {}, Watching())
+    assert finished == [False]  # finish() ran before the commit write
+    assert shard_interval(buffer) == 4
+    state, step = read_shard(buffer)
+    assert step == 3 and torch.equal(state["model"]["w"], _state(3)["model"]["w"])
+
+
+def test_the_interval_doubles_when_behind_and_keeps_aligned_steps() -> None:
+    cadence = Cadence()
+    for step in range(4):
+        cadence.observe(step, step * 0.1)
+    assert cadence.due(3)
+    cadence.behind(0.05)
+    assert cadence.interval == 2
+    assert [s for s in range(4, 12) if cadence.due(s)] == [4, 6, 8, 10]
+    cadence.behind(1.0)  # a second behind at 0.1 s a step: 1.25 s / 0.1 -> 16
+    assert cadence.interval == 16
+    for _ in range(20):
+        cadence.behind(1e9)
+    assert cadence.interval == MAX_INTERVAL
+
+
+def test_the_interval_follows_the_measured_replication_time_down_by_halves() -> None:
+    cadence = Cadence()
+    for step in range(0, 40, 10):  # every 10th step is snapshotted, 0.1 s apart
+        cadence.observe(step, step / 100)
+    assert cadence.due(30) and cadence.due(40)  # every call is due at an interval of 1
+    cadence.replicated(0.7)  # 0.875 s of steps needed: 9 -> 16
+    assert cadence.interval == 16
+    assert cadence.due(160) and not cadence.due(150)
+    cadence.replicated(0.01)
+    assert cadence.interval == 8  # halved, not dropped to 1 at once
+    cadence.replicated(0.01)
+    cadence.replicated(0.01)
+    cadence.replicated(0.01)
+    assert cadence.interval == 1
+
+
+def test_a_snapshot_that_finds_the_last_one_unreplicated_skips_the_step(slot_dir: str) -> None:
+    assert snapshot(_state(0), 0)
+    _mark_replicated(slot_dir)
+    assert snapshot(_state(1), 1)
+    # Not replicated: the step is skipped at once (the old policy waited for it).
+    assert not snapshot(_state(2), 2)
+    slots = snapshot_api._my_slots()
+    assert slots is not None and slots.cadence.interval >= 2
+    _mark_replicated(slot_dir)
+    # The next due step is kept; the one after finds it unreplicated and is skipped.
+    kept = [step for step in range(3, 40) if snapshot(_state(step), step)]
+    assert len(kept) == 1 and kept[0] % 2 == 0
+    restored = restore()
+    assert restored is not None and restored[1] == kept[0]
