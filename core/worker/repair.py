@@ -1,0 +1,228 @@
+"""rtrain.repairable: repair in place. A fault elsewhere in the job stops only what
+failed; this worker's process (its CUDA context, compiled modules, data loaders, host
+objects) lives on into the next generation.
+
+    @rtrain.repairable
+    def train() -> None:
+        ...  # rtrain opened the process group; restore(), train, snapshot()
+
+    train()
+
+The function is called once per generation this process takes part in. On a fault
+elsewhere the agent asks the worker to repair (request.json in its control folder,
+core/worker/repair_wire.py): a watcher thread shuts down the group's connections, so
+the collective the function is blocked in (or its next one) raises; the function's
+frames unwind; rtrain destroys the group, says "parked", waits for the next
+generation's environment, opens the new group (new rank, world size, store) and calls
+the function again, which restores the newest step every rank committed. A function
+that raises on its own, with no request, fails the worker as today. Without rtrain (or
+under an agent that does not repair) the function runs once in a group opened from the
+environment, as torchrun would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar, overload
+
+from ..clock import wait_until
+from ..config.worker_env import RTRAIN_GENERATION
+from .repair_group import TrainingGroup
+from .repair_wire import (
+    PARKED,
+    REPAIR_DIR,
+    REPAIR_WAIT,
+    REQUEST_FILE,
+    RESUME_FILE,
+    RESUME_WAIT,
+    RUNNING,
+    STATE_FILE,
+    Resume,
+    WorkerState,
+    decode_request,
+    decode_resume,
+    encode_state,
+)
+
+__all__ = ["RepairError", "repairable", "repairs"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+POLL_S = 0.01
+DEFAULT_WAIT_S = 30.0
+DEFAULT_RESUME_S = 900.0
+
+
+class RepairError(RuntimeError):
+    """The agent did not hand this parked worker a next generation in time."""
+
+
+class _Count:
+    repairs = 0
+
+
+def repairs() -> int:
+    """How many times this process was repaired into a new generation (0: never)."""
+    return _Count.repairs
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(1 << 20)
+    except OSError:
+        return None
+
+
+class _Control:
+    """This worker's side of its control folder."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self.wait_s = float(os.environ.get(REPAIR_WAIT, "") or DEFAULT_WAIT_S)
+        self.resume_s = float(os.environ.get(RESUME_WAIT, "") or DEFAULT_RESUME_S)
+
+    @classmethod
+    def from_env(cls) -> _Control | None:
+        folder = os.environ.get(REPAIR_DIR)
+        return cls(folder) if folder and os.path.isdir(folder) else None
+
+    def say(self, state: str, generation: int) -> None:
+        path = os.path.join(self.folder, STATE_FILE)
+        with open(path + ".tmp", "wb") as handle:
+            handle.write(encode_state(WorkerState(state, generation, os.getpid())))
+        os.replace(path + ".tmp", path)
+
+    def requested(self, generation: int) -> bool:
+        asked = decode_request(_read(os.path.join(self.folder, REQUEST_FILE)))
+        return asked is not None and asked >= generation
+
+    def wait_request(self, generation: int) -> bool:
+        return wait_until(
+            lambda: self.requested(generation), self.wait_s, POLL_S, time.monotonic, time.sleep
+        )
+
+    def wait_resume(self, generation: int) -> Resume | None:
+        found: list[Resume] = []
+
+        def arrived() -> bool:
+            resume = decode_resume(_read(os.path.join(self.folder, RESUME_FILE)))
+            if resume is not None and resume.generation > generation:
+                found.append(resume)
+            return bool(found)
+
+        wait_until(arrived, self.resume_s, POLL_S, time.monotonic, time.sleep)
+        return found[0] if found else None
+
+
+class _Watcher:
+    """A thread that releases the group as soon as the agent asks for a repair."""
+
+    def __init__(self, control: _Control, generation: int, group: TrainingGroup) -> None:
+        self.asked = threading.Event()
+        self._stop = threading.Event()
+        self._control, self._generation, self._group = control, generation, group
+        self._thread = threading.Thread(target=self._run, name="rtrain-repair", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_S):
+            if self._control.requested(self._generation):
+                self.asked.set()
+                self._group.release()
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _generation() -> int:
+    found = os.environ.get(RTRAIN_GENERATION) or os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    return int(found or 0)
+
+
+@overload
+def repairable(fn: F) -> F: ...
+@overload
+def repairable(
+    fn: None = None, *, backend: str | None = None, timeout_s: float | None = None
+) -> Callable[[F], F]: ...
+def repairable(
+    fn: F | None = None, *, backend: str | None = None, timeout_s: float | None = None
+) -> F | Callable[[F], F]:
+    """Mark `fn` (the training function, called with the wrapper's arguments) as one
+    rtrain may repair in place. backend: the process group's (None: torch's default for
+    the devices present); timeout_s: its collectives' timeout (None: torch's)."""
+
+    def wrap(function: F) -> F:
+        @functools.wraps(function)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            return _run(function, args, kwargs, backend, timeout_s)
+
+        return run  # type: ignore[return-value]
+
+    return wrap if fn is None else wrap(fn)
+
+
+def _run(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    backend: str | None,
+    timeout_s: float | None,
+) -> Any:
+    control = _Control.from_env()
+    if control is None:
+        group = TrainingGroup(backend, timeout_s)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            group.close()
+    generation = _generation()
+    while True:
+        group = TrainingGroup(backend, timeout_s)
+        control.say(RUNNING, generation)
+        watcher = _Watcher(control, generation, group)
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as exc:
+            group.release()  # peers blocked on this worker are freed at once
+            asked = watcher.asked.is_set() or (
+                isinstance(exc, RuntimeError) and control.wait_request(generation)
+            )
+            watcher.stop()
+            if not asked:
+                group.close()
+                raise
+            print(
+                f"rtrain: generation {generation} ended under this worker "
+                f"({type(exc).__name__}); repairing in place",
+                file=sys.stderr,
+                flush=True,
+            )
+            del exc
+        else:
+            watcher.stop()
+            group.close()
+            return result
+        group.close()
+        gc.collect()  # the old generation's wrappers (DDP) and their hooks go now
+        control.say(PARKED, generation)
+        resume = control.wait_resume(generation)
+        if resume is None:
+            raise RepairError(
+                f"parked after generation {generation}, but no next generation came "
+                f"within {control.resume_s:g}s"
+            )
+        os.environ.update(resume.env)
+        generation = resume.generation
+        _Count.repairs += 1
+        with contextlib.suppress(OSError):
+            os.remove(os.path.join(control.folder, RESUME_FILE))

@@ -1,0 +1,105 @@
+"""What a repairable worker and its agent say to each other: three small JSON files in
+the worker's own control folder ($RTRAIN_REPAIR_DIR), each written whole (a temporary
+file renamed over it), so a reader sees the old content or the new, never a part.
+
+  state.json    worker -> agent   {"state": "running"|"parked", "generation": g, "pid": p}
+                running: the worker opted in and trains in generation g; parked: it left
+                generation g (its group released and destroyed) and waits, alive, for
+                the next one (the acknowledgement of a request).
+  request.json  agent -> worker   {"generation": g}: leave generation g and park.
+  resume.json   agent -> worker   {"generation": g2, "env": {...}}: enter generation g2
+                with this environment (RANK, WORLD_SIZE, MASTER_ADDR, ... as a new
+                worker of g2 gets at its start).
+
+Pure: the names and the checked decoding; the files are read and written by the two
+sides (core/worker/repair.py, agent/repair/control.py). Nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+# The worker's control folder; set by the agent for every worker, so a script opts in
+# by calling rtrain.repairable, not by any flag.
+REPAIR_DIR = "RTRAIN_REPAIR_DIR"
+# How long a worker whose collective broke waits for the agent's request (seconds).
+REPAIR_WAIT = "RTRAIN_REPAIR_WAIT_S"
+# How long a parked worker waits for the next generation before it gives up (seconds).
+RESUME_WAIT = "RTRAIN_REPAIR_RESUME_S"
+
+STATE_FILE = "state.json"
+REQUEST_FILE = "request.json"
+RESUME_FILE = "resume.json"
+
+RUNNING, PARKED = "running", "parked"
+MAX_BYTES = 1 << 20  # a control file is a few hundred bytes; a larger one is refused
+
+
+@dataclass(frozen=True)
+class WorkerState:
+    state: str
+    generation: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class Resume:
+    generation: int
+    env: dict[str, str]
+
+
+def encode_state(state: WorkerState) -> bytes:
+    return json.dumps(
+        {"state": state.state, "generation": state.generation, "pid": state.pid}
+    ).encode()
+
+
+def encode_request(generation: int) -> bytes:
+    return json.dumps({"generation": generation}).encode()
+
+
+def encode_resume(resume: Resume) -> bytes:
+    return json.dumps({"generation": resume.generation, "env": resume.env}).encode()
+
+
+def _object(data: bytes | None) -> dict[str, Any] | None:
+    if data is None or len(data) > MAX_BYTES:
+        return None
+    try:
+        value = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _integer(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def decode_state(data: bytes | None) -> WorkerState | None:
+    found = _object(data)
+    if found is None or found.get("state") not in (RUNNING, PARKED):
+        return None
+    generation, pid = _integer(found.get("generation")), _integer(found.get("pid"))
+    if generation is None or pid is None:
+        return None
+    return WorkerState(str(found["state"]), generation, pid)
+
+
+def decode_request(data: bytes | None) -> int | None:
+    found = _object(data)
+    return None if found is None else _integer(found.get("generation"))
+
+
+def decode_resume(data: bytes | None) -> Resume | None:
+    found = _object(data)
+    if found is None:
+        return None
+    generation, env = _integer(found.get("generation")), found.get("env")
+    if generation is None or not isinstance(env, dict):
+        return None
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        return None
+    return Resume(generation, dict(env))
