@@ -78,6 +78,13 @@ SCHEMA: dict[str, tuple[tuple[str, ...], str]] = {
         "replicas this node sent to peers since the last such event: count, bytes sent, "
         "bytes the whole shards hold, seconds spent sending",
     ),
+    "snapshot_interval": (
+        ("rank", "step", "interval", "previous", "replicate_s"),
+        "a worker's snapshot interval changed (every interval-th step is kept): its "
+        "replication fell behind (or caught up again), so it keeps fewer (or more) steps "
+        "instead of stalling its step; step: the first shard written at it; replicate_s: "
+        "how long the agent took to replicate the shard before it",
+    ),
     "gpu": (
         ("verdict", "findings"),
         "a GPU check: verdict (ok, warning, critical, unknown) and its findings",
@@ -122,6 +129,9 @@ FIELD_TYPES: dict[str, tuple[str, bool]] = {  # field -> (type, may be null)
     "lost_steps": (INTEGER, False),
     "at_step": (INTEGER, True),
     "replicas": (INTEGER, False),
+    "interval": (INTEGER, False),
+    "previous": (INTEGER, False),
+    "replicate_s": (NUMBER, False),
     "sent_bytes": (NUMBER, False),
     "full_bytes": (NUMBER, False),
     "verdict": (TEXT, False),
