@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from ...core.clock import wait_until
 from ...core.config.launch_spec import LaunchSpec
@@ -46,10 +47,21 @@ class Worker:
     stopped_by_agent: bool = False
     # Set when the agent found the worker hung and killed it: why, its stack, its part.
     hang: HangFinding | None = None
+    # Stopped because it did not answer a repair in place (agent/repair/): not a failure.
+    left_out: bool = False
 
     @property
     def worker_id(self) -> str:
         return str(self.local_rank)
+
+
+class Handover(Protocol):
+    """Repair in place (agent/repair/): the variables every worker gets, and a worker
+    kept from the last generation handed this one's environment instead of a spawn."""
+
+    def env(self, local_rank: int) -> Mapping[str, str]: ...
+
+    def resume(self, local_rank: int, env: Mapping[str, str]) -> int | None: ...
 
 
 class WorkerGroup:
@@ -76,6 +88,7 @@ class WorkerGroup:
         self._warned_fresh = False
         self._stop_time = float("inf")  # wall clock when stop() began
         self.workers: list[Worker] = []
+        self.handover: Handover | None = None
 
     def start(self) -> None:
         spec, a = self._spec, self.assignment
@@ -85,6 +98,16 @@ class WorkerGroup:
             worker = Worker(
                 local_rank, a.global_rank(local_rank), log_dir, os.path.join(log_dir, "error.json")
             )
+            env = worker_environment(spec, a, local_rank, worker.error_file, self._base_env)
+            if self._extra_env is not None:
+                env.update(self._extra_env(local_rank, log_dir))
+            if self.handover is not None:
+                env.update(self.handover.env(local_rank))
+                kept = self.handover.resume(local_rank, env)
+                if kept is not None:  # its output still goes to the files it started with
+                    worker.pid = kept
+                    self.workers.append(worker)
+                    continue
             plan = stream_plan(spec, local_rank)
             stdout_file = os.path.join(log_dir, "stdout.log") if plan.redirect & STDOUT else None
             stderr_file = os.path.join(log_dir, "stderr.log") if plan.redirect & STDERR else None
@@ -93,9 +116,6 @@ class WorkerGroup:
                 self._tail.add(stdout_file, prefix, sys.stdout)
             if stderr_file and plan.tee & STDERR:
                 self._tail.add(stderr_file, prefix, sys.stderr)
-            env = worker_environment(spec, a, local_rank, worker.error_file, self._base_env)
-            if self._extra_env is not None:
-                env.update(self._extra_env(local_rank, log_dir))
             worker.pid = self._pool.spawn(
                 {
                     "id": worker.worker_id,
@@ -175,7 +195,9 @@ class WorkerGroup:
         return [
             w
             for w in self.workers
-            if w.exitcode not in (None, 0) and not (w.stopped_by_agent and self._stopped_clean(w))
+            if w.exitcode not in (None, 0)
+            and not w.left_out
+            and not (w.stopped_by_agent and self._stopped_clean(w))
         ]
 
     def _stopped_clean(self, worker: Worker) -> bool:
@@ -203,6 +225,24 @@ class WorkerGroup:
         )
         if worker.exitcode is None:
             worker.exitcode, worker.exit_time = -int(signal.SIGKILL), time.time()
+
+    def leave_out(self, local_ranks: list[int]) -> None:
+        """SIGKILL these workers (a repair in place went on without them) and wait for
+        their exits; the other workers run on."""
+        chosen = [w for w in self.running if w.local_rank in local_ranks]
+        for worker in chosen:
+            worker.left_out = True
+            self._pool.signal(worker.worker_id, signal.SIGKILL)
+        wait_until(
+            lambda: all(w.exitcode is not None for w in chosen),
+            KILL_WAIT_S,
+            0.05,
+            time.monotonic,
+            self.poll,
+        )
+        for worker in chosen:
+            if worker.exitcode is None:
+                worker.exitcode, worker.exit_time = -int(signal.SIGKILL), time.time()
 
     def stop(self, sig: int, timeout: float) -> None:
         """Send `sig` to every worker, wait up to `timeout`, then SIGKILL what is left.

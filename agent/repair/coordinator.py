@@ -1,0 +1,159 @@
+"""RepairCoordinator: repair in place, the agent's side.
+
+When a generation ends (a worker of this node failed, or the job moved on) and the
+workers opted in (rtrain.repairable said "running" in this generation), the agent asks
+each running worker to park instead of stopping them all: the worker releases its
+process group, leaves the training function and says "parked". Those that say so
+within ACK_S are kept, alive; the rest (no answer, an abort that hangs, a worker that
+never opted in) are stopped the old way, alone. In the next generation a kept worker
+is handed the new environment (resume) instead of a fork from the pool; the others
+start fresh from the pool, as every worker does today. After FALLBACK_AFTER repairs
+in which some worker had to be stopped, this node stops repairing for the rest of the
+job. A GPU fault never parks (its workers must not stay on that GPU).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ...core.clock import wait_until
+from ...core.worker.repair_wire import PARKED, REPAIR_DIR, REPAIR_WAIT, RESUME_WAIT, RUNNING
+from ..generation import Generation
+from ..observe.events import emit
+from ..runtime_dir import make_folder
+from ..workers.group import Worker
+from ..workers.hang_watch import STOPPED_STATES, process_state
+from .control import WorkerControl
+
+logger = logging.getLogger(__name__)
+
+ACK_S = 5.0  # a survivor asked to park must say so within this
+FALLBACK_AFTER = 2  # repairs that had to stop someone before this node stops repairing
+WORKER_WAIT_S = 30.0  # a worker whose collective broke waits this long to be asked
+
+
+@dataclass
+class Parked:
+    generation: int
+    kept: dict[int, int] = field(default_factory=dict)  # local rank -> pid
+    ranks: dict[int, int] = field(default_factory=dict)  # local rank -> global rank then
+
+
+class RepairCoordinator:
+    def __init__(self, runtime_dir: str, resume_wait_s: float, ack_s: float = ACK_S) -> None:
+        self._root = os.path.join(runtime_dir, "repair")
+        self._resume_wait_s = resume_wait_s
+        self._ack_s = ack_s
+        self._failed_repairs = 0
+        self._parked: Parked | None = None
+        make_folder(self._root, "the workers' repair folders")
+
+    @property
+    def enabled(self) -> bool:
+        return self._failed_repairs < FALLBACK_AFTER
+
+    def control(self, local_rank: int) -> WorkerControl:
+        return WorkerControl(self._root, local_rank)
+
+    def _opted_in(self, gen: Generation, worker: Worker) -> bool:
+        state = self.control(worker.local_rank).state()
+        return (
+            state is not None
+            and state.pid == worker.pid
+            and state.generation == gen.number
+            and state.state == RUNNING
+        )
+
+    def park(self, gen: Generation) -> bool:
+        """Ask this generation's running workers to park; True when some were kept (the
+        rest are stopped), False when none was (the caller stops the group as today)."""
+        self._parked = None
+        group = gen.group
+        running = group.running
+        if not self.enabled or not running or not any(self._opted_in(gen, w) for w in running):
+            return False
+        started = time.monotonic()
+        asked = [w for w in running if self._opted_in(gen, w)]
+        for worker in asked:
+            self.control(worker.local_rank).request(gen.number)
+
+        def answered(worker: Worker) -> bool:
+            state = self.control(worker.local_rank).state()
+            return state is not None and state.state == PARKED and state.pid == worker.pid
+
+        def all_answered() -> bool:
+            return all(answered(w) or w.exitcode is not None for w in asked)
+
+        wait_until(all_answered, self._ack_s, 0.01, time.monotonic, group.poll)
+        kept = [w for w in asked if w.exitcode is None and answered(w)]
+        kept = [w for w in kept if process_state(w.pid) not in (*STOPPED_STATES, None, "zombie")]
+        left = [w.local_rank for w in group.running if w not in kept]
+        if left:
+            logger.warning(
+                "repair in place: %d workers did not park within %gs; stopping them",
+                len(left),
+                self._ack_s,
+            )
+            group.leave_out(left)
+        if not kept:
+            self._failed_repairs += 1
+            return False
+        if left:
+            self._failed_repairs += 1
+            if not self.enabled:
+                logger.warning(
+                    "repair in place failed %d times: restarting from now on", FALLBACK_AFTER
+                )
+        self._parked = Parked(
+            gen.number,
+            {w.local_rank: w.pid for w in kept},
+            {w.local_rank: w.rank for w in kept},
+        )
+        restarted = [w.rank for w in group.workers if w not in kept]
+        emit(
+            "repair",
+            from_generation=gen.number,
+            kept=sorted(self._parked.ranks.values()),
+            restarted=sorted(restarted),
+            fallback=sorted(w.rank for w in group.workers if w.left_out),
+            seconds=round(time.monotonic() - started, 6),
+        )
+        logger.info(
+            "repair in place: kept ranks %s alive, restarting ranks %s",
+            sorted(self._parked.ranks.values()),
+            sorted(restarted),
+        )
+        return True
+
+    def hand_over(self, gen: Generation) -> None:
+        """Give the new generation's group this node's parked workers and the variables."""
+        gen.group.handover = _Handover(self, self._parked, gen.number)
+        self._parked = None
+
+
+class _Handover:
+    def __init__(self, owner: RepairCoordinator, parked: Parked | None, generation: int) -> None:
+        self._owner = owner
+        self._parked = parked
+        self._generation = generation
+
+    def env(self, local_rank: int) -> Mapping[str, str]:
+        owner = self._owner
+        return {
+            REPAIR_DIR: owner.control(local_rank).folder,
+            REPAIR_WAIT: str(WORKER_WAIT_S),
+            RESUME_WAIT: str(owner._resume_wait_s),
+        }
+
+    def resume(self, local_rank: int, env: Mapping[str, str]) -> int | None:
+        control = self._owner.control(local_rank)
+        pid = None if self._parked is None else self._parked.kept.get(local_rank)
+        if pid is not None and process_state(pid) not in (*STOPPED_STATES, None, "zombie"):
+            control.resume(self._generation, dict(env))
+            return pid
+        control.clear()
+        return None

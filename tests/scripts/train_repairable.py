@@ -1,0 +1,109 @@
+"""A DDP training job written once for repair in place (rtrain.repairable).
+
+The model and optimizer are built once per process, outside the training function: a
+survivor keeps them (and its process) into the next generation, where the function
+re-wraps DDP on the new group and restores the newest step every rank committed into
+them. Deterministic on the CPU (each step's data depends only on (step, rank)), so a
+run with faults ends bitwise equal to one without.
+
+Writes $PROBE_OUT/enter_gen<G>_rank<R>.json at each entry (pid, repairs so far),
+$PROBE_OUT/final_rank<R>.json (pid, digest of parameters and optimizer state) and, on
+rank 0, $PROBE_OUT/progress (steps applied). Faults: PROBE_FAULT="rank=R,step=S,
+action=kill|stop" (in generation 0, once); PROBE_IGNORE=R: rank R, once its collective
+breaks, never leaves the function (a survivor that ignores the repair request).
+PROBE_NO_REPAIR=1: the same job without opting in (every fault restarts every worker).
+"""
+
+import hashlib
+import json
+import os
+import signal
+import time
+
+import rtrain
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+OUT = os.environ.get("PROBE_OUT", "")
+STEPS = int(os.environ.get("PROBE_STEPS", "40"))
+PAUSE = float(os.environ.get("PROBE_STEP_SLEEP", "0.03"))
+
+torch.manual_seed(0)
+MODEL = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
+OPTIMIZER = torch.optim.SGD(MODEL.parameters(), lr=0.05, momentum=0.9)
+PADDING = torch.zeros(int(float(os.environ.get("PROBE_STATE_MB", "0")) * 2**20) // 4)
+
+
+def write(name: str, record: dict) -> None:
+    if OUT:
+        os.makedirs(OUT, exist_ok=True)
+        with open(os.path.join(OUT, name + ".tmp"), "w") as handle:
+            json.dump(record, handle)
+        os.replace(os.path.join(OUT, name + ".tmp"), os.path.join(OUT, name))
+
+
+def digest() -> str:
+    h = hashlib.sha256()
+    for p in MODEL.parameters():
+        h.update(p.detach().numpy().tobytes())
+    for state in OPTIMIZER.state.values():
+        for key in sorted(state):
+            value = state[key]
+            h.update(value.numpy().tobytes() if torch.is_tensor(value) else repr(value).encode())
+    return h.hexdigest()
+
+
+def inject(rank: int, step: int, generation: int) -> None:
+    fault = dict(i.split("=", 1) for i in os.environ.get("PROBE_FAULT", "").split(",") if "=" in i)
+    if not fault or int(fault["rank"]) != rank or int(fault["step"]) != step or generation:
+        return
+    marker = os.path.join(OUT, "fault.json")
+    if os.path.exists(marker):
+        return
+    write("fault.json", {"t_fault": time.time(), "step": step})
+    sig = signal.SIGSTOP if fault.get("action") == "stop" else signal.SIGKILL
+    os.kill(os.getpid(), sig)
+
+
+@rtrain.repairable(backend="gloo")
+def train() -> None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    generation = rtrain.topology().generation
+    write(
+        f"enter_gen{generation}_rank{rank}.json", {"pid": os.getpid(), "repairs": rtrain.repairs()}
+    )
+    model = DDP(MODEL)  # re-wrapped on this generation's group
+    state = {"model": MODEL, "optimizer": OPTIMIZER, "padding": PADDING}
+    restored = rtrain.restore(into=state)
+    start = 0 if restored is None else restored[1] + 1
+    ignoring = os.environ.get("PROBE_IGNORE", "") == str(rank)
+    for step in range(start, STEPS):
+        inject(rank, step, generation)
+        data = torch.Generator().manual_seed(step * 100 + rank)
+        inputs = torch.randn(8, 16, generator=data)
+        targets = inputs.sum(dim=1, keepdim=True)
+        loss = nn.functional.mse_loss(model(inputs), targets)
+        OPTIMIZER.zero_grad()
+        try:
+            loss.backward()
+        except RuntimeError:
+            while ignoring:  # a survivor that never answers the repair request
+                time.sleep(1)
+            raise
+        OPTIMIZER.step()
+        rtrain.snapshot(state, step)
+        rtrain.heartbeat(step)
+        if rank == 0 and OUT:
+            with open(os.path.join(OUT, "progress"), "w") as handle:
+                handle.write(str(step + 1))
+        time.sleep(PAUSE)
+    dist.barrier()
+    write(f"final_rank{rank}.json", {"pid": os.getpid(), "digest": digest(), "world": world})
+
+
+if __name__ == "__main__":
+    if os.environ.get("PROBE_NO_REPAIR"):  # the same job without opting in: restarts
+        os.environ.pop("RTRAIN_REPAIR_DIR", None)
+    train()
