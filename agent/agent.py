@@ -42,6 +42,7 @@ from .generation import (
 )
 from .health.gpu_monitor import GpuFault
 from .health.guard import HealthGuard
+from .kube.eviction import leave_job, leaves_on
 from .monitor import GenerationMonitor
 from .net.descriptors import DescriptorShortage, is_out_of_descriptors
 from .observe.events import emit_failure
@@ -163,7 +164,9 @@ class Agent:
 
     def _run(self) -> RunResult:
         try:
-            job_store = open_job_store(self.spec.rdzv, self.spec.local_addr, self._check_signal)
+            job_store = open_job_store(
+                self.spec.rdzv, self.spec.local_addr, self._check_signal, self.spec.node_rank
+            )
         except RendezvousError as exc:
             return self._result(AgentState.FAILED, exc.exit_code, str(exc))
         except Interrupted as exc:
@@ -191,6 +194,10 @@ class Agent:
             name = signal.Signals(exc.signum).name
             if self.spec.slurm is not None and exc.signum in REQUEUE_SIGNALS:
                 return self._save_for_requeue(end, f"received {name} from Slurm")
+            if leaves_on(exc.signum, self.spec, self._base_env):  # a pod's eviction
+                joined, hosts = self._starter.joined, job_store.is_host
+                code, why = leave_job(rdzv, joined, self.addr, hosts, self._stop_group)
+                return self._result(AgentState.FAILED, code, why)
             logger.warning(
                 "received %s; stopping workers (up to %gs)", name, self.spec.shutdown_timeout
             )
