@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from types import FrameType
 from typing import Any
 
+from ..core.config.component_specs import fault_part, monitor_part, observe_part
 from ..core.config.launch_spec import LaunchSpec
 from ..core.config.worker_env import pool_environment
 from ..core.errors import (
@@ -92,7 +93,7 @@ class Agent:
         self.addr = default_node_addr(spec)
         self.state = AgentState.INIT
         self.run_log_dir = make_run_log_dir(spec)
-        self._observer = Observer(spec, self.run_log_dir, self.addr, nproc)
+        self._observer = Observer(observe_part(spec), self.run_log_dir, self.addr, nproc)
         self._base_env = dict(base_env)
         self._pool = WorkerPool(spec.preload, pool_environment(base_env, nproc))
         self._tail = LogTail()
@@ -177,9 +178,9 @@ class Agent:
         rdzv = JobRendezvous.over(job_store.kv, self.spec)
         self._leases = leases = open_leases(job_store, rdzv.keys, self.spec.faults)
         end = JobEnd(rdzv, job_store.is_host, self.spec.rdzv.close_timeout, self._check_signal)
-        self._policy = FaultPolicy(rdzv, self.spec, self.addr, self._check_signal)
+        self._policy = FaultPolicy(rdzv, fault_part(self.spec), self.addr, self._check_signal)
         self._monitor = GenerationMonitor(
-            self.spec,
+            monitor_part(self.spec),
             self._check_signal,
             self._snapshots,
             self._observer,

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..core.clock import Clock
-from ..core.config.launch_spec import LaunchSpec
+from ..core.config.component_specs import FaultPart
 from ..core.errors import ExitCode
 from ..core.rendezvous.decisions import Charge, charge_for_failure
 from ..core.rendezvous.failures import FailureKind, FailureRecord, root_cause_first
@@ -49,17 +49,17 @@ class FaultPolicy:
     def __init__(
         self,
         rdzv: JobRendezvous,
-        spec: LaunchSpec,
+        part: FaultPart,
         addr: str,
         check_signal: Callable[[], None],
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._rdzv = rdzv
         self._clock = clock
-        self._spec = spec
+        self._part = part
         self._addr = addr
         self._check_signal = check_signal
-        self.budget = RestartBudget(spec.max_restarts)
+        self.budget = RestartBudget(part.max_restarts)
 
     # -- lost nodes --
 
@@ -189,7 +189,7 @@ class FaultPolicy:
             logger.info("%s because a peer node was lost", what)
             return None
         if charge is Charge.GIVE_UP:
-            reason = f"{what}; max_restarts={self._spec.max_restarts} exhausted"
+            reason = f"{what}; max_restarts={self._part.max_restarts} exhausted"
             stopped = gen.group.stopped_records(self._addr)
             return GiveUp(reason, self._rdzv.ledger.failures(gen.number, gen.num_nodes) + stopped)
         self.budget.charge(gen.number)
@@ -197,7 +197,7 @@ class FaultPolicy:
             "%s; restarting the job (%d of %d restarts used)",
             what,
             self.budget.used,
-            self._spec.max_restarts,
+            self._part.max_restarts,
         )
         return None
 
@@ -213,8 +213,8 @@ class FaultPolicy:
 
         return self._clock.wait_until(
             peer_lost,
-            gen.peers.timeout + self._spec.faults.heartbeat_interval,
-            self._spec.monitor_interval,
+            gen.peers.timeout + self._part.heartbeat_interval,
+            self._part.monitor_interval,
         )
 
     def settle(self, previous: Generation | None, gen: Generation) -> None:

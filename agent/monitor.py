@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 
 from ..core.clock import Clock
-from ..core.config.launch_spec import LaunchSpec
+from ..core.config.component_specs import MonitorPart
 from ..core.rendezvous.decisions import Outcome
 from .faults import FaultPolicy, kill_hung
 from .generation import Generation
@@ -37,7 +37,7 @@ STORE_CHECK_S = 0.25
 class GenerationMonitor:
     def __init__(
         self,
-        spec: LaunchSpec,
+        part: MonitorPart,
         check_signal: Callable[[], None],
         snapshots: SnapshotService,
         observer: Observer,
@@ -47,7 +47,7 @@ class GenerationMonitor:
         reaper: ZombieReaper | None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        self._spec = spec
+        self._part = part
         self._check_signal = check_signal
         self._snapshots = snapshots
         self._observer = observer
@@ -64,13 +64,13 @@ class GenerationMonitor:
     def watch(self, rdzv: JobRendezvous, gen: Generation) -> Ended:
         """Until the generation ends on this node; how it ended."""
         group, generation = gen.group, gen.number
-        room_to_grow = len(gen.membership.members) < self._spec.nodes.max_nodes
+        room_to_grow = len(gen.membership.members) < self._part.max_nodes
         watch = GenerationWatch(rdzv.rounds, rdzv.ends, generation, room_to_grow)
-        store_every = min(STORE_CHECK_S, self._spec.faults.heartbeat_interval / 2)
+        store_every = min(STORE_CHECK_S, self._part.heartbeat_interval / 2)
         next_store_check = 0.0
         while True:
             self._check_signal()
-            group.poll(self._spec.monitor_interval)
+            group.poll(self._part.monitor_interval)
             # A signal for the whole step (Slurm's) reaches the workers too: act on it
             # before their deaths look like a failure.
             self._check_signal()

@@ -55,7 +55,7 @@ def plan_generation(
     lineage by plan position; else nothing."""
     if spec.recycle_profile is None:
         return GenerationPlan({}, None, {})
-    keys = StoreKeys(spec.rdzv.run_id)
+    keys = rdzv.keys
     carried = carried_plan(rdzv, keys, topology.generation, previous)
     env, plan = write_plan(rdzv, keys, folder, topology, spec.recycle_profile, before, carried)
     return GenerationPlan(env, plan, restore_lineage(carried, plan))

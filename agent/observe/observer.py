@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ...core.config.launch_spec import LaunchSpec
+from ...core.config.component_specs import ObservePart
 from ...core.errors import StoreUnavailable
 from ...core.observe.status import STATUS_EVERY_S, NodeStatus
 from ...core.rendezvous.decisions import Outcome
@@ -52,15 +52,15 @@ class _Recovery:
 
 
 class Observer:
-    def __init__(self, spec: LaunchSpec, run_log_dir: str, agent: str, nproc: int) -> None:
+    def __init__(self, part: ObservePart, run_log_dir: str, agent: str, nproc: int) -> None:
         EVENTS.start(agent)
-        if spec.observe.events:
+        if part.observe.events:
             EVENTS.open(run_log_dir, agent)
         self._metrics: MetricsFile | None = None
         self._server: MetricsServer | None = None
-        observe = spec.observe
+        observe = part.observe
         if observe.metrics_file or observe.metrics_port is not None:
-            self._metrics = MetricsFile(observe.metrics_file, spec.rdzv.run_id, agent)
+            self._metrics = MetricsFile(observe.metrics_file, part.run_id, agent)
             EVENTS.listen(self._metrics.on_event)
         if self._metrics is not None and observe.metrics_port is not None:
             self._server = MetricsServer(agent, observe.metrics_port, self._metrics.exposition)
@@ -73,9 +73,9 @@ class Observer:
         emit(
             "agent_start",
             nproc=nproc,
-            run_id=spec.rdzv.run_id,
-            backend=spec.rdzv.backend,
-            max_restarts=spec.max_restarts,
+            run_id=part.run_id,
+            backend=part.backend,
+            max_restarts=part.max_restarts,
         )
 
     def generation_started(self, place: Place, world_size: int, restored_step: int | None) -> None:

@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass
 
 from ...core.clock import Clock
+from ...core.config.component_specs import rendezvous_part
 from ...core.config.launch_spec import LaunchSpec
 from ...core.errors import RendezvousError
 from ...core.rendezvous.failures import FailureRecord
@@ -37,10 +38,13 @@ class JobRendezvous:
     def over(
         cls, store: KeyValueStore, spec: LaunchSpec, clock: Clock = SYSTEM_CLOCK
     ) -> JobRendezvous:
-        keys = StoreKeys(spec.rdzv.run_id)
-        ledger = FailureLedger(store, keys, spec.faults.max_node_failures)
+        """The job's rendezvous, each part given its own settings (rendezvous_part); its
+        StoreKeys, made here once, are the job's: every other part takes them from here."""
+        part = rendezvous_part(spec)
+        keys = StoreKeys(part.run_id)
+        ledger = FailureLedger(store, keys, part.max_node_failures)
         ends = JobEndRecords(store, keys, clock)
-        return cls(store, keys, Rounds(store, spec, ledger, ends, clock), ledger, ends)
+        return cls(store, keys, Rounds(store, keys, part, ledger, ends, clock), ledger, ends)
 
     def history(self, generations: int) -> list[FailureRecord]:
         """Every failure recorded in generations 0 .. generations-1."""

@@ -9,7 +9,7 @@ import functools
 import logging
 
 from ...core.clock import Clock
-from ...core.config.launch_spec import LaunchSpec
+from ...core.config.component_specs import RendezvousPart
 from ...core.errors import RendezvousError
 from ...core.rendezvous.closing import LeftOut, leave_out
 from ...core.rendezvous.protocol import (
@@ -34,13 +34,13 @@ class RoundCloser:
         self,
         store: KeyValueStore,
         keys: StoreKeys,
-        spec: LaunchSpec,
+        part: RendezvousPart,
         ledger: FailureLedger,
         clock: Clock,
     ) -> None:
         self._store = store
         self._keys = keys
-        self._spec = spec
+        self._part = part
         self._ledger = ledger
         self._clock = clock
         self._charged: set[int] = set()  # rounds whose previous failure this node charged
@@ -66,11 +66,10 @@ class RoundCloser:
             if (target, out.who) not in self._said:
                 self._said.add((target, out.who))
                 logger.warning("leaving %s out of round %d: %s", out.who, target, out.why)
-        if len(members) < self._spec.nodes.min_nodes:
+        if len(members) < self._part.nodes.min_nodes:
             return
-        static = self._spec.rdzv.backend == "static"
         try:
-            ordered = order_members(members, static=static)
+            ordered = order_members(members, static=self._part.static)
         except ProtocolError as exc:
             raise RendezvousError(f"rendezvous of generation {target} failed: {exc}") from None
         self._store.set_once(self._keys.closed(target), Membership(target, ordered).encode())

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 
 from ...core.clock import Clock
-from ...core.config.launch_spec import LaunchSpec
+from ...core.config.component_specs import RendezvousPart
 from ...core.errors import JobFinished, RendezvousError, RendezvousTimeout
 from ...core.rendezvous.closing import round_timeout
 from ...core.rendezvous.protocol import (
@@ -63,14 +63,15 @@ class Rounds:
     def __init__(
         self,
         store: KeyValueStore,
-        spec: LaunchSpec,
+        keys: StoreKeys,
+        part: RendezvousPart,
         ledger: FailureLedger,
         ends: JobEndRecords,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._store = store
-        self._spec = spec
-        self._keys = StoreKeys(spec.rdzv.run_id)
+        self._part = part
+        self._keys = keys
         self._ledger = ledger
         self._ends = ends
         self._clock = clock
@@ -81,7 +82,7 @@ class Rounds:
         self._waiting_seen: tuple[int, float] = (0, float("-inf"))  # count, next read
         self._slot_ids: dict[int, dict[int, str]] = {}
         self._last_seen: Callable[[str], float | None] | None = None  # the join under way
-        self._closer = RoundCloser(store, self._keys, spec, ledger, clock)
+        self._closer = RoundCloser(store, keys, part, ledger, clock)
 
     # -- the round counter --
 
@@ -140,7 +141,7 @@ class Rounds:
         last_seen: seconds since a node id was last seen alive, for the progress lines.
         """
         self._last_seen = last_seen
-        deadline = self._clock.now() + self._spec.rdzv.join_timeout
+        deadline = self._clock.now() + self._part.join_timeout
         while True:
             current = self.current_round()
             target = current + 1 if self._store.exists(self._keys.closed(current)) else current
@@ -159,7 +160,7 @@ class Rounds:
         """Wake the running generation's members if they have room to admit this node;
         with none (hot spares at max_nodes) they are left alone, not polling for it."""
         membership = self.closed_membership(running)
-        if membership is not None and len(membership.members) < self._spec.nodes.max_nodes:
+        if membership is not None and len(membership.members) < self._part.nodes.max_nodes:
             self._store.set(self._keys.news(running), "waiting")
 
     def _await_close(
@@ -171,7 +172,7 @@ class Rounds:
         check_stop: Callable[[], None] | None,
         expected: Callable[[], set[str]] | None,
     ) -> Membership | None:
-        nodes = self._spec.nodes
+        nodes = self._part.nodes
         quorum_since: float | None = None
         closed: list[Membership | None] = []
         sizes: list[int] = []  # of the membership that closed the round
@@ -222,7 +223,7 @@ class Rounds:
                     nodes.min_nodes,
                     nodes.max_nodes,
                     age,
-                    self._spec.rdzv.last_call_timeout,
+                    self._part.last_call_timeout,
                     self._survivors_in(target, joined, expected),
                 )
                 if size is None:
@@ -244,7 +245,7 @@ class Rounds:
         # it waited), else every node's timeout says what none of them could see.
         self._ledger.raise_if_excluded(member.addr)
         left_out = self._closer.left_out(target, joined) if joined >= nodes.min_nodes else []
-        timeout = self._spec.rdzv.join_timeout
+        timeout = self._part.join_timeout
         raise RendezvousTimeout(
             round_timeout(target, joined, nodes.min_nodes, timeout, left_out), target
         )
@@ -254,7 +255,7 @@ class Rounds:
     ) -> str:
         """How far the round is; the first joiner also names the previous generation's
         survivors it still waits for (reading the slots once: one joiner, not all)."""
-        nodes = self._spec.nodes
+        nodes = self._part.nodes
         want = (
             f"{nodes.min_nodes}"
             if nodes.min_nodes == nodes.max_nodes
@@ -279,7 +280,7 @@ class Rounds:
         self, target: int, joined: int, expected: Callable[[], set[str]] | None
     ) -> bool:
         """Whether every expected node has joined; slots are read only once enough have."""
-        if expected is None or joined < self._spec.nodes.min_nodes:
+        if expected is None or joined < self._part.nodes.min_nodes:
             return False
         alive = expected()
         return joined >= len(alive) and alive <= self._joined_ids(target, joined)

@@ -13,6 +13,7 @@ from rtrain.agent.faults import FaultPolicy
 from rtrain.agent.observe.events import EVENTS
 from rtrain.agent.rendezvous.job import JobRendezvous
 from rtrain.agent.rendezvous.lease import PeerLeases
+from rtrain.core.config.component_specs import fault_part
 from rtrain.core.errors import RendezvousTimeout
 from rtrain.core.observe.events import Event
 from rtrain.core.rendezvous.failures import FailureKind, FailureRecord
@@ -64,7 +65,9 @@ class Job:
         self.membership = Membership(0, [node(n) for n in range(3)])
         self.rdzv.rounds.current_round()
         self.store.inner.set(self.keys.closed(0), self.membership.encode())
-        self.policy = FaultPolicy(self.rdzv, spec, "10.0.0.0", lambda: None, self.clock.clock)
+        self.policy = FaultPolicy(
+            self.rdzv, fault_part(spec), "10.0.0.0", lambda: None, self.clock.clock
+        )
         self.peers = PeerLeases(self.store, self.keys, 0, [1, 2], 2.0, 0.5, clock=self.clock.now)
 
     def charged(self) -> list[int]:

@@ -10,6 +10,7 @@ from rtrain.agent.faults import FaultPolicy
 from rtrain.agent.generation import Generation, Joined
 from rtrain.agent.rendezvous.job import JobRendezvous
 from rtrain.agent.rendezvous.lease import PeerLeases, StoreLeases
+from rtrain.core.config.component_specs import fault_part
 from rtrain.core.rendezvous.failures import FailureKind, FailureRecord
 from rtrain.core.rendezvous.protocol import MemberInfo, Membership
 
@@ -41,7 +42,9 @@ class Job:
         self.rdzv = JobRendezvous.over(self.store, self.spec, self.clock.clock)
         self.rdzv.rounds.current_round()  # generation 0 is running
         self.membership = Membership(0, [MemberInfo(f"id{n}", f"10.0.0.{n}", 1) for n in range(3)])
-        self.policy = FaultPolicy(self.rdzv, self.spec, "10.0.0.0", lambda: None, self.clock.clock)
+        self.policy = FaultPolicy(
+            self.rdzv, fault_part(self.spec), "10.0.0.0", lambda: None, self.clock.clock
+        )
         self.peers = PeerLeases(
             self.store, self.rdzv.keys, 0, [1, 2], 5.0, 1.0, clock=self.clock.now
         )
@@ -135,7 +138,7 @@ def test_only_the_first_reporter_is_charged_a_restart() -> None:
     job = Job("--max-restarts=3")
     assert job.policy.after_local_failure(job.generation([exit_record()])) is None
     assert job.policy.budget.used == 1
-    other = FaultPolicy(job.rdzv, job.spec, "10.0.0.1", lambda: None, job.clock.clock)
+    other = FaultPolicy(job.rdzv, fault_part(job.spec), "10.0.0.1", lambda: None, job.clock.clock)
     assert other.after_local_failure(job.generation([exit_record(1)])) is None
     assert other.budget.used == 0
     assert len(job.rdzv.ledger.failures(0, 3)) == 2
@@ -191,7 +194,9 @@ def test_in_a_big_job_a_loss_found_by_its_watchers_reaches_every_node() -> None:
         if node != 3:
             job.keep_renewing(node)
     job.renew(3, 1)
-    as_node_2 = FaultPolicy(job.rdzv, job.spec, "10.0.0.2", lambda: None, job.clock.clock)
+    as_node_2 = FaultPolicy(
+        job.rdzv, fault_part(job.spec), "10.0.0.2", lambda: None, job.clock.clock
+    )
     alive = job.policy.survivors(Joined(membership, 0, watch_0))
     assert alive is not None
     declared = False
