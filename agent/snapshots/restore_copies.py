@@ -6,7 +6,7 @@ fetched from a holder, checksum verified. Before a worker is given a copy, the c
 checked as the worker will read it (core.snapshots.format.check_shard: its header fits
 what holds it, its skeleton decodes and lies inside its data): a copy the worker could
 not read is unusable, like one that failed its checksum, and the next holder is tried;
-restorer.restore_agreed plans again without it when no holder is left.
+restorer.Restorer.agree plans again without it when no holder is left.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import secrets
 import socket
 from collections.abc import Callable, Iterable, Mapping
 
+from ...core.clock import Clock
 from ...core.config.launch_spec import LaunchSpec
 from ...core.config.worker_env import SNAPSHOT_BUDGET, SNAPSHOT_DIR
 from ...core.layout.topology import Topology
@@ -24,13 +25,14 @@ from ...core.snapshots.restore_plan import Lineage, Reached, ring_successors
 from ..observe.events import emit
 from ..observe.progress import WaitProgress
 from ..rendezvous.job import JobRendezvous
+from ..waiting import SYSTEM_CLOCK
 from .checksums import checksums
 from .disk_checkpoints import DiskCheckpointer, open_checkpoint_dir, write_checkpoint
-from .peers.client import Peers
 from .peers.fetcher import FetchContext, PeerFetcher, holders_of
 from .peers.server import ShardServer
 from .replicator import Replicator
-from .restorer import gather, publish, restore_agreed
+from .restore_copies import RestoreResult
+from .restorer import Pooled, Restorer, RestoreRound
 from .shard_store import KEEP_STEPS, ShardStore
 from .slot_check import fitting_header
 
@@ -50,11 +52,13 @@ class SnapshotService:
         secret: bytes | None = None,
         dp_delta: bool = True,
         keep_checkpoints: int = 0,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         """secret: the job secret, or None to hand a random one out through the store;
         dp_delta: send replicas against the receiving node's DP twin (peers/delta.py);
-        keep_checkpoints: complete disk checkpoints kept (0: all)."""
+        keep_checkpoints: complete disk checkpoints kept (0: all); clock: the restore's."""
         self._dp_delta = dp_delta
+        self._clock = clock
         self.store = ShardStore(root, budget)
         # Signed with the secret given, else with the folder's own key: a secret handed
         # out through the store dies with it, and a requeued job must read its checkpoints.
@@ -76,6 +80,7 @@ class SnapshotService:
         self._local_steps: dict[int, int] = {}  # this generation's ranks: newest committed
         self._server: ShardServer | None = None
         self._replicator: Replicator | None = None
+        self._restorer: Restorer | None = None
         self._fetcher = PeerFetcher(self.store)
         self._generation: int | None = None  # the generation the workers now run
         self.restored_step: int | None = None  # the step this generation's workers resume after
@@ -109,6 +114,9 @@ class SnapshotService:
         if self._secret is None:
             self._secret = rdzv.store.set_once(self._keys.secret, secrets.token_hex(32))
         self._server = ShardServer(self._host, self._secret, self.store, self._admission)
+        self._restorer = Restorer(
+            rdzv, self.store, self._secret, self._host, self._checkpoint_dir, self._clock
+        )
         self._replicator = Replicator(
             self.store,
             self._secret,
@@ -172,33 +180,38 @@ class SnapshotService:
         lineage: whose state each rank continues where the grid does not say (ReCycle)."""
         if self._server is None:
             self._start(rdzv)
-        assert self._server is not None and self._replicator is not None
-        assert self._secret is not None
-        generation = membership.generation
+        assert self._server is not None and self._restorer is not None
+        round_ = RestoreRound(membership, topology, node_rank, timeout, watch, lineage)
+        self._end_generation(round_)
+        reached = self._reached()
+        self._local_steps = {}
+        pooled, result = self._restorer.restore(round_, (self._host, self._server.port), reached)
+        self._restored(result, [c.rank for c in topology.coords if c.node_rank == node_rank])
+        self._follow(round_, pooled, local_world_size)
+        self.store.recycle(round_.generation, self._local_ranks, result.step)
+        self.store.prune(keep_from=round_.generation - 1)
+        # each rank's own slots, and the newest KEEP_STEPS replicas of each of copies-1 peers
+        shares = SLOTS_PER_RANK + KEEP_STEPS * (self._copies - 1)
+        self._per_slot = per_slot = self._budget // max(local_world_size * shares, 1)
+        if self._snapshotted or self.store.used_bytes():
+            self._say_memory()
+        return {
+            SNAPSHOT_DIR: self.store.snap_dir(round_.generation),
+            SNAPSHOT_BUDGET: str(per_slot),
+        }
+
+    def _end_generation(self, round_: RestoreRound) -> None:
+        """Stop serving the last generation: replication paused, its last commits
+        counted, no fetches for its workers; serve the new one's members."""
+        assert self._replicator is not None
         self._replicator.pause()
         self._catch_up()
         self._fetcher.follow(None)
-        self._generation, self._world_size = generation, topology.world_size
-        self._admit(membership, node_rank)
-        address = (self._host, self._server.port)
-        publish(rdzv, self._keys, self.store, generation, node_rank, address, self._reached())
-        pooled = gather(rdzv, self._keys, membership, timeout, watch)
-        local_ranks = [c.rank for c in topology.coords if c.node_rank == node_rank]
-        self._local_steps = {}
-        result = restore_agreed(
-            rdzv,
-            self._keys,
-            membership,
-            self.store,
-            Peers(self._secret, self._host, pooled.servers),
-            topology,
-            node_rank,
-            pooled,
-            self._checkpoint_dir,
-            timeout,
-            watch,
-            lineage,
-        )
+        self._generation, self._world_size = round_.generation, round_.topology.world_size
+        self._admit(round_.membership, round_.node_rank)
+
+    def _restored(self, result: RestoreResult, local_ranks: list[int]) -> None:
+        """Say what the restore did, and count its step as this node's workers' own."""
         logger.info("%s", result.describe())
         source = "none" if result.step is None else "disk" if result.from_disk else "memory"
         emit(
@@ -215,8 +228,15 @@ class SnapshotService:
         if result.step is not None:
             self._admission.ceiling.observe(result.step)
             self._local_steps = dict.fromkeys(local_ranks, result.step)
+
+    def _follow(self, round_: RestoreRound, pooled: Pooled, local_world_size: int) -> None:
+        """Point the replicator at this generation's ring successors and the fetcher at
+        its holders of each shard."""
+        assert self._replicator is not None and self._secret is not None
+        node_rank, topology = round_.node_rank, round_.topology
+        count = len(round_.membership.members)
         targets, successors = [], []
-        for successor in ring_successors(node_rank, len(membership.members), self._copies):
+        for successor in ring_successors(node_rank, count, self._copies):
             if successor in pooled.servers:
                 targets.append(pooled.servers[successor])
                 successors.append(successor)
@@ -224,9 +244,9 @@ class SnapshotService:
                 logger.error("no replicas go to node %d: its shard server is unknown", successor)
         self._fetcher.follow(
             FetchContext(
-                generation,
+                round_.generation,
                 node_rank,
-                local_ranks,
+                self._local_ranks,
                 holders_of(pooled.inventory),
                 pooled.servers,
                 self._secret,
@@ -238,17 +258,11 @@ class SnapshotService:
                 dp_twin(topology, rank, successor) if self._dp_delta else None
                 for successor in successors
             ]
-            for rank in local_ranks
+            for rank in self._local_ranks
         }
-        self._replicator.follow(generation, targets, topology.world_size, local_world_size, twins)
-        self.store.recycle(generation, local_ranks, result.step)
-        self.store.prune(keep_from=generation - 1)
-        # each rank's own slots, and the newest KEEP_STEPS replicas of each of copies-1 peers
-        shares = SLOTS_PER_RANK + KEEP_STEPS * (self._copies - 1)
-        self._per_slot = per_slot = self._budget // max(local_world_size * shares, 1)
-        if self._snapshotted or self.store.used_bytes():
-            self._say_memory()
-        return {SNAPSHOT_DIR: self.store.snap_dir(generation), SNAPSHOT_BUDGET: str(per_slot)}
+        self._replicator.follow(
+            round_.generation, targets, topology.world_size, local_world_size, twins
+        )
 
     def _admit(self, membership: Membership, node_rank: int) -> None:
         """From now on serve this generation: replicas from the nodes placement sends

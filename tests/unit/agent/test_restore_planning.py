@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 from rtrain.agent.rendezvous.job import JobRendezvous
-from rtrain.agent.snapshots.restorer import gather
+from rtrain.agent.snapshots.restorer import Restorer, RestoreRound
 from rtrain.agent.snapshots.service import SnapshotService
 from rtrain.agent.snapshots.shard_store import allocate
 from rtrain.core.config.worker_env import SNAPSHOT_DIR
@@ -17,6 +17,7 @@ from rtrain.core.errors import RtrainError
 from rtrain.core.layout.topology import Layout, NodeSlot, build_grid
 from rtrain.core.rendezvous.protocol import MemberInfo, Membership, encode_master
 from rtrain.core.snapshots.format import plan_shard, write_shard
+from rtrain.core.snapshots.restore_plan import Reached
 
 from .fakes import launch_spec, memory_store
 
@@ -43,7 +44,7 @@ def test_a_refused_inventory_costs_its_node_only_its_shards(service, address: st
     rdzv.store.set(rdzv.keys.shards(0, 1), address)
     env = shards.prepare(rdzv, MEMBERSHIP, TOPOLOGY, 0, 1, timeout=5.0)
     assert env[SNAPSHOT_DIR].endswith("gen0")
-    pooled = gather(rdzv, rdzv.keys, MEMBERSHIP, 1.0)
+    pooled = _restorer(rdzv, shards).gather(RestoreRound(MEMBERSHIP, TOPOLOGY, 0, 1.0))
     assert pooled.inventory[1] == [] and pooled.reached[1].newest is None
     # The address is judged on its own: a good one is kept for replication.
     assert (1 in pooled.servers) == address.startswith('{"')
@@ -77,3 +78,29 @@ def test_a_step_committed_just_before_the_failure_counts_toward_the_ceiling(serv
     published = json.loads(rdzv.store.get(rdzv.keys.inventory(1, 0)))
     assert published["reached"] == 8
     assert [0, 0, 8] in published["shards"]
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        [[True, 0, 8]],  # a boolean is no generation
+        [[0, "0", 8]],  # nor is a string a rank
+        [[0, 0, -1]],  # nor a negative step
+        [[0, 0]],  # a shard is three numbers
+    ],
+)
+def test_an_inventory_of_the_wrong_shape_is_refused_not_read_as_shards(service, forged) -> None:
+    # Before: the inventory was read with int(), which took true for generation 1 and
+    # "0" for rank 0, so a forged or garbled record put copies into the plan.
+    rdzv, shards = service
+    inventory = {"v": 1, "shards": forged, "reached": 8, "every_rank": True}
+    rdzv.store.set(rdzv.keys.inventory(0, 1), json.dumps(inventory))
+    rdzv.store.set(rdzv.keys.shards(0, 1), encode_master("127.0.0.2", 5555))
+    restorer, round_ = _restorer(rdzv, shards), RestoreRound(MEMBERSHIP, TOPOLOGY, 0, 1.0)
+    restorer.publish(round_, ("127.0.0.1", 5556), Reached())
+    pooled = restorer.gather(round_)
+    assert pooled.inventory[1] == [] and pooled.reached[1].newest is None
+
+
+def _restorer(rdzv: JobRendezvous, shards: SnapshotService) -> Restorer:
+    return Restorer(rdzv, shards.store, b"s", "127.0.0.1")

@@ -1,0 +1,78 @@
+"""The records agents agree on a restore through: they read back what was written, and
+refuse anything else with a ProtocolError (from the store, anything may be there)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rtrain.core.rendezvous.protocol import ProtocolError
+from rtrain.core.snapshots.restore_plan import Reached, ShardId
+from rtrain.core.snapshots.restore_records import Inventory, RestoreOutcome
+
+
+def test_an_inventory_reads_back_as_written() -> None:
+    inventory = Inventory((ShardId(0, 1, 8), ShardId(0, 2, 7)), 8, True)
+    assert Inventory.decode(inventory.encode()) == inventory
+    assert Inventory.decode(Inventory(()).encode()) == Inventory(())
+    assert inventory.reached(was_member=True) == Reached(8, True, True)
+
+
+def test_an_outcome_reads_back_as_written() -> None:
+    outcome = RestoreOutcome(False, frozenset({(ShardId(1, 0, 5), 2), (ShardId(1, 3, 5), 0)}))
+    assert RestoreOutcome.decode(outcome.encode()) == outcome
+    assert RestoreOutcome.decode(RestoreOutcome(True).encode()) == RestoreOutcome(True)
+
+
+INVENTORY = {"v": 1, "shards": [[0, 1, 8]], "reached": 8, "every_rank": True}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"v": 2},
+        {"v": None},
+        {"shards": "not a list"},
+        {"shards": [[0, 1]]},
+        {"shards": [[0, 1, 8, 9]]},
+        {"shards": [[0, True, 8]]},
+        {"shards": [[0, 1, "8"]]},
+        {"shards": [[0, 1, 8.0]]},
+        {"shards": [[-1, 1, 8]]},
+        {"shards": [None]},
+        {"reached": -3},
+        {"reached": "8"},
+        {"reached": False},
+        {"every_rank": 1},
+        {"every_rank": None},
+    ],
+)
+def test_an_inventory_of_the_wrong_shape_is_refused(change: dict[str, object]) -> None:
+    with pytest.raises(ProtocolError, match="shard inventory"):
+        Inventory.decode(json.dumps({**INVENTORY, **change}))
+
+
+@pytest.mark.parametrize("missing", ["v", "shards", "reached", "every_rank"])
+def test_an_inventory_missing_a_field_is_refused(missing: str) -> None:
+    data = {k: v for k, v in INVENTORY.items() if k != missing}
+    with pytest.raises(ProtocolError, match="shard inventory"):
+        Inventory.decode(json.dumps(data))
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"\xff\xfe",
+        "not json",
+        "[1, 2]",
+        '{"v": 1, "complete": "yes", "bad": []}',
+        '{"v": 1, "complete": true}',
+        '{"v": 1, "complete": true, "bad": [[0, 0, 0]]}',
+        '{"v": 1, "complete": false, "bad": [[0, 0, 0, false]]}',
+        '{"v": 1, "complete": false, "bad": [["0", 0, 0, 1]]}',
+        '{"complete": true, "bad": []}',
+    ],
+)
+def test_an_outcome_of_the_wrong_shape_is_refused(payload: str | bytes) -> None:
+    with pytest.raises(ProtocolError, match="restore outcome"):
+        RestoreOutcome.decode(payload)
