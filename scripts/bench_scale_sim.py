@@ -180,10 +180,16 @@ def _measure(
     elapsed = time.monotonic() - t0
     result["simulator_cpu_pct"] = round((cpu_of(sims) - sim_before) / elapsed * 100, 1)
     result["loop_late_window"] = _worst(counts_after, "loop_late")
+    result["task_time_window"] = _worst(counts_after, "task_time")
     moved = sum(a["bytes_out"] + a["bytes_in"] for a in counts_after) - sum(
         a["bytes_out"] + a["bytes_in"] for a in counts
     )
     result["bytes_per_agent_s"] = round(moved / elapsed / nodes, 1)
+    if any("watch_starts" in a for a in counts_after):
+        started = sum(int(a.get("watch_starts", 0)) for a in counts_after) - sum(
+            int(a.get("watch_starts", 0)) for a in counts
+        )
+        result["watch_starts_per_agent_s"] = round(started / elapsed / nodes, 3)
     total = sum(a["count"] for a in counts_after) - sum(a["count"] for a in counts)
     by_op: collections.Counter[str] = collections.Counter()
     for after, before in zip(counts_after, counts, strict=True):
@@ -214,6 +220,14 @@ def _measure(
         result["loop_late_commit"] = _worst(finished, "loop_late")
         result["join_slot_wait_commit"] = _worst(finished, "join_slot_wait")
         result["declared_by"] = sum(int(a.get("declared_by", 0)) for a in finished)
+        if any("watch_starts" in a for a in finished):
+            result["watch_starts_through_commit"] = sum(
+                int(a.get("watch_starts", 0)) for a in finished
+            ) - sum(int(a.get("watch_starts", 0)) for a in before_kill)
+            reasons: collections.Counter[str] = collections.Counter()
+            for answer in finished:
+                reasons.update(answer.get("watch_restarts", {}))
+            result["watch_restarts_total"] = dict(reasons)
     declared = [a["declared_at"] for a in finished if a.get("declared_at") is not None]
     error = _first_error(finished)
     if error is not None or not declared or any(a.get("committed_at") is None for a in finished):

@@ -58,6 +58,7 @@ class Lateness:
 class Loop:
     def __init__(self, workers: int, name: str = "sim-loop") -> None:
         self.lateness = Lateness()
+        self.durations = Lateness()  # how long each task ran (its store calls included)
         self._heap: list[tuple[float, int, Task]] = []
         self._order = itertools.count()
         self._ready = threading.Condition()
@@ -108,6 +109,7 @@ class Loop:
                 started = time.monotonic()
                 self.lateness.add(started - due)
                 delay = task()
+                self.durations.add(time.monotonic() - started)
                 if delay is not None:
                     again.append((started + delay, task))
             with self._ready:

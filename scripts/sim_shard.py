@@ -31,6 +31,7 @@ goes silent), finish (answered once every survivor here joined generation 1), ex
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import json
@@ -88,8 +89,15 @@ def decode_memberships_once() -> None:
 
 CONNECTS_AT_ONCE = 16
 TIMEOUT_S = 5.0  # heartbeat timeout
-LOOP_WORKERS = int(os.environ.get("BENCH_SCALE_LOOP_WORKERS", "2"))
-JOIN_SLOTS = int(os.environ.get("BENCH_SCALE_JOIN_SLOTS", "8"))
+# Per backend: TCPStore's calls take well under a millisecond, etcd's (HTTP through the
+# JSON gateway, on members that share the cores) milliseconds to tens of them, and the
+# calls block: more threads serve the same agents, so renewals are not held up.
+LOOP_WORKERS = {"c10d": 2, "etcd": 64}
+JOIN_SLOTS = {"c10d": 8, "etcd": 64}
+
+
+def _threads(setting: str, defaults: dict[str, int], backend: str) -> int:
+    return int(os.environ.get(setting, defaults.get(backend, 2)))
 
 
 def spec_for(backend: str, nodes: int, endpoint: str, run_id: str) -> LaunchSpec:
@@ -234,14 +242,18 @@ class SimAgent:
 
 
 class SimRun:
-    def __init__(self) -> None:
+    def __init__(self, backend: str) -> None:
         self.opened = threading.Event()
         self.victim: SimAgent | None = None
-        self.loop = Loop(LOOP_WORKERS)
-        self.slots = RunSlots(JOIN_SLOTS)
+        self.loop = Loop(_threads("BENCH_SCALE_LOOP_WORKERS", LOOP_WORKERS, backend))
+        self.slots = RunSlots(_threads("BENCH_SCALE_JOIN_SLOTS", JOIN_SLOTS, backend))
 
     def lateness(self) -> dict[str, object]:
-        return {"loop_late": self.loop.lateness.take(), "join_slot_wait": self.slots.waited.take()}
+        return {
+            "loop_late": self.loop.lateness.take(),
+            "task_time": self.loop.durations.take(),
+            "join_slot_wait": self.slots.waited.take(),
+        }
 
 
 def _wait_all(agents: list[SimAgent], done: Callable[[SimAgent], bool], timeout: float) -> None:
@@ -263,7 +275,7 @@ def shard(argv: list[str]) -> None:
     decode_memberships_once()
     requests = Requests()
     spec = spec_for(backend, int(nodes), endpoint, run_id)
-    run = SimRun()
+    run = SimRun(backend)
     agents = [SimAgent(i, spec, requests, run) for i in range(int(first), int(end))]
     # A few connects at a time: thousands at once overflow the server's accept queue,
     # one at a time waits out each connect's reverse name lookup (no DNS here).
@@ -282,7 +294,7 @@ def shard(argv: list[str]) -> None:
             joined = [a.joined_at for a in agents]
             _reply({"joined_at": None if None in joined else max(joined), **_errors(agents)})  # type: ignore[type-var]
         elif command == "count":
-            _reply({**requests.snapshot(), **run.lateness()})
+            _reply({**requests.snapshot(), **run.lateness(), **_watch_starts(agents)})
         elif command == "kill":
             run.victim = agents[-1]
             survivors = agents[:-1]
@@ -299,6 +311,7 @@ def shard(argv: list[str]) -> None:
                 "declared_by": len(declared),
                 **requests.snapshot(),
                 **run.lateness(),
+                **_watch_starts(agents),
                 **_errors(survivors),
             })  # fmt: skip
         elif command == "exit":
@@ -310,6 +323,18 @@ def shard(argv: list[str]) -> None:
     # Hundreds of daemon threads, some inside TCPStore's C++ calls: interpreter
     # teardown under them aborts, so this process ends without it (all is flushed).
     os._exit(0)
+
+
+def _watch_starts(agents: list[SimAgent]) -> dict[str, object]:
+    """Over etcd: the agents' watch streams started so far (each one HTTP stream through
+    the gateway and a read), and why they started again."""
+    starts, reasons = 0, collections.Counter[str]()
+    for agent in agents:
+        store = agent._opened[0].store if agent._opened is not None else None
+        if isinstance(store, EtcdKeyValueStore) and store._job_watch is not None:
+            starts += store._job_watch.starts
+            reasons.update(store._job_watch.restarts)
+    return {"watch_starts": starts, "watch_restarts": dict(reasons)} if starts else {}
 
 
 def _errors(agents: list[SimAgent]) -> dict[str, object]:

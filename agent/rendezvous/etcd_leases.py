@@ -4,8 +4,10 @@ Each agent holds one etcd lease with TTL = heartbeat_timeout (whole seconds). It
 keep-alive, every heartbeat_interval from a thread of its own, is the heartbeat; the
 agent's lease key of each generation is bound to it. When an agent stops renewing
 (dead, SIGSTOPped, cut off), etcd itself expires the lease and deletes the key: no peer
-judges another's clock or polls its counter, and one watch per agent (of the
-generation's lease keys) tells every peer at once.
+judges another's clock or polls its counter. Each agent follows a spread few peers'
+keys (watched_peers, as StoreLeases reads them) on its one watch stream (JobWatch),
+and whoever sees a key go records the loss in the ledger for everyone: a generation's
+lease writes reach three watchers each, not every node.
 
 A fenced agent, one whose lease lapsed while it was stopped, learns it from etcd at
 its next keep-alive: the lease is gone, and every write bound to it is refused. It
@@ -31,6 +33,7 @@ import time
 from collections.abc import Callable
 
 from ...core.errors import RendezvousError, StoreUnavailable, first_line
+from ...core.rendezvous.liveness import watched_peers
 from ...core.rendezvous.protocol import StoreKeys
 from ..store.etcd_client import LeaseNotFound
 from ..store.etcd_store import EtcdKeyValueStore
@@ -116,14 +119,22 @@ class EtcdLeases:
             raise self._store_lost
 
     def peers(self, generation: int, node_rank: int, num_nodes: int) -> EtcdPeerLeases:
-        # Every peer: etcd decides expiry and one prefix watch delivers every deletion,
-        # so watching all costs nothing per check (unlike StoreLeases' reads).
-        prefix = self._keys.lease_prefix(generation)
+        # A spread few peers' keys, on the node's one watch stream (JobWatch): etcd
+        # decides expiry, and whoever sees a key go records the loss for everyone (the
+        # ledger). A watch of every peer's key (the lease prefix) delivered every
+        # node's lease writes to every node: N^2 events a generation.
+        watched = watched_peers(node_rank, num_nodes)
+        keys = [self._keys.lease(generation, n) for n in watched]
+        watch = self._store.job_watch
+
+        def present() -> dict[str, bytes]:
+            return {key: value for key in keys if (value := watch.value(key)) is not None}
+
         return EtcdPeerLeases(
-            lambda: self._store.watch(prefix, prefix=True).items(),
+            present,
             self._keys,
             generation,
-            [n for n in range(num_nodes) if n != node_rank],
+            watched,
             self._timeout,
             alive_since=lambda since: self._renewed_since(generation, since),
             renew_now=self._wake.set,

@@ -4,8 +4,10 @@ Each operation is one etcd request, and the ones that decide something are
 transactions with revision checks: set_once puts only if the key's create revision is
 0 (no one wrote it), compare_set only if the value is the expected one, add only if
 the key's mod revision is the one it read (else it reads again). multi_get is one
-transaction of ranges, so a read of N keys is one round trip. follow() reads from a
-watch (etcd_watch.py) and costs nothing per call.
+transaction of ranges, so a read of N keys is one round trip. notice() and follow()
+read from the agent's one watch stream (etcd_job_watch.JobWatch) and cost nothing per
+call; a key follow() reads less often than every PROMOTE_S is read with a get
+instead, so the stream carries only what is read again and again (a handful of keys).
 
 Values read back are validated as TorchKeyValueStore's are: garbage under the job's
 keys is refused with a RendezvousError, never trusted.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,12 +25,16 @@ from ...core.clock import Clock
 from ...core.errors import RendezvousError
 from ..waiting import SYSTEM_CLOCK
 from .etcd_client import EtcdClient, NotEtcd, b64, unb64
+from .etcd_job_watch import JobWatch
 from .etcd_watch import KeyWatch
 from .kv import as_bytes, decode_counter
 
 POLL_S = 0.05
 MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
 MAX_FOLLOWED = 16  # older watches (of past generations' keys) are closed
+# A key follow() reads again within this joins the job's watch: the round and the abort
+# record, read on every 5 s sweep of a running generation, cost a get each only twice.
+PROMOTE_S = 6.0
 # An add's receipt is the counter's key, this, and the add's token.
 RECEIPT = "\x00add:"
 
@@ -38,6 +45,8 @@ class EtcdKeyValueStore:
         self.endpoint = client.endpoint
         self._clock = clock
         self._watches: dict[str, KeyWatch] = {}
+        self._job_watch: JobWatch | None = None
+        self._job_watch_lock = threading.Lock()
 
     def get(self, key: str) -> bytes | None:
         return _first_value(self.client.range(key))
@@ -130,13 +139,29 @@ class EtcdKeyValueStore:
     def delete(self, key: str) -> bool:
         return self.client.delete(key) > 0
 
+    @property
+    def job_watch(self) -> JobWatch:
+        """This client's one watch stream (etcd_job_watch.py), opened at its first target."""
+        with self._job_watch_lock:
+            if self._job_watch is None:
+                self._job_watch = JobWatch(self.client, clock=self._clock.now)
+            return self._job_watch
+
     def follow(self, key: str) -> Callable[[], bytes | None]:
-        # Looked up on every read, so that a watch closed to make room is opened again.
-        return lambda: self.watch(key).value()
+        last_read: list[float] = []
+
+        def read() -> bytes | None:
+            now = self._clock.now()
+            often = bool(last_read) and now - last_read[-1] < PROMOTE_S
+            last_read[:] = [now]
+            if often or self.job_watch.has(key):
+                return self.job_watch.value(key)
+            return self.get(key)
+
+        return read
 
     def notice(self, key: str) -> Callable[[], bool]:
-        follow = self.follow(key)
-        return lambda: follow() is not None
+        return lambda: self.job_watch.value(key) is not None
 
     def watch(self, key: str, prefix: bool = False) -> KeyWatch:
         """A watch of key (or of every key under it), shared by every reader. The least
@@ -155,6 +180,8 @@ class EtcdKeyValueStore:
         for watch in self._watches.values():
             watch.close()
         self._watches.clear()
+        if self._job_watch is not None:
+            self._job_watch.close()
         self.client.close()
 
 
