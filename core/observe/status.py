@@ -2,11 +2,13 @@
 view assembled from the store's records. Pure: no I/O, no clock (times are passed in).
 
 Each agent of a running generation writes one small record under
-r<g>/status/<node> every STATUS_EVERY_S seconds: when (its wall clock), its state, how
-many workers it runs, their global ranks and the step each last gave in a heartbeat,
-and the newest snapshot step committed and replicated. A reader turns the records,
-the membership and the failure ledger into a JobStatus. The record is read from the
-store, so anything may be there: decode() refuses whatever rtrain did not write.
+r<g>/status/<node> every status_period(nodes) seconds (STATUS_EVERY_S up to 64 nodes,
+then in proportion: the job's writes stay at 12.8 a second at any size): when (its
+wall clock), its state, how many workers it runs, their global ranks and the step
+each last gave in a heartbeat, and the newest snapshot step committed and replicated.
+A reader turns the records, the membership and the failure ledger into a JobStatus.
+The record is read from the store, so anything may be there: decode() refuses
+whatever rtrain did not write.
 """
 
 from __future__ import annotations
@@ -22,9 +24,19 @@ from ..rendezvous.protocol import Membership, ProtocolError, json_object
 
 STATUS_VERSION = 1
 STATUS_EVERY_S = 5.0
+# Up to this many nodes each writes its record every STATUS_EVERY_S; past it, less often
+# in proportion (status_period), so the job's status writes stay at 64 / 5 s = 12.8 a
+# second at any size (2,000 nodes at 5 s each were 400 a second).
+STATUS_FULL_RATE_NODES = 64
 # A record older than this many publishing periods: its agent is not renewing it.
 STALE_PERIODS = 3
 MAX_WORKERS = 4096  # a record claiming more is refused (a node runs a few dozen at most)
+
+
+def status_period(num_nodes: int) -> float:
+    """Seconds between one agent's status records in a job of num_nodes nodes: the writer
+    (the agent's observer) and the reader's staleness rule (node_views) both use it."""
+    return STATUS_EVERY_S * max(1.0, num_nodes / STATUS_FULL_RATE_NODES)
 
 
 @dataclass(frozen=True)
@@ -173,7 +185,7 @@ def node_views(
 ) -> tuple[NodeView, ...]:
     """The members of a running generation with their records (None: not written yet)."""
     views = []
-    stale_after = STALE_PERIODS * STATUS_EVERY_S
+    stale_after = STALE_PERIODS * status_period(len(membership.members))
     for rank, (member, payload) in enumerate(zip(membership.members, records, strict=True)):
         status, age, problem = None, None, ""
         if payload is not None:

@@ -14,6 +14,7 @@ from rtrain.core.observe.status import (
     NodeStatus,
     failure_views,
     node_views,
+    status_period,
 )
 from rtrain.core.rendezvous.failures import FailureKind, FailureRecord
 from rtrain.core.rendezvous.protocol import MemberInfo, Membership, ProtocolError
@@ -131,3 +132,19 @@ def test_each_failure_says_its_part_the_blocked_ranks_are_victims() -> None:
     }
     out = [(f.node_rank, f.role) for f in failure_views(records)]
     assert out == [(0, "victim"), (1, "root cause")]
+
+
+def test_the_jobs_status_writes_stay_flat_as_it_grows_and_readers_wait_as_long() -> None:
+    """Issue 36: 2,000 nodes writing every 5 s were 400 writes a second; past 64 nodes
+    each writes less often, so the job writes 12.8 a second at any size, and a reader
+    calls a record stale only after as many of the longer periods."""
+    assert status_period(1) == status_period(64) == STATUS_EVERY_S
+    for nodes in (64, 256, 2000, 12_500):
+        assert nodes / status_period(nodes) == pytest.approx(64 / STATUS_EVERY_S)
+    big = Membership(0, [MemberInfo(f"id{n}", f"10.0.{n >> 8}.{n & 255}", 1) for n in range(2000)])
+    now = 1000.0
+    aged = record(t=now - 100).encode()  # 100 s: stale at 64 nodes (15 s), not at 2,000
+    views = node_views(big, [aged] * 2000, [], now)
+    assert all(v.problem == "" for v in views)
+    small = node_views(MEMBERS, [aged, aged, aged], [], now)
+    assert all("not renewed" in v.problem for v in small)
