@@ -29,7 +29,9 @@ app = typer.Typer(
     name="rtrain",
     help="A fault-tolerant launcher for distributed PyTorch training (a drop-in torchrun).",
     no_args_is_help=True,
-    add_completion=False,
+    # --install-completion / --show-completion: the shell completes commands and options
+    # (launch's flags are argparse's, after `launch`, and are not completed)
+    add_completion=True,
 )
 
 
@@ -116,7 +118,7 @@ def run_launch(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         return ExitCode.SUCCESS
     from ..agent.observe import log
 
-    log.configure()
+    log.configure(log_format=raw.get("log_format", "text"))
     from ..agent.store.opening import listens_beyond_loopback
 
     if secret.value is None and listens_beyond_loopback(spec.rdzv.host, spec.rdzv.is_etcd):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import glob
 import logging
 import os
 import signal
@@ -14,16 +16,19 @@ from typing import Protocol
 from ...core.clock import wait_until
 from ...core.config.launch_spec import LaunchSpec
 from ...core.config.worker_env import (
+    FLIGHT_RECORDER_PREFIX,
     STDERR,
     STDOUT,
     NodeAssignment,
     attempt_dir,
+    flight_recorder_note,
     import_time_differences,
     stream_plan,
     tee_prefix,
     worker_environment,
 )
 from ...core.rendezvous.failures import FailureKind, FailureRecord, RecordError, parse_error_file
+from ..preflight import gpu_count
 from .boot import fresh_interpreter
 from .hang_watch import STOPPED_STATES, HangFinding, HangWatch, inspect_hang, process_state
 from .log_tail import LogTail
@@ -98,7 +103,9 @@ class WorkerGroup:
             worker = Worker(
                 local_rank, a.global_rank(local_rank), log_dir, os.path.join(log_dir, "error.json")
             )
-            env = worker_environment(spec, a, local_rank, worker.error_file, self._base_env)
+            env = worker_environment(
+                spec, a, local_rank, worker.error_file, self._base_env, node_has_gpus()
+            )
             if self._extra_env is not None:
                 env.update(self._extra_env(local_rank, log_dir))
             if self.handover is not None:
@@ -305,6 +312,8 @@ class WorkerGroup:
         assert worker.exitcode is not None
         if worker.hang is not None:
             message, trace = worker.hang.message, worker.hang.stack
+        note = flight_recorder_note(flight_recorder_dumps(worker.log_dir))
+        message = f"{message} {note}".strip() if note else message
         kind = (
             FailureKind.STOPPED
             if stopped
@@ -329,3 +338,16 @@ class WorkerGroup:
             traceback=trace,
             error_file=worker.error_file if os.path.exists(worker.error_file) else "",
         )
+
+
+@functools.cache
+def node_has_gpus() -> bool:
+    """Whether workers here use NCCL, as far as the agent can tell without CUDA: GPUs
+    visible (torch's flight recorder is turned on for them, core/config/worker_env.py)."""
+    return gpu_count() > 0
+
+
+def flight_recorder_dumps(log_dir: str) -> list[str]:
+    """The flight recorder's dumps torch left in a worker's log folder (a NCCL watchdog
+    timeout or collective error writes one per rank), sorted."""
+    return sorted(glob.glob(os.path.join(glob.escape(log_dir), f"{FLIGHT_RECORDER_PREFIX}*")))

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ...core.config.launch_spec import LaunchSpec
+from ...core.config.worker_env import flight_recorder_named
 from ...core.layout.topology import LayoutError, NodeSlot, build_grid
 from ...core.rendezvous.failures import FailureKind, FailureRecord, failure_roles
 from .safe_text import plain, shown
@@ -32,6 +33,7 @@ def failure_report(
     """torchrun's FAILED summary as a table: the root cause (earliest failure) first, its
     victims marked."""
     _failure_table(console, f"{shown(script)} FAILED", "bold red", failures)
+    _flight_recorder_dumps(console, failures)
     root = failures[0] if failures else None
     if root is not None and root.traceback:
         head = Text.assemble((f"Traceback of rank {root.rank}", "bold"), " (")
@@ -48,7 +50,16 @@ def recovery_report(console: Console, script: str, failures: list[FailureRecord]
         f"{shown(script)} succeeded after {len(failures)} fault(s) in {generations} generation(s)"
     )
     _failure_table(console, title, "bold yellow", failures)
+    _flight_recorder_dumps(console, failures)
     _hung_stacks(console, failures)
+
+
+def _flight_recorder_dumps(console: Console, failures: list[FailureRecord]) -> None:
+    """The NCCL flight recorder's dumps a failure left (the table cuts long messages)."""
+    for record in failures:
+        for dump in flight_recorder_named(record.message):
+            head = Text(f"Flight recorder dump of rank {record.rank}: ", style="bold")
+            console.print(head + plain(dump, limit=None))
 
 
 def _hung_stacks(console: Console, failures: list[FailureRecord]) -> None:

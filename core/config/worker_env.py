@@ -4,6 +4,7 @@ its output goes. Pure functions over a LaunchSpec and this generation's assignme
 from __future__ import annotations
 
 import posixpath
+import re
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -139,6 +140,17 @@ def flight_recorder_env(base_env: Mapping[str, str], log_dir: str) -> dict[str, 
         FLIGHT_RECORDER_DUMP_ON_TIMEOUT: "1",
     }
     return {name: value for name, value in wanted.items() if name not in base_env}
+
+
+def flight_recorder_note(dumps: list[str]) -> str:
+    """What a failure's message gains for the flight recorder's dumps found beside it."""
+    return f"(flight recorder: {', '.join(dumps)})" if dumps else ""
+
+
+def flight_recorder_named(message: str) -> list[str]:
+    """The dumps a failure's message names (flight_recorder_note), or none."""
+    found = re.search(r"\(flight recorder: ([^()]*)\)$", message)
+    return found.group(1).split(", ") if found else []
 
 
 def worker_environment(

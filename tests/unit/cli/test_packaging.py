@@ -1,9 +1,11 @@
 """What the package ships beside the code: `python -m rtrain` is the `rtrain` command,
-and py.typed marks rtrain's type hints for its users' type checkers (PEP 561)."""
+py.typed marks rtrain's type hints for its users' type checkers (PEP 561), and the
+shell completes rtrain's commands (typer's --install-completion)."""
 
 from __future__ import annotations
 
 import configparser
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,9 +16,13 @@ from rtrain.core.errors import ExitCode
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def run_module(*args: str) -> subprocess.CompletedProcess[str]:
+def run_module(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "rtrain", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "rtrain", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
     )
 
 
@@ -32,3 +38,12 @@ def test_py_typed_is_in_the_package_and_shipped() -> None:
     config = configparser.ConfigParser()
     config.read(ROOT / "setup.cfg")
     assert config["options.package_data"]["rtrain"].split() == ["py.typed"]
+
+
+def test_the_shell_completes_rtrains_commands() -> None:
+    assert "--install-completion" in run_module("--help", COLUMNS="200").stdout
+    script = run_module("--show-completion", "bash").stdout
+    assert "_RTRAIN_COMPLETE" in script and "complete " in script
+    # what bash asks of the script it installed, as it asks it
+    asked = run_module(_RTRAIN_COMPLETE="complete_bash", COMP_WORDS="rtrain re", COMP_CWORD="1")
+    assert (asked.returncode, asked.stdout.split()) == (0, ["report"])

@@ -7,6 +7,8 @@ from rtrain.core.config.worker_env import (
     FLIGHT_RECORDER_PREFIX,
     NodeAssignment,
     flight_recorder_env,
+    flight_recorder_named,
+    flight_recorder_note,
     worker_environment,
 )
 
@@ -58,3 +60,11 @@ def test_the_users_settings_win_and_a_size_of_zero_turns_it_off() -> None:
     off = {"TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}
     env = worker_environment(spec_of("t.py"), ASSIGNMENT, 0, ERROR_FILE, off, flight_recorder=True)
     assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "0"
+
+
+def test_a_failure_names_its_dumps_and_the_report_reads_them_back() -> None:
+    dumps = ["/l/a/nccl_trace_rank_0", "/l/b/nccl_trace_rank_1"]
+    message = f"exit 3 {flight_recorder_note(dumps)}"
+    assert message == "exit 3 (flight recorder: /l/a/nccl_trace_rank_0, /l/b/nccl_trace_rank_1)"
+    assert flight_recorder_named(message) == dumps
+    assert flight_recorder_note([]) == "" and flight_recorder_named("exit 3 (x)") == []
