@@ -21,13 +21,10 @@ import pytest
 import yaml
 from rtrain.agent.observe.metrics_http import HEALTH_PATH
 from rtrain.cli.launch_args import parse_launch_args
-from rtrain.core.config.launch_spec import build_launch_spec
-from rtrain.core.config.launch_spec import LaunchSpec
+from rtrain.core.config.launch_spec import LaunchSpec, build_launch_spec
 from rtrain.core.errors import ExitCode
 
-# The emulated pods' controllers (tests/integration/pods.py); without them there is
-# nothing to hold the manifests to.
-Controller = pytest.importorskip("tests.integration.pods").Controller
+from tests.integration.pods import Controller
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "kubernetes"
 MANIFESTS = ("trainjob.yaml", "pytorchjob-elastic.yaml", "jobset.yaml", "etcd.yaml")
