@@ -154,3 +154,23 @@ def test_a_containers_64_mib_shm_is_said_at_start(cluster: pods.Cluster, tmp_pat
     assert "/dev/shm is 64.0 MiB, so the snapshot budget is 32.0 MiB" in text, text[-3000:]
     assert "memory-backed emptyDir" in text
     assert "budget 32.0 MiB" in text  # the snapshots' own line at the first commit
+
+
+def test_a_pod_sigkilled_and_replaced_at_a_new_address_is_admitted(
+    cluster: pods.Cluster, tmp_path: Path
+) -> None:
+    """No SIGTERM first (a node gone, an OOM kill): its lease expires, the other pod
+    waits for the replacement, which gets a new address under the same name."""
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    job = pods.Controller("trainer-v2", "tj", 2, 29400)
+    first, second = (start_pod(cluster, job, i, out, logs) for i in range(2))
+    until(lambda: progress(out) >= 5, 90, "the job trains")
+    cluster.remove(second, signal.SIGKILL)
+    replacement = start_pod(cluster, job, 1, out, logs)
+    assert replacement.address != second.address
+    assert first.wait(timeout=120) == 0, first.output()[-3000:]
+    assert replacement.wait(timeout=30) == 0, replacement.output()[-3000:]
+    finals = [json.loads((out / f"final_rank{r}.json").read_text()) for r in (0, 1)]
+    assert finals[0]["digest"] == finals[1]["digest"]
+    lost = [e for e in events(logs, "fault") if e.get("kind") == "lost_node"]
+    assert lost and "lease not renewed" in str(lost[0]), lost
