@@ -4,6 +4,8 @@ compared with this machine's interface addresses (issue 37 item 1)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import psutil
 import pytest
 from rtrain.agent.store.opening import endpoint_is_local
@@ -57,3 +59,19 @@ def test_an_address_elsewhere_is_not() -> None:
 def test_a_name_that_does_not_resolve_is_another_nodes() -> None:
     owner = endpoint_owner("no-such-pod.no-such-domain.invalid", None)
     assert owner.hosts is False and "does not resolve" in owner.reason
+
+
+def test_dry_run_says_which_node_hosts_and_why(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rtrain.cli.main import run_launch
+
+    monkeypatch.setenv("COLUMNS", "200")  # the table's row on one line
+
+    script = str(Path(__file__).resolve().parents[2] / "scripts" / "train_probe.py")
+    flags = ["--dry-run", "--nnodes=2", "--master-addr=tj-node-0-0.tj.invalid", script]
+    assert run_launch(["--node-rank=1", *flags], {"COLUMNS": "200"}) == 0
+    assert "the static rendezvous hosts it on node rank 0 (this is 1)" in capsys.readouterr().out
+    assert run_launch(["--node-rank=0", *flags], {"COLUMNS": "200"}) == 0
+    out = capsys.readouterr().out
+    assert "store host" in out and "this node: the static rendezvous hosts it on node" in out
