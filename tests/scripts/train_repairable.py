@@ -7,6 +7,8 @@ them. Deterministic on the CPU (each step's data depends only on (step, rank)), 
 run with faults ends bitwise equal to one without.
 
 Writes $PROBE_OUT/enter_gen<G>_rank<R>.json at each entry (pid, repairs so far),
+first_step_gen<G>_rank<R>.json when a generation after the first completes its first
+step (t, step),
 $PROBE_OUT/final_rank<R>.json (pid, digest of parameters and optimizer state) and, on
 rank 0, $PROBE_OUT/progress (steps applied). Faults: PROBE_FAULT="rank=R,step=S,
 action=kill|stop" (in generation 0, once); PROBE_IGNORE=R: rank R, once its collective
@@ -95,6 +97,8 @@ def train() -> None:
         OPTIMIZER.step()
         rtrain.snapshot(state, step)
         rtrain.heartbeat(step)
+        if step == start and generation:  # the first step after a fault (the benchmark)
+            write(f"first_step_gen{generation}_rank{rank}.json", {"t": time.time(), "step": step})
         if rank == 0 and OUT:
             with open(os.path.join(OUT, "progress"), "w") as handle:
                 handle.write(str(step + 1))
