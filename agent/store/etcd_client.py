@@ -315,9 +315,17 @@ class EtcdClient:
     # -- the operations rtrain uses --
 
     def range(
-        self, key: str, prefix: bool = False, keys_only: bool = False, limit: int = 0
+        self,
+        key: str,
+        prefix: bool = False,
+        keys_only: bool = False,
+        limit: int = 0,
+        revision: int = 0,
     ) -> dict[str, Any]:
+        """revision: the key as it was at that revision (0: now)."""
         body: dict[str, Any] = {"key": b64(key)}
+        if revision:
+            body["revision"] = str(revision)
         if prefix:
             body["range_end"] = b64(prefix_end(key.encode()))
         if keys_only:

@@ -53,6 +53,9 @@ JOB_WATCH_IDLE_S = 10.0
 EVICT_S = 30.0
 MAX_TARGETS = 12
 CREATE_WAIT_S = 2.0  # every create must be answered within this (else start again)
+# A new target restarts the stream after this, so that the targets a caller adds one
+# after another (a generation's news, closed key and peers' leases) share one start.
+ADD_SETTLE_S = 0.05
 
 
 class _Restart(Exception):
@@ -165,6 +168,8 @@ class JobWatch:
                 self._start(index)
             except _Restart as restart:
                 self.restarts[restart.reason] += 1
+                if restart.reason == "added":
+                    self._closed.wait(ADD_SETTLE_S)
                 continue
             except (RendezvousError, OSError, http.client.HTTPException, ssl.SSLError) as exc:
                 if self._closed.is_set():

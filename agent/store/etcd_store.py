@@ -24,7 +24,7 @@ from typing import Any
 from ...core.clock import Clock
 from ...core.errors import RendezvousError
 from ..waiting import SYSTEM_CLOCK
-from .etcd_client import EtcdClient, NotEtcd, b64, unb64
+from .etcd_client import EtcdClient, NotEtcd, b64, int_field, unb64
 from .etcd_job_watch import JobWatch
 from .etcd_watch import KeyWatch
 from .kv import as_bytes, decode_counter
@@ -37,6 +37,8 @@ MAX_FOLLOWED = 16  # older watches (of past generations' keys) are closed
 PROMOTE_S = 6.0
 # An add's receipt is the counter's key, this, and the add's token.
 RECEIPT = "\x00add:"
+# A counter's increments are puts to its key and this: their number is the key's version.
+SEQUENCE = "\x00seq"
 
 
 class EtcdKeyValueStore:
@@ -77,40 +79,96 @@ class EtcdKeyValueStore:
         return as_bytes(expected) if held is None else held
 
     def add(self, key: str, amount: int) -> int:
-        """Read, then write the sum if the key did not change meanwhile (else again).
+        """Count up by amount (one increment at a time): the new total.
 
-        The write also records a receipt (a key of its own, under this call's token)
-        and a failed write reads it: when a member commits the write but its answer is
-        lost, the client sends the same request to the next member, which finds the
-        key changed. Without the receipt that looked like someone else's add and the
-        amount was added twice (a phantom join slot, a restart nobody was charged)."""
+        etcd has no atomic add, and a read then a compare-and-set of the counter let
+        only one of many concurrent adders win each time: N nodes joining at once cost
+        O(N^2) requests and N serialised round trips (256 simulated agents took tens of
+        seconds to rejoin). So each increment is one put to the counter's sequence key
+        (SEQUENCE), whose version etcd raises by one per put, atomically: the put's
+        previous version + 1 is this increment's number, whoever else puts at once.
+        The counter's own key, which readers read, is then raised to the number
+        (_raise_to): written at once when no one incremented since, else only if it
+        still holds less.
+
+        The put also records a receipt (a key of its own, under this call's token), and
+        a put whose receipt exists already reads its number back (the sequence key's
+        version at the receipt's revision): when a member commits the put but its
+        answer is lost, the client sends the same request to the next member. Without
+        the receipt that counted twice (a phantom join slot, a restart nobody was
+        charged)."""
+        if amount < 0:
+            raise RendezvousError(f"etcd counters only count up (add {amount} to {key})")
+        if amount == 0:
+            return self.counter(key)
+        total = 0
+        for _ in range(amount):
+            total = self._increment(key)
+        return total
+
+    def _increment(self, key: str) -> int:
+        sequence = f"{key}{SEQUENCE}"
         receipt = f"{key}{RECEIPT}{secrets.token_hex(8)}"
-        while True:
-            found = self.client.range(key)
-            kvs = _kvs(found)
-            if kvs:
-                current = decode_counter(unb64(kvs[0].get("value", ""), "a value"), key)
-                compare = {"target": "MOD", "mod_revision": str(kvs[0].get("mod_revision"))}
-            else:
-                current, compare = 0, {"target": "CREATE", "create_revision": "0"}
-            total = str(current + amount)
-            answer = self.client.txn(
-                [{"key": b64(key), "result": "EQUAL", **compare}],
-                [
-                    {"request_put": {"key": b64(key), "value": b64(total)}},
-                    {"request_put": {"key": b64(receipt), "value": b64(total)}},
-                ],
-                [{"request_range": {"key": b64(receipt)}}],
-            )
-            if answer.get("succeeded"):
-                break
-            committed = _first_value(_response(answer, 0, "response_range"))
-            if committed is not None:  # an earlier attempt of this request took
-                total = str(decode_counter(committed, key))
-                break
+        answer = self.client.txn(
+            [{"key": b64(receipt), "result": "EQUAL", "target": "CREATE", "create_revision": "0"}],
+            [
+                {"request_put": {"key": b64(sequence), "value": "", "prev_kv": True}},
+                {"request_put": {"key": b64(receipt), "value": ""}},
+            ],
+            [{"request_range": {"key": b64(receipt)}}],
+        )
+        if answer.get("succeeded"):
+            previous = _response(answer, 0, "response_put").get("prev_kv")
+            number = int_field(previous, "version") + 1 if isinstance(previous, dict) else 1
+        else:  # an earlier attempt of this request took: its number, as etcd recorded it
+            held = _kvs(_response(answer, 0, "response_range"))
+            if not held:
+                raise NotEtcd("etcd failed an increment without a receipt to read")
+            at = int_field(held[0], "create_revision")
+            found = _kvs(self.client.range(sequence, revision=at))
+            if not found:
+                raise NotEtcd("etcd holds no counter sequence at an increment's revision")
+            number = int_field(found[0], "version")
+        self._raise_to(key, sequence, number)
         with contextlib.suppress(RendezvousError):  # a receipt left behind is only litter
             self.client.delete(receipt)
-        return int(total)
+        return number
+
+    def _raise_to(self, key: str, sequence: str, number: int) -> None:
+        """The counter's key holds at least number once this returns. Written at once
+        if no increment came since this one (its number is the newest); else the
+        newer one writes its own, and this one writes only while the key holds less
+        (a compare-and-set that only the few such stragglers contend for)."""
+        answer = self.client.txn(
+            [
+                {
+                    "key": b64(sequence),
+                    "result": "EQUAL",
+                    "target": "VERSION",
+                    "version": str(number),
+                }
+            ],
+            [{"request_put": {"key": b64(key), "value": b64(str(number))}}],
+            [{"request_range": {"key": b64(key)}}],
+        )
+        if answer.get("succeeded"):
+            return
+        held = _kvs(_response(answer, 0, "response_range"))
+        while True:
+            if held:
+                if decode_counter(unb64(held[0].get("value", ""), "a value"), key) >= number:
+                    return
+                compare = {"target": "MOD", "mod_revision": str(held[0].get("mod_revision"))}
+            else:
+                compare = {"target": "CREATE", "create_revision": "0"}
+            answer = self.client.txn(
+                [{"key": b64(key), "result": "EQUAL", **compare}],
+                [{"request_put": {"key": b64(key), "value": b64(str(number))}}],
+                [{"request_range": {"key": b64(key)}}],
+            )
+            if answer.get("succeeded"):
+                return
+            held = _kvs(_response(answer, 0, "response_range"))
 
     def counter(self, key: str) -> int:
         return decode_counter(self.get(key), key)
