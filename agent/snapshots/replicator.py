@@ -3,9 +3,11 @@
 It runs on its own thread, off the training step's path. For every worker slot that
 holds a committed snapshot not yet replicated it computes the chunk checksums, sends
 the shard to the ring successors (core.snapshots.restore_plan.ring_successors), and then marks
-the slot replicated, which is what lets the worker's next snapshot go ahead (the
-"wait" policy in rtrain.core.snapshot). A peer that cannot take the shard is retried
-on the next pass; if it is gone for good, its lease expiry ends the generation.
+the slot replicated, with the time it took, which is what lets the worker's next
+snapshot go ahead; a worker whose replication falls behind keeps every k-th step
+(core/worker/cadence.py) and writes k into each shard's header: a `snapshot_interval`
+event says when it changes. A peer that cannot take the shard is retried on the next
+pass; if it is gone for good, its lease expiry ends the generation.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import glob
 import logging
 import mmap
 import os
+import select
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -23,8 +26,11 @@ from typing import Any
 from ...core.snapshots.format import (
     HEADER_SIZE,
     SLOTS_PER_RANK,
+    WAKE_FIFO,
     replicated_step,
+    set_replicate_time,
     set_replicated,
+    shard_interval,
 )
 from ...core.snapshots.restore_plan import ShardId
 from ..net.limits import RateLimitedLog
@@ -111,12 +117,14 @@ class Replicator:
         self._failures = RateLimitedLog(logger)
         self._paths: list[str] = []
         self._twins: dict[int, list[int | None]] = {}
+        self._intervals: dict[int, tuple[int, float]] = {}  # rank -> (interval, its last time)
         self.sent = Traffic()  # this generation's
         self._unreported = Traffic()  # since the last `replication` event
         self._emitted = time.monotonic()
         self.newest_replicated: int | None = None  # the newest step sent to every peer
         self._rescan_at = 0.0
         self._slot_files = 0
+        self._wake: int | None = None  # the generation's wake FIFO (WAKE_FIFO), read end
         self._thread = threading.Thread(target=self._run, name="rtrain-replicate", daemon=True)
         self._thread.start()
 
@@ -138,6 +146,8 @@ class Replicator:
             self._generation, self._peers = generation, list(peers)
             self._slot_files = SLOTS_PER_RANK * local_ranks
             self._paths, self._rescan_at = [], 0.0
+            self._intervals = {}
+            self._open_wake(generation)
             self._world_size = world_size
             for client in self._clients.values():
                 client.close()
@@ -164,6 +174,9 @@ class Replicator:
             finally:
                 self._lock.release()
         self._thread.join(timeout=1)  # a put to a stopped peer may hang: it is a daemon
+        if not self._thread.is_alive() and self._wake is not None:
+            os.close(self._wake)
+            self._wake = None
 
     def _report(self) -> None:
         """Log what this generation's replicas cost, once, and start counting anew."""
@@ -205,7 +218,35 @@ class Replicator:
             longest = IDLE_POLL_S if self._paths else NO_SLOTS_POLL_S
             pause = POLL_S if busy else min(pause * 2, longest)
             if not busy:
-                self._closed.wait(pause)
+                self._sleep(pause)
+
+    def _open_wake(self, generation: int) -> None:
+        """The FIFO the workers write a byte into after each commit: a snapshot is taken
+        at once, not at the next poll (which backs off to IDLE_POLL_S while idle, longer
+        than a fast step). Opened for reading and writing, so that it never reads as
+        closed between workers. Without it, the passes poll as before."""
+        if self._wake is not None:
+            os.close(self._wake)
+            self._wake = None
+        path = os.path.join(self._store.snap_dir(generation), WAKE_FIFO)
+        try:
+            if not os.path.exists(path):
+                os.mkfifo(path, 0o600)
+            self._wake = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+        except OSError as exc:
+            logger.debug("no wake FIFO at %s (%s): polling", path, exc)
+
+    def _sleep(self, pause: float) -> None:
+        """Until a worker's wakeup, or `pause` seconds."""
+        wake = self._wake
+        if wake is None:
+            self._closed.wait(pause)
+            return
+        try:
+            if select.select([wake], [], [], pause)[0]:
+                os.read(wake, 4096)
+        except (OSError, ValueError):  # replaced by follow() meanwhile
+            self._closed.wait(pause)
 
     def _pass(self, generation: int) -> bool:
         now = time.monotonic()
@@ -232,6 +273,8 @@ class Replicator:
             match = SLOT.search(path)
             assert match is not None
             shard = ShardId(generation, int(match[2]), header.step)
+            self._note_interval(shard, shard_interval(head))
+            began = time.monotonic()
             crcs = checksums(buffer, header.size)
             if bytes(buffer[:HEADER_SIZE]) != head:
                 continue  # rewritten while it was checksummed: the next pass takes it
@@ -247,7 +290,10 @@ class Replicator:
                 self._checkpointer.offer(
                     shard.rank, shard.step, self._world_size, buffer[: header.size], crcs
                 )
+            took = time.monotonic() - began
+            set_replicate_time(buffer, took)  # before the mark: the worker reads both
             set_replicated(buffer, header.step)
+            self._intervals[shard.rank] = (self._intervals.get(shard.rank, (1, 0.0))[0], took)
             self.newest_replicated = max(self.newest_replicated or -1, header.step)
             worked = True
         return worked
@@ -272,6 +318,29 @@ class Replicator:
                 self._clients.pop(peer, None)
                 return f"{peer[0]}:{peer[1]}: {exc}"
         return None
+
+    def _note_interval(self, shard: ShardId, interval: int) -> None:
+        """A `snapshot_interval` event when a rank's interval differs from its last."""
+        if interval <= 0:
+            return  # not written by a worker that keeps one
+        previous, took = self._intervals.get(shard.rank, (1, 0.0))
+        if interval != previous:
+            logger.info(
+                "rank %d keeps one step in %d from step %d (its last replica took %.3f s)",
+                shard.rank,
+                interval,
+                shard.step,
+                took,
+            )
+            emit(
+                "snapshot_interval",
+                rank=shard.rank,
+                step=shard.step,
+                interval=interval,
+                previous=previous,
+                replicate_s=round(took, 6),
+            )
+        self._intervals[shard.rank] = (interval, took)
 
     def _warn_once(self, shard: ShardId, error: str) -> None:
         key = (error.split(": ", 1)[0], shard.rank, shard.step)

@@ -73,6 +73,9 @@ CHUNK = 8 << 20
 # survivor, whichever side of the dead node's newest step it is (two did not, when a
 # survivor overwrote it while the dead node's newest replicas were still in flight).
 SLOTS_PER_RANK = 3
+# A FIFO in the slot folder: a worker writes a byte into it after each commit, so the
+# agent's replicator takes the snapshot at once rather than at its next poll.
+WAKE_FIFO = "wake"
 
 
 DTYPE_NAMES: dict[Any, str] = {}  # torch.dtype -> its name in a shard, filled on first use

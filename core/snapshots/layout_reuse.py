@@ -17,6 +17,7 @@ then lays the state out in full. Pure: no I/O; torch is imported on first use.
 
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict
 from typing import Any
 
@@ -26,16 +27,15 @@ _DTENSOR: type | None = None
 
 
 def _types() -> None:
+    """torch's tensor types; DTensor only once something imported it (importing it here
+    costs seconds, and without it no state holds one)."""
     global _TENSOR_TYPES, _DTENSOR
-    import torch
+    if not _TENSOR_TYPES:
+        import torch
 
-    _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # a torch built without distributed
-        _DTENSOR = None
-    else:
-        _DTENSOR = DTensor
+        _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+    if _DTENSOR is None:
+        _DTENSOR = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
 
 
 class _Unknown(Exception):
@@ -44,8 +44,7 @@ class _Unknown(Exception):
 
 def signature(state: Any) -> tuple[list[Any], list[Any]] | None:
     """(signature, tensors) of `state`, or None where plan_shard must decide."""
-    if not _TENSOR_TYPES:
-        _types()
+    _types()
     sig: list[Any] = []
     tensors: list[Any] = []
     try:

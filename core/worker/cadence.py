@@ -12,8 +12,8 @@ needs):
   keep the steps of the largest k in common;
 - each replicated snapshot tells how long the agent took (the shard header's
   replicate_us, core/snapshots/header.py): k becomes the smallest power of two whose
-  steps outlast that time by MARGIN, lowered at most by half per snapshot (no
-  oscillation), never above MAX_INTERVAL;
+  steps outlast that time by MARGIN, never above MAX_INTERVAL (a slow start, a peer
+  not yet listening, costs a few skipped steps, not a long interval after it);
 - a due step that finds the newest snapshot still unreplicated is skipped (the step
   pays nothing) and k at least doubles.
 
@@ -60,11 +60,7 @@ class Cadence:
         """The newest snapshot was replicated, in took_s seconds (0: not known)."""
         if took_s <= 0:
             return
-        need = self.needed(took_s)
-        if need < self.interval:
-            self.interval = max(need, self.interval // 2)
-        else:
-            self.interval = need
+        self.interval = self.needed(took_s)
 
     def needed(self, seconds: float) -> int:
         """The smallest power-of-two interval whose steps outlast `seconds` by MARGIN."""

@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import stat
 import struct
 import time
 from typing import Any
@@ -44,6 +45,7 @@ from ..snapshots.format import (
     EMPTY,
     SLOTS_PER_RANK,
     STATE_OFFSET,
+    WAKE_FIFO,
     ShardLayout,
     SnapshotError,
     check_shard,
@@ -154,6 +156,26 @@ class _Slots:
         self.cadence = Cadence()
         self.layout: ShardLayout | None = None  # the last snapshot's, reused if it fits
         self.committed_at = 0.0  # when the newest snapshot was written (monotonic)
+        self._wake: int | None = None  # the agent's wake FIFO, open for writing
+
+    def wake_agent(self) -> None:
+        """Tell the agent a snapshot is committed (core/snapshots/format.py, WAKE_FIFO);
+        without a FIFO or a reader on it the agent finds it at its next poll."""
+        if self._wake is None:
+            path = os.path.join(self.key[0], WAKE_FIFO)
+            try:
+                if not stat.S_ISFIFO(os.stat(path).st_mode):
+                    return
+                self._wake = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:  # none (an agent without one), or no reader (ENXIO)
+                return
+        try:
+            os.write(self._wake, b"\0")
+        except BlockingIOError:
+            pass  # full: the agent has wakeups waiting
+        except OSError:
+            os.close(self._wake)
+            self._wake = None
 
     def newest(self) -> _Slot | None:
         """The slot of the newest committed step (the first such slot on a tie)."""
@@ -226,6 +248,7 @@ def snapshot(state: Any, step: int) -> bool:
     assert target.map is not None
     write_shard(target.map, layout, step, cadence.interval, target.views, target.copier)
     slots.layout, slots.committed_at = layout, time.monotonic()
+    slots.wake_agent()
     return True
 
 
