@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from types import FrameType
 from typing import Any
 
+from ..core.clock import Clock
 from ..core.config.component_specs import fault_part, monitor_part, observe_part
 from ..core.config.launch_spec import LaunchSpec
 from ..core.config.worker_env import pool_environment
@@ -44,6 +45,7 @@ from .generation import (
 from .health.gpu_monitor import GpuFault
 from .health.guard import HealthGuard
 from .kube.eviction import leave_job, leaves_on
+from .kube.store_return import StoreReturn
 from .monitor import GenerationMonitor
 from .net.descriptors import DescriptorShortage, is_out_of_descriptors
 from .observe.events import emit_failure
@@ -63,6 +65,7 @@ from .snapshots.service import SnapshotService
 from .starter import GenerationStarter
 from .state import AgentState, Interrupted, RunResult
 from .store.backends import open_job_store
+from .waiting import SYSTEM_CLOCK
 from .workers.log_tail import LogTail
 from .workers.pool import WorkerPool
 from .workers.process_tree import ZombieReaper, become_subreaper, kill_leftovers
@@ -84,17 +87,20 @@ class Agent:
         nproc: int,
         health: HealthGuard | None = None,
         secret: bytes | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         """secret: the job secret (agent/snapshots/job_secret.py); None hands one out through
-        the store."""
+        the store. clock: every wait and duration of the agent's loop (a test's fake)."""
         self.spec = spec
+        self._clock = clock
         self.nproc = nproc
         self.node_id = uuid.uuid4().hex
         self.addr = default_node_addr(spec)
         self.state = AgentState.INIT
         self.run_log_dir = make_run_log_dir(spec)
-        self._observer = Observer(observe_part(spec), self.run_log_dir, self.addr, nproc)
+        self._observer = Observer(observe_part(spec), self.run_log_dir, self.addr, nproc, clock)
         self._base_env = dict(base_env)
+        self._store_return = StoreReturn(spec, self._base_env)
         self._pool = WorkerPool(spec.preload, pool_environment(base_env, nproc))
         self._tail = LogTail()
         self._signal: int | None = None
@@ -102,8 +108,8 @@ class Agent:
         self._gen: Generation | None = None
         self._health = health
         self._leases: Leases | None = None
-        self._backoff = RestartBackoff(spec.faults.restart_backoff)
-        self._shortage = DescriptorShortage()
+        self._backoff = RestartBackoff(spec.faults.restart_backoff, clock.now, clock.sleep)
+        self._shortage = DescriptorShortage(clock)
         self._reaper = ZombieReaper() if spec.faults.kill_process_tree else None
         # Heartbeat files and snapshot shards: memory-backed where possible.
         self._runtime = make_runtime_dir()
@@ -175,10 +181,13 @@ class Agent:
             return self._result(
                 AgentState.FAILED, exit_code_for_signal(exc.signum), f"stopped by {name}"
             )
-        rdzv = JobRendezvous.over(job_store.kv, self.spec)
+        rdzv = JobRendezvous.over(job_store.kv, self.spec, self._clock)
+        self._store_return.carry_over(rdzv)  # the store came back at the same name
         self._leases = leases = open_leases(job_store, rdzv.keys, self.spec.faults)
-        end = JobEnd(rdzv, job_store.is_host, self.spec.rdzv.close_timeout, self._check_signal)
-        self._policy = FaultPolicy(rdzv, fault_part(self.spec), self.addr, self._check_signal)
+        timeout = self.spec.rdzv.close_timeout
+        end = JobEnd(rdzv, job_store.is_host, timeout, self._check_signal, self._clock)
+        part = fault_part(self.spec)
+        self._policy = FaultPolicy(rdzv, part, self.addr, self._check_signal, self._clock)
         self._monitor = GenerationMonitor(
             monitor_part(self.spec),
             self._check_signal,
@@ -188,6 +197,7 @@ class Agent:
             leases,
             self._health,
             self._reaper,
+            self._clock,
         )
         try:
             return self._generations(rdzv, end, leases)
@@ -224,6 +234,12 @@ class Agent:
             return self._result(AgentState.FAILED, ExitCode.LAYOUT, str(exc))
         except RtrainError as exc:
             self._stop_group(signal.SIGTERM, RESTART_STOP_GRACE_S)
+            if self._store_return.waits_for(exc, job_store.is_host):  # its host's pod went
+                last = self._starter.joined
+                self._store_return.lost(last and last.membership, self._snapshots.secret)
+                self._starter.joined = None
+                leases.close()
+                return self._run()
             message = end.explain(self._place(), exc, self.spec.nodes.min_nodes)
             return self._result(AgentState.FAILED, exc.exit_code, message)
 
@@ -370,7 +386,12 @@ class Agent:
         assert self._health is not None
         last = self._starter.joined
         generation, node_rank = (last.membership.generation, last.node_rank) if last else (0, None)
-        record = self._health.leave_job(rdzv, fault, generation, node_rank, self.addr)
+
+        def tell(record: FailureRecord) -> None:
+            assert node_rank is not None
+            rdzv.leave(generation, node_rank, record)
+
+        record = self._health.leave_job(fault, generation, node_rank, self.addr, tell)
         emit_failure(record)
         self._stop_group(signal.SIGTERM, RESTART_STOP_GRACE_S)
         end.host_until_done(self.spec.rdzv.join_timeout)

@@ -91,16 +91,6 @@ class FaultPolicy:
     ) -> None:
         generation = membership.generation
         addr = membership.members[node].addr
-        if not self._rdzv.ledger.mark_lost(generation, node, my_rank):
-            return  # another agent declared it first and recorded it
-        logger.warning(
-            "node %d (%s) lost: its lease was not renewed for %gs; starting generation %d "
-            "without it",
-            node,
-            addr,
-            timeout,
-            generation + 1,
-        )
         record = FailureRecord(
             kind=FailureKind.LOST_NODE,
             generation=generation,
@@ -112,7 +102,16 @@ class FaultPolicy:
                 f"detected by node {my_rank}"
             ),
         )
-        self._rdzv.ledger.record_failure(record)
+        if not self._rdzv.declare_lost(generation, node, my_rank, record):
+            return  # another agent declared it first and recorded it
+        logger.warning(
+            "node %d (%s) lost: its lease was not renewed for %gs; starting generation %d "
+            "without it",
+            node,
+            addr,
+            timeout,
+            generation + 1,
+        )
         # it stopped at its last renewal: a lease timeout ago, at the latest
         emit_failure(record, detect_s=timeout, fault_t=record.time - timeout)
         self._rdzv.ledger.charge(generation, addr, "lost")
@@ -176,9 +175,14 @@ class FaultPolicy:
             emit_failure(record)
         what = _what_failed(root_cause_first(failures)[0])
         first_reporter = self._rdzv.ledger.claim_restart(gen.number)
-        charge = charge_for_failure(first_reporter, self.budget.exhausted, None)
-        if charge is Charge.CHECK_PEERS:
-            charge = charge_for_failure(True, True, self._peer_loss_explains(gen))
+        exhausted = self.budget.exhausted
+        # core's decision, on what is known; CHECK_PEERS is an action, performed here (a
+        # wait of one lease timeout), and the decision is asked again with what it found.
+        peer_lost: bool | None = None
+        while (charge := charge_for_failure(first_reporter, exhausted, peer_lost)) is (
+            Charge.CHECK_PEERS
+        ):
+            peer_lost = self._peer_loss_explains(gen)
         if charge is Charge.NOT_FIRST:
             logger.info(
                 "%s after another node reported a failure; this node is not charged a restart",

@@ -65,7 +65,7 @@ class GenerationMonitor:
         """Until the generation ends on this node; how it ended."""
         group, generation = gen.group, gen.number
         room_to_grow = len(gen.membership.members) < self._part.max_nodes
-        watch = GenerationWatch(rdzv.rounds, rdzv.ends, generation, room_to_grow)
+        watch = GenerationWatch(rdzv.rounds, rdzv.ends, generation, room_to_grow, self._clock)
         store_every = min(STORE_CHECK_S, self._part.heartbeat_interval / 2)
         next_store_check = 0.0
         while True:

@@ -4,7 +4,8 @@
   reboot or service stays out (and says why).
 - While training: the GpuMonitor's faults. An application-level XID (13, 31, 43, ...)
   restarts the workers, and the node stays. A fault that calls for a reset, a reboot
-  or service takes the node out of the job: it declares itself lost in the store, so
+  or service takes the node out of the job: it declares itself lost in the store (the
+  agent's JobRendezvous.leave, the one place a node is declared lost), so
   the survivors go on at once instead of waiting for its lease to expire, records the
   finding in the failure report, and, with --drain-on-fault under Slurm, drains itself.
 - Without an NVIDIA driver there is nothing to watch: the guard is off, and says so.
@@ -14,14 +15,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from ...core.config.launch_spec import HealthSpec
 from ...core.health.gpu_health import Thresholds
 from ...core.health.gpu_inventory import expected_gpus
 from ...core.rendezvous.failures import FailureKind, FailureRecord
 from ..observe.events import emit
-from ..rendezvous.job import JobRendezvous
 from .drain import DrainError, drain_node, slurm_node_name
 from .gpu_monitor import GpuFault, GpuMonitor, faults_of
 from .nvml_reader import NvmlUnavailable, open_nvml
@@ -78,22 +78,18 @@ class HealthGuard:
 
     def leave_job(
         self,
-        rdzv: JobRendezvous,
         fault: GpuFault,
         generation: int,
         node_rank: int | None,
         host: str,
+        tell: Callable[[FailureRecord], None],
     ) -> FailureRecord:
-        """Take this node out: tell the others (when it was a member) and drain it."""
+        """Take this node out: tell the others (tell: JobRendezvous.leave, the one place a
+        node is declared lost; only when it was a member) and drain it."""
         record = self.record(fault, generation, node_rank if node_rank is not None else -1, host)
         logger.error("leaving the job: %s", fault.describe())
         if node_rank is not None:
-            try:
-                rdzv.ledger.mark_lost(generation, node_rank, node_rank)
-                rdzv.ledger.record_failure(record)
-                rdzv.rounds.open_next_round(generation)
-            except Exception as exc:  # the store may be gone too; leaving must not fail
-                logger.warning("could not tell the other nodes: %s", exc)
+            tell(record)
         self.drain(fault)
         return record
 

@@ -24,6 +24,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ...core.clock import Clock
 from ...core.config.component_specs import ObservePart
 from ...core.errors import StoreUnavailable
 from ...core.observe.status import STATUS_EVERY_S, NodeStatus
@@ -31,6 +32,7 @@ from ...core.rendezvous.decisions import Outcome
 from ...core.rendezvous.place import Place
 from ...core.rendezvous.protocol import StoreKeys
 from ..store.kv import KeyValueStore
+from ..waiting import SYSTEM_CLOCK
 from .events import EVENTS, emit
 from .metrics_file import MetricsFile
 from .metrics_http import MetricsServer
@@ -46,13 +48,22 @@ class _Recovery:
 
     from_generation: int
     cause: str
-    ended_at: float  # the failed generation's end (time.monotonic)
+    ended_at: float  # the failed generation's end (the agent's clock)
     started_at: float  # the new workers' start
     lost_steps: int
 
 
 class Observer:
-    def __init__(self, part: ObservePart, run_log_dir: str, agent: str, nproc: int) -> None:
+    def __init__(
+        self,
+        part: ObservePart,
+        run_log_dir: str,
+        agent: str,
+        nproc: int,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        """clock: durations (a generation's, a recovery's); events keep wall-clock times."""
+        self._clock = clock
         EVENTS.start(agent)
         if part.observe.events:
             EVENTS.open(run_log_dir, agent)
@@ -64,7 +75,7 @@ class Observer:
             EVENTS.listen(self._metrics.on_event)
         if self._metrics is not None and observe.metrics_port is not None:
             self._server = MetricsServer(agent, observe.metrics_port, self._metrics.exposition)
-        self._started = time.monotonic()
+        self._started = clock.now()
         self._status_due = 0.0  # when the next status record is due (rtrain status)
         # the generation that ended last: (number, outcome, when, newest step committed)
         self._ended: tuple[int, Outcome, float, int | None] | None = None
@@ -79,7 +90,7 @@ class Observer:
         )
 
     def generation_started(self, place: Place, world_size: int, restored_step: int | None) -> None:
-        self._started = time.monotonic()
+        self._started = self._clock.now()
         self._status_due = 0.0
         self._beats = _Beats()
         emit(
@@ -108,7 +119,7 @@ class Observer:
         recovery, self._recovering = self._recovering, None
         if recovery is None:
             return
-        end = time.monotonic() if first_step is not None else recovery.started_at
+        end = self._clock.now() if first_step is not None else recovery.started_at
         emit(
             "recovery",
             from_generation=recovery.from_generation,
@@ -129,7 +140,7 @@ class Observer:
         """beats: the generation's heartbeats as it ended (Generation.beats())."""
         self._end_recovery(_first_step(beats), beats)
         self._beats.see(beats)
-        now = time.monotonic()
+        now = self._clock.now()
         self._ended = (generation, outcome, now, last_step)
         seen = self._beats
         emit(
@@ -168,7 +179,7 @@ class Observer:
     ) -> None:
         """This node's status record for `rtrain status`, every STATUS_EVERY_S: one small
         write, whose failure is left to the lease watch that reports a lost store."""
-        now = time.monotonic()
+        now = self._clock.now()
         if now < self._status_due:
             return
         self._status_due = now + STATUS_EVERY_S

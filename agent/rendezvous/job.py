@@ -46,6 +46,29 @@ class JobRendezvous:
         ends = JobEndRecords(store, keys, clock)
         return cls(store, keys, Rounds(store, keys, part, ledger, ends, clock), ledger, ends)
 
+    def declare_lost(
+        self, generation: int, node_rank: int, by_node: int, record: FailureRecord
+    ) -> bool:
+        """The one place a node is declared lost: its mark in the ledger (the first
+        declarer wins, so the loss is recorded and counted once) and its failure record,
+        written by the first declarer, and by a node that declares itself lost whatever
+        came first (its own finding: a GPU fault that takes it out). True for the first
+        declarer, who charges the loss where one is charged (agent/faults.py)."""
+        first = self.ledger.mark_lost(generation, node_rank, by_node)
+        if first or by_node == node_rank:
+            self.ledger.record_failure(record)
+        return first
+
+    def leave(self, generation: int, node_rank: int, record: FailureRecord) -> None:
+        """This node leaves the job: it declares itself lost, so that the others go on at
+        once instead of waiting for its lease to expire, and opens the next round. The
+        store may be gone too: leaving must not fail, so that is a log line."""
+        try:
+            self.declare_lost(generation, node_rank, node_rank, record)
+            self.rounds.open_next_round(generation)
+        except Exception as exc:
+            logger.warning("could not tell the other nodes: %s", exc)
+
     def history(self, generations: int) -> list[FailureRecord]:
         """Every failure recorded in generations 0 .. generations-1."""
         records: list[FailureRecord] = []
