@@ -3,6 +3,9 @@
 For each state size (a state dict of float32 tensors):
   snapshot     rtrain.core.snapshot() on the step's path   vs a plain memory copy
   replicate    ShardClient.put to a ShardServer (loopback)  vs one loopback TCP stream
+               and its CPU: seconds of CPU per GB for the checksums (the sender's
+               agent), and for a put (the sender's send, the receiver's receive and
+               verification: both ends, in this one process)
   restore      local memory: the agent verifies the held copy, the worker's
                restore(copy=False) maps it (also shown: restore() with a copy)
                                                             vs torch.load of the same file
@@ -141,6 +144,7 @@ def shard_figures(state: dict, reps: int) -> dict[str, float]:
     write_shard(buffer, layout, 1)
     size = layout.size
     crcs = checksums(buffer, size)
+    hash_cpu = _cpu(lambda: checksums(buffer, size), reps)
     shard = ShardId(0, 0, 1)
     with tempfile.TemporaryDirectory(dir=SHM) as folder:
         store = ShardStore(folder, budget=0)
@@ -148,6 +152,7 @@ def shard_figures(state: dict, reps: int) -> dict[str, float]:
         client = ShardClient("127.0.0.1", server.port, SECRET)
         try:
             replicate = _best(lambda: client.put(shard, buffer, size, crcs), reps)
+            put_cpu = _cpu(lambda: client.put(shard, buffer, size, crcs), reps)
             held = store.open_shard(shard)
             assert held is not None
             local_buffer = held[0]
@@ -192,7 +197,17 @@ def shard_figures(state: dict, reps: int) -> dict[str, float]:
         "peer": peer,
         "load": load,
         "bytes": size,
+        "hash_cpu": hash_cpu,
+        "put_cpu": put_cpu,
     }
+
+
+def _cpu(fn, reps: int) -> float:
+    """CPU seconds of this process (every thread) per call of fn, the mean of reps."""
+    began = time.process_time()
+    for _ in range(reps):
+        fn()
+    return (time.process_time() - began) / reps
 
 
 def _worker_restore(path: str, copy: bool) -> None:
@@ -233,11 +248,12 @@ def render(rows: list[dict], e2e: dict | None, command: str) -> str:
         f"best of the repetitions, {time.strftime('%Y-%m-%d')}. Limits measured in the same "
         "run: a plain memory copy and one loopback TCP stream of the same bytes.",
         "",
-        "| state | snapshot on the step's path | memory copy | ratio (target <= 1.5) "
+        "| state | snapshot on the step's path | memory copy | ratio (target <= 1.2) "
         "| replicate to a peer | loopback limit | vs limit (target >= 0.5) "
         "| restore, local memory | torch.load | speed-up (target >= 10x) "
-        "| local restore with a copy | restore, peer memory | vs limit (target >= 0.5) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| local restore with a copy | restore, peer memory | vs limit (target >= 0.5) "
+        "| CPU-s per GB: checksums | CPU-s per GB: a put, both ends |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         n = r["bytes"]
@@ -249,7 +265,8 @@ def render(rows: list[dict], e2e: dict | None, command: str) -> str:
             f"| {r['local'] * 1e3:.1f} ms ({_gbs(n, r['local'])}) "
             f"| {r['load'] * 1e3:.1f} ms ({_gbs(n, r['load'])}) | {r['load'] / r['local']:.1f}x "
             f"| {r['local_copy'] * 1e3:.1f} ms ({r['load'] / r['local_copy']:.1f}x) "
-            f"| {_gbs(n, r['peer'])} | {r['loopback'] / r['peer']:.2f} |"
+            f"| {_gbs(n, r['peer'])} | {r['loopback'] / r['peer']:.2f} "
+            f"| {r['hash_cpu'] / (n / 1e9):.3f} | {r['put_cpu'] / (n / 1e9):.3f} |"
         )
     if e2e:
         lines += ["", *e2e["lines"]]
@@ -267,13 +284,28 @@ def main() -> None:
     args = parser.parse_args()
     rows = measure([int(s) for s in args.sizes.split(",")], args.reps)
     table = Table(title="in-memory snapshots (best of repetitions)")
-    for column in ("state", "snapshot / memcpy", "replicate / loopback", "local restore vs load"):
+    columns = (
+        "state",
+        "snapshot",
+        "memcpy",
+        "snapshot / memcpy",
+        "replicate / loopback",
+        "CPU-s/GB checksums",
+        "CPU-s/GB put (both ends)",
+        "local restore vs load",
+    )
+    for column in columns:
         table.add_column(column)
     for r in rows:
+        gb = r["bytes"] / 1e9
         table.add_row(
             f"{r['mb']} MB",
+            f"{r['snapshot'] * 1e3:.1f} ms",
+            f"{r['memcpy'] * 1e3:.1f} ms",
             f"{r['snapshot'] / r['memcpy']:.2f}",
             f"{r['loopback'] / r['replicate']:.2f}",
+            f"{r['hash_cpu'] / gb:.3f}",
+            f"{r['put_cpu'] / gb:.3f}",
             f"{r['load'] / r['local']:.1f}x",
         )
     Console().print(table)

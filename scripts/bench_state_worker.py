@@ -6,7 +6,10 @@ its state every step in one of three ways:
   snapshot   rtrain.core.snapshot() of {model, optimizer} (Stateful objects)
   dcp        dcp.save(..., SnapshotWriter(step)) of get_state_dict(model, optimizer)
 
-Rank 0 writes $BENCH_OUT/steps.json: the step times after --warmup steps. In dcp mode
+Rank 0 writes $BENCH_OUT/steps.json: the step times after --warmup steps, the time
+inside snapshot() or dcp.save of each, and a plain memory copy of the rank's state
+(the same bytes, tensor to tensor). BENCH_CORES (e.g. "0") pins the workers to those
+cores, leaving the others to the agent's replication. In dcp mode
 with --disk DIR it also saves step --disk-step to DIR with DCP's FileSystemWriter, and
 a restarted job (fewer ranks: a node was lost) times dcp.load from peer memory, then
 dcp.load of the disk copy with its files evicted from the page cache, and writes
@@ -60,6 +63,20 @@ def evict(directory: str) -> None:
                 os.close(fd)
 
 
+def _copy_seconds(tensors: list[torch.Tensor], optimizer: torch.optim.Optimizer) -> float:
+    """One plain memory copy of this rank's state (parameters and Adam moments: the
+    bytes a snapshot keeps), into tensors allocated and touched beforehand."""
+    sources = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
+    for moments in optimizer.state.values():
+        sources += [v.to_local() if hasattr(v, "to_local") else v for v in moments.values()]
+    sources = [s for s in sources if isinstance(s, torch.Tensor) and s.numel() > 1]
+    targets = [torch.empty_like(s).fill_(0) for s in sources]
+    began = time.perf_counter()
+    for target, source in zip(targets, sources, strict=True):
+        target.copy_(source)
+    return time.perf_counter() - began
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mode", choices=("ddp", "fsdp2"), default="ddp")
@@ -107,31 +124,47 @@ def main() -> None:
             if rank == 0:
                 with open(os.path.join(out, "restore.json"), "w") as handle:
                     json.dump({**timings, "world": world, "step": start - 1}, handle)
+    cores = os.environ.get("BENCH_CORES")
+    if cores:
+        os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
+    tensors = [t for t in model.state_dict().values() if isinstance(t, torch.Tensor)]
     inputs = torch.randn(args.batch, 1024)
-    times = []
+    times, inside, copies = [], [], []
     for step in range(start, args.steps):
         began = time.perf_counter()
         loss = model(inputs).square().mean()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        kept = time.perf_counter()
         if args.keep == "snapshot":
             snapshot({"model": model, "optim": optimizer}, step)
         elif args.keep == "dcp":
             model_sd, optim_sd = get_state_dict(model, optimizer)
             state = {"model": model_sd, "optim": optim_sd, "data": {"next": step + 1}}
             dcp.save(state, storage_writer=SnapshotWriter(step))
-            if args.disk and step == args.disk_step:
-                dcp.save(state, storage_writer=dcp.FileSystemWriter(args.disk))
+        inside.append(time.perf_counter() - kept)
+        if args.keep == "dcp" and args.disk and step == args.disk_step:
+            dcp.save(state, storage_writer=dcp.FileSystemWriter(args.disk))
         heartbeat(step)
         times.append(time.perf_counter() - began)
         if rank == 0:
             with open(os.path.join(out, "progress"), "w") as handle:
                 handle.write(str(step + 1))
+    for _ in range(max(args.steps - start - args.warmup, 1)):
+        copies.append(_copy_seconds(tensors, optimizer))
     dist.barrier()
     if rank == 0:
         with open(os.path.join(out, "steps.json"), "w") as handle:
-            json.dump({"times": times[args.warmup :], "world": world}, handle)
+            json.dump(
+                {
+                    "times": times[args.warmup :],
+                    "inside": inside[args.warmup :],
+                    "copy": copies,
+                    "world": world,
+                },
+                handle,
+            )
     dist.destroy_process_group()
 
 
