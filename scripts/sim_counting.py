@@ -62,22 +62,6 @@ class CountedTorchStore(TorchKeyValueStore):
         return answer
 
 
-class CountedWaits:
-    """A torch Store connection whose waits and checks (KeyNotices') are counted."""
-
-    def __init__(self, store: Any, requests: Requests) -> None:
-        self._store = store
-        self._requests = requests
-
-    def wait(self, keys: list[str], timeout: Any) -> None:
-        self._requests.add("wait", payload_size(keys))
-        self._store.wait(keys, timeout)
-
-    def check(self, keys: list[str]) -> bool:
-        self._requests.add("check", payload_size(keys), 1)
-        return bool(self._store.check(keys))
-
-
 class CountedEtcdClient(EtcdClient):
     requests: Requests
 

@@ -15,10 +15,11 @@ coordination's own. Store requests are counted at each agent's client.
 How the agents share the process (sim_loop.py): the checks and the lease renewals are
 tasks on one loop served by LOOP_WORKERS threads, not a thread per agent; the joins
 (Rounds.join blocks) run on a thread per agent, parked between joins, JOIN_SLOTS of
-them at a time. What a real agent has that stays a thread here: KeyNotices' blocking
-wait on TCPStore (torch_notices.py), blocked in C++ until its key is set, and over
-etcd each watch's stream (etcd_watch.py). The loop's lateness (a check or renewal run
-later than due) and the joins' wait for a slot are reported: the simulator's share.
+them at a time. KeyNotices' blocking waits on TCPStore are the same requests on a
+connection of each agent's own, their answers read by one thread (sim_notices.py).
+What stays a thread per agent: over etcd, each agent's watch stream (JobWatch). The
+loop's lateness (a check or renewal run later than due), how long its tasks took, and
+the joins' wait for a slot are reported: the simulator's share.
 
     sim_shard.py BACKEND NODES ENDPOINT RUN_ID FIRST END
 
@@ -60,8 +61,9 @@ from rtrain.agent.store.torch_store import TorchKeyValueStore  # noqa: E402
 from rtrain.cli.launch_args import parse_launch_args  # noqa: E402
 from rtrain.core.config.launch_spec import LaunchSpec, build_launch_spec  # noqa: E402
 from rtrain.core.rendezvous.protocol import MemberInfo, Membership  # noqa: E402
-from sim_counting import CountedEtcdClient, CountedTorchStore, CountedWaits, Requests  # noqa: E402
+from sim_counting import CountedEtcdClient, CountedTorchStore, Requests  # noqa: E402
 from sim_loop import Loop, RunSlots  # noqa: E402
+from sim_notices import WaitMux  # noqa: E402
 
 
 def decode_memberships_once() -> None:
@@ -150,19 +152,21 @@ class SimAgent:
         def connect_raw() -> Any:
             return connect_store(rdzv_spec.host, rdzv_spec.port, 60.0, rdzv_spec.read_timeout).store
 
-        def connect(waits: Any = None) -> TorchKeyValueStore:
+        def connect() -> TorchKeyValueStore:
             # Called directly (no deadline thread): a thread per call would double the
             # threads of an already crowded process.
-            counted = CountedTorchStore(
-                connect_raw(), rdzv_spec.host, clock=clock,
-                connect=(lambda: waits) if waits else None,
-            )  # fmt: skip
+            counted = CountedTorchStore(connect_raw(), rdzv_spec.host, clock=clock)
             counted.requests = self.requests
             return counted
 
         # The waits' and the lease's own connections, opened now, before the clock
         # starts: opened later by many at once, connects held renewals up past the timeout.
-        store = connect(CountedWaits(connect_raw(), self.requests))
+        # The waits: KeyNotices' requests on a connection of the agent's own, their
+        # answers read by the shard's one thread (sim_notices.py), not a thread each.
+        store = connect()
+        store._notices = self.run_.waits.notices(  # type: ignore[assignment]
+            rdzv_spec.host, rdzv_spec.port, self.requests
+        )
         rdzv = JobRendezvous.over(store, self.spec, clock)
         leases = StoreLeases(
             store,
@@ -246,6 +250,7 @@ class SimRun:
         self.opened = threading.Event()
         self.victim: SimAgent | None = None
         self.loop = Loop(_threads("BENCH_SCALE_LOOP_WORKERS", LOOP_WORKERS, backend))
+        self.waits = WaitMux()
         self.slots = RunSlots(_threads("BENCH_SCALE_JOIN_SLOTS", JOIN_SLOTS, backend))
 
     def lateness(self) -> dict[str, object]:
