@@ -19,6 +19,11 @@ logger = logging.getLogger(__name__)
 
 # What most training scripts import at their first optimizer step (1.2 s of torch._dynamo).
 WARM_LATER = ("torch._dynamo",)
+# The warm-up starts once the agent sent the pool nothing for this long: not while a
+# generation's workers take their first steps (1-3 s of CPU, even at idle priority,
+# beside a one-second loop's two workers on two cores), and done long before a typical
+# restart. A restart that comes first forks at once; its workers import what they use.
+WARM_AFTER_S = 10.0
 # How often a spawn the pool has not answered yet says that it still waits.
 NOTICE_S = 10.0
 # Lets torch.cuda.is_available() in a preload module ask NVML, not initialize CUDA
@@ -51,10 +56,13 @@ class WorkerPool:
         env: Mapping[str, str],
         warm_later: tuple[str, ...] | None = None,
         notice_s: float = NOTICE_S,
+        warm_after: float = WARM_AFTER_S,
     ) -> None:
         """warm_later: modules the zygote imports once it is idle after its start (default:
-        torch._dynamo when torch is preloaded); notice_s: how often a slow spawn is logged."""
+        torch._dynamo when torch is preloaded), warm_after: idle for that long (seconds);
+        notice_s: how often a slow spawn is logged."""
         self._notice_s = notice_s
+        self._warm_after = warm_after
         self._preload = preload
         if warm_later is None:
             warm_later = WARM_LATER if "torch" in preload else ()
@@ -85,6 +93,8 @@ class WorkerPool:
                 ",".join(self._preload),
                 "--warm-later",
                 ",".join(self._warm_later),
+                "--warm-after",
+                str(self._warm_after),
             ],
             pass_fds=(theirs.fileno(),),
             env={**self._env, **POOL_ONLY_ENV},

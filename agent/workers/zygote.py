@@ -60,6 +60,10 @@ class Zygote:
         self._parent_pid = parent_pid
         self._children: dict[int, str] = {}
         self.warm_later: list[str] = []
+        # The warm-up waits until nothing came from the agent for this long (a spawn's
+        # workers are then past their first seconds: see WorkerPool's warm_after).
+        self.warm_after = 0.2
+        self._last_message = time.monotonic()
         self._warmer: WarmUp | None = None
         self._buffer = b""
         # Set while lines are written: a report from the SIGCHLD handler then waits in
@@ -94,10 +98,11 @@ class Zygote:
         signal.set_wakeup_fd(self._wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: self._reap())
         while True:
-            idle_s = 0.2 if self.warm_later else 1.0
+            idle_s = min(0.2, self.warm_after) if self.warm_later else 1.0
             watched: list[Any] = [self._sock, self._wake_r]
             readable, _, _ = select.select(watched, [], [], idle_s)
-            if not readable and self.warm_later and self._warmer is None:
+            quiet = time.monotonic() - self._last_message >= self.warm_after
+            if not readable and self.warm_later and self._warmer is None and quiet:
                 # Idle: import what workers will import anyway (see WorkerPool), so that
                 # restarted workers skip it, without making the first start wait for it.
                 self._warmer = WarmUp(self.warm_later)
@@ -116,6 +121,7 @@ class Zygote:
                     self._signal_all(signal.SIGKILL)
                     return
                 self._buffer += data
+                self._last_message = time.monotonic()
                 while b"\n" in self._buffer:
                     line, self._buffer = self._buffer.split(b"\n", 1)
                     self._handle(json.loads(line))
@@ -196,6 +202,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--preload", default="")
     parser.add_argument("--warm-later", default="")
+    parser.add_argument("--warm-after", type=float, default=0.2)
     args = parser.parse_args(argv)
     parent = os.getppid()
     set_parent_death_signal(signal.SIGKILL)
@@ -212,6 +219,7 @@ def main(argv: list[str] | None = None) -> None:
     modules = [m for m in args.preload.split(",") if m]
     errors = preload(modules)
     zygote.warm_later = [m for m in args.warm_later.split(",") if m]
+    zygote.warm_after = args.warm_after
     try:
         zygote.send({"ev": "ready", "preload_errors": errors})
         zygote.serve()
