@@ -236,7 +236,8 @@ class Agent:
             self._stop_group(signal.SIGTERM, RESTART_STOP_GRACE_S)
             if self._store_return.waits_for(exc, job_store.is_host):  # its host's pod went
                 last = self._starter.joined
-                self._store_return.lost(last and last.membership, self._snapshots.secret)
+                membership = last.membership if last is not None else None
+                self._store_return.lost(membership, self._snapshots.secret)
                 self._starter.joined = None
                 leases.close()
                 return self._run()

@@ -81,6 +81,7 @@ class SnapshotService:
         self._server: ShardServer | None = None
         self._replicator: Replicator | None = None
         self._restorer: Restorer | None = None
+        self._rdzv: JobRendezvous | None = None  # the rendezvous the restorer reads
         self._fetcher = PeerFetcher(self.store)
         self._generation: int | None = None  # the generation the workers now run
         self.restored_step: int | None = None  # the step this generation's workers resume after
@@ -114,6 +115,7 @@ class SnapshotService:
         if self._secret is None:
             self._secret = rdzv.store.set_once(self._keys.secret, secrets.token_hex(32))
         self._server = ShardServer(self._host, self._secret, self.store, self._admission)
+        self._rdzv = rdzv
         self._restorer = Restorer(
             rdzv, self.store, self._secret, self._host, self._checkpoint_dir, self._clock
         )
@@ -180,6 +182,12 @@ class SnapshotService:
         lineage: whose state each rank continues where the grid does not say (ReCycle)."""
         if self._server is None:
             self._start(rdzv)
+        elif rdzv is not self._rdzv and self._secret is not None:
+            # the job's store carried over to a new one (agent/kube/store_return.py)
+            self._rdzv = rdzv
+            self._restorer = Restorer(
+                rdzv, self.store, self._secret, self._host, self._checkpoint_dir, self._clock
+            )
         assert self._server is not None and self._restorer is not None
         round_ = RestoreRound(membership, topology, node_rank, timeout, watch, lineage)
         self._end_generation(round_)
@@ -311,6 +319,11 @@ class SnapshotService:
                     len(slots),
                 )
         return max(steps, default=None)
+
+    @property
+    def secret(self) -> bytes | None:
+        """The job secret (None until the first generation starts, if none was given)."""
+        return self._secret
 
     def close(self) -> None:
         if self._replicator is not None:
