@@ -65,6 +65,7 @@ class _Placed:
 
     index: str
     writer: int
+    step: int  # the step the index was made for
 
 
 class SnapshotWriter(StorageWriter):
@@ -108,7 +109,7 @@ class SnapshotWriter(StorageWriter):
         index = SaveIndex(secrets.token_hex(8), len(plans), self.step, tuple(items), planner_data)
         text = index.to_json()
         return [
-            dataclasses.replace(plan, storage_data=_Placed(text, writer))
+            dataclasses.replace(plan, storage_data=_Placed(text, writer, self.step))
             for writer, plan in enumerate(plans)
         ]
 
@@ -120,6 +121,15 @@ class SnapshotWriter(StorageWriter):
                 "rtrain's DCP storage saves over the default process group only "
                 f"(rank {dist.get_rank()} was writer {placed.writer})"
             )
+        index = placed.index
+        if placed.step != self.step:
+            # DCP's plan caching (DefaultSavePlanner(enable_plan_caching=True)) hands
+            # each rank the plan of the save that made the cache, index and all: the
+            # same items, another step. The index names this save's step.
+            old, new = f'"step":{placed.step},', f'"step":{self.step},'
+            if old not in index:
+                raise SnapshotError("a cached DCP plan whose index names no step")
+            index = index.replace(old, new, 1)
         data: dict[int, Any] = {}
         results = []
         for slot, item in enumerate(plan.items):
@@ -140,7 +150,7 @@ class SnapshotWriter(StorageWriter):
                 data[slot] = resolved.detach()
                 size = resolved.numel() * resolved.element_size()
             results.append(WriteResult(item.index, size, Location(placed.writer, slot)))
-        shard = {MARK: {"index": placed.index, "writer": placed.writer}, "items": data}
+        shard = {MARK: {"index": index, "writer": placed.writer}, "items": data}
         try:
             kept = snapshot(shard, self.step)
         except SnapshotError as exc:

@@ -139,3 +139,25 @@ def test_any_json_as_an_index_gives_an_index_or_a_refusal() -> None:
             assert all(0 <= item.writer < index.writers for item in index.items)
 
     check()
+
+
+def test_saves_with_dcp_plan_caching_each_name_their_own_step(slot_dir: str) -> None:
+    """DefaultSavePlanner(enable_plan_caching=True) hands a save the plan of the one that
+    made the cache: its index named that save's step, and every later shard was refused
+    at load ('does not match its own index')."""
+    import torch.distributed.checkpoint as dcp
+    from rtrain.core.worker.dcp import SnapshotReader, SnapshotWriter, restored_step
+    from torch.distributed.checkpoint import DefaultSavePlanner
+
+    for step in range(3):
+        saved = _state(step)
+        planner = DefaultSavePlanner(enable_plan_caching=True)
+        dcp.save(saved, storage_writer=SnapshotWriter(step), planner=planner, no_dist=True)
+        _mark_replicated(slot_dir)
+    snapshot_api._slots = None  # a restarted worker
+    assert restored_step() == 2
+    loaded = _state(7)
+    dcp.load(loaded, storage_reader=SnapshotReader(), no_dist=True)
+    for key in saved["model"]:
+        assert torch.equal(loaded["model"][key], saved["model"][key])
+    assert loaded["extra"]["epoch"] == 2
