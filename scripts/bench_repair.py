@@ -10,12 +10,14 @@ ranks on localhost, --state-mb of extra state per rank, rank 1 SIGKILLs itself a
   torchft      torchft_lighthouse + one process per replica group (no launcher); the
                healthy group steps on without the failed one (min_replica_size=1)
 
-Recovery: fault (fault.json's t_fault, written just before the SIGKILL) -> the first step
-completed (torchft: committed) by any rank after it. "kept": the step came from a process
-that had stepped before the fault (the survivor kept its process). The peers run from
-their own environment (--peers-venv, a venv made with --system-site-packages so it uses
-this torch: `python -m venv --system-site-packages V; V/bin/pip install
-nvidia-resiliency-ext torchft`); without it they are reported as not installed.
+Recovery: fault (fault.json's t_fault, written just before the SIGKILL) -> the end of the
+first step begun after it and completed (torchft: committed) by any rank. "kept": that
+step came from a process that had stepped before the fault (the survivor kept its
+process). The peers run from their own environment (--peers-venv, a venv made with
+--system-site-packages so it uses this torch: `python -m venv --system-site-packages V;
+V/bin/pip install nvidia-resiliency-ext torchft`); without it they are reported as not
+installed. Repair in place plugs in through repair_hook_available() (rtrain.core.worker.repair)
+and the worker's run_repair() (rtrain.repairable).
 
     python scripts/bench_repair.py --runs 3 --state-mb 100 --peers-venv /tmp/peers
 """
@@ -128,35 +130,38 @@ def _kill_tree(proc: subprocess.Popen) -> None:
             p.send_signal(signal.SIGKILL)
 
 
-def _steps(out: Path) -> dict[int, list[tuple[float, int]]]:
-    steps: dict[int, list[tuple[float, int]]] = {}
+def _steps(out: Path) -> dict[int, list[tuple[float, float]]]:
+    """Each process's steps: (began, ended), by pid."""
+    steps: dict[int, list[tuple[float, float]]] = {}
     for path in out.glob("steps_*.txt"):
         pid = int(path.stem.split("_")[1])
         for line in path.read_text().splitlines():
             with contextlib.suppress(ValueError):
-                t, s = line.split()
-                steps.setdefault(pid, []).append((float(t), int(s)))
+                began, ended, _ = line.split()
+                steps.setdefault(pid, []).append((float(began), float(ended)))
     return steps
 
 
 def judge(out: Path) -> Outcome | None:
-    """The outcome once a step completed after the fault, else None."""
+    """The outcome once a step begun after the fault has completed, else None."""
     fault = out / "fault.json"
     if not fault.exists():
         return None
     t_fault = json.loads(fault.read_text())["t_fault"]
     steps = _steps(out)
-    after = [(t, pid) for pid, rows in steps.items() for t, _ in rows if t > t_fault]
+    after = [
+        (ended, pid) for pid, rows in steps.items() for began, ended in rows if began > t_fault
+    ]
     if not after:
         return None
     t_next, pid = min(after)
     gaps = [
         b - a
         for rows in steps.values()
-        for (a, _), (b, _) in itertools.pairwise(sorted(rows))
+        for (_, a), (_, b) in itertools.pairwise(sorted(rows))
         if b <= t_fault
     ]
-    kept = any(t <= t_fault for t, _ in steps[pid])
+    kept = any(began <= t_fault for began, _ in steps[pid])
     step_s = statistics.median(gaps) if gaps else None
     return Outcome(t_next - t_fault, kept=kept, step_s=step_s)
 
@@ -203,6 +208,8 @@ def _watch(launcher: str, out: Path, procs: list[subprocess.Popen], timeout: flo
             if judged is not None:
                 return judged
             tail = (out / "proc0.log").read_text(errors="replace")[-400:]
+            if main.returncode == 0:  # the job ended without a step after the fault
+                return Outcome(status="no step after the fault", log=tail)
             return Outcome(status=f"failed (exit {main.returncode})", log=tail)
         time.sleep(0.02)
     tail = (out / "proc0.log").read_text(errors="replace")[-400:]

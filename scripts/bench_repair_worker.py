@@ -1,0 +1,190 @@
+"""The job scripts/bench_repair.py measures: the same small DDP model with BENCH_STATE_MB of
+extra state per rank (a buffer kept and restored with the model), over gloo, written four
+ways for the four ways of coming back from a fault:
+
+  disk      torch.save of the state every step, torch.load on start (torchrun, ft_launcher)
+  snapshot  rtrain.snapshot() every step, rtrain.restore() on start (rtrain's restart)
+  repair    rtrain.repairable: the training function is re-entered in the same process
+            (repair in place; the hook for rtrain.core.worker.repair)
+  torchft   torchft's Manager over its lighthouse: one process per replica group, the
+            healthy group keeps stepping while the failed one is gone
+
+Rank 1 (replica group 1 under torchft) SIGKILLs itself at the start of step
+BENCH_FAULT_STEP, once, after writing $BENCH_OUT/fault.json (t_fault). Every process
+appends "began ended step" to $BENCH_OUT/steps_<pid>.txt as each step completes (for
+torchft: as each step commits), so the harness can find the first step begun after the
+fault and its end: a step under way at the fault does not count.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+OUT = os.environ.get("BENCH_OUT", "")
+MODE = os.environ.get("BENCH_MODE", "disk")
+STEPS = int(os.environ.get("BENCH_STEPS", "30"))
+FAULT_STEP = int(os.environ.get("BENCH_FAULT_STEP", "8"))
+PAUSE = float(os.environ.get("BENCH_STEP_SLEEP", "0.05"))
+
+torch.manual_seed(0)
+MODEL = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
+OPTIMIZER = torch.optim.SGD(MODEL.parameters(), lr=0.05, momentum=0.9)
+EXTRA = torch.ones(int(float(os.environ.get("BENCH_STATE_MB", "100")) * 2**20) // 4)
+
+
+def state() -> dict:
+    return {"model": MODEL.state_dict(), "optimizer": OPTIMIZER.state_dict(), "extra": EXTRA}
+
+
+def load(saved: dict) -> None:
+    MODEL.load_state_dict(saved["model"])
+    OPTIMIZER.load_state_dict(saved["optimizer"])
+    EXTRA.copy_(saved["extra"])
+
+
+def note_step(step: int, began: float) -> None:
+    if OUT:
+        with open(os.path.join(OUT, f"steps_{os.getpid()}.txt"), "a") as handle:
+            handle.write(f"{began:.6f} {time.time():.6f} {step}\n")
+
+
+def inject(who: int, step: int) -> None:
+    marker = os.path.join(OUT, "fault.json")
+    if who != 1 or step != FAULT_STEP or not OUT or os.path.exists(marker):
+        return
+    with open(marker + ".tmp", "w") as handle:
+        handle.write(f'{{"t_fault": {time.time():.6f}, "step": {step}}}')
+    os.replace(marker + ".tmp", marker)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def batch(step: int, who: int) -> tuple[torch.Tensor, torch.Tensor]:
+    inputs = torch.randn(8, 16, generator=torch.Generator().manual_seed(step * 100 + who))
+    return inputs, inputs.sum(dim=1, keepdim=True)
+
+
+def loop(model: nn.Module, rank: int, start: int, keep: Callable[[int], None]) -> None:
+    for step in range(start, STEPS):
+        began = time.time()
+        inject(rank, step)
+        inputs, targets = batch(step, rank)
+        OPTIMIZER.zero_grad()
+        nn.functional.mse_loss(model(inputs), targets).backward()
+        OPTIMIZER.step()
+        keep(step)
+        note_step(step, began)
+        time.sleep(PAUSE)
+
+
+def run_disk() -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    path = os.path.join(OUT, f"ckpt_rank{rank}.pt")
+    start = 0
+    if os.path.exists(path):
+        saved = torch.load(path)
+        load(saved)
+        start = saved["step"] + 1
+
+    def keep(step: int) -> None:
+        torch.save({**state(), "step": step}, path + ".tmp")
+        os.replace(path + ".tmp", path)
+
+    loop(DDP(MODEL), rank, start, keep)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_snapshot() -> None:
+    import rtrain
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo")
+    restored = rtrain.restore(copy=False)
+    start = 0
+    if restored is not None:
+        load(restored[0])
+        start = restored[1] + 1
+    loop(DDP(MODEL), dist.get_rank(), start, lambda step: rtrain.snapshot(state(), step))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_repair() -> None:
+    """Repair in place: H8's rtrain.repairable re-enters train() in the same process on
+    the next generation's group; the model, optimizer and buffer live outside it."""
+    import rtrain
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    kept = {"model": MODEL, "optimizer": OPTIMIZER, "extra": EXTRA}
+
+    @rtrain.repairable(backend="gloo")
+    def train() -> None:
+        restored = rtrain.restore(into=kept)
+        start = 0 if restored is None else restored[1] + 1
+        loop(DDP(MODEL), dist.get_rank(), start, lambda step: rtrain.snapshot(kept, step))
+        dist.barrier()
+
+    train()
+
+
+def run_torchft() -> None:
+    from datetime import timedelta
+
+    from torchft import DistributedDataParallel, Manager, ProcessGroupGloo
+
+    group = int(os.environ["REPLICA_GROUP_ID"])
+    # The replica group's own store (torchrun would host it; one process per group here).
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=True,
+        wait_for_workers=False,
+    )
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=timedelta(seconds=10)),
+        min_replica_size=1,
+        load_state_dict=load,
+        state_dict=state,
+        replica_id=f"bench_{group}",
+        timeout=timedelta(seconds=10),
+    )
+    model = DistributedDataParallel(manager, MODEL)
+    # Both groups' managers heartbeat before either asks for a quorum, so the first quorum
+    # holds both (with min_replica_size=1 a lone early group would train on alone).
+    ready = os.path.join(OUT, f"ready_{group}")
+    open(ready, "w").close()
+    deadline = time.monotonic() + 60
+    while not all(os.path.exists(os.path.join(OUT, f"ready_{g}")) for g in (0, 1)):
+        if time.monotonic() > deadline:
+            raise SystemExit("the other replica group never started")
+        time.sleep(0.05)
+    while manager.current_step() < STEPS:
+        step = manager.current_step()
+        began = time.time()
+        inject(group, step)
+        inputs, targets = batch(step, group)
+        manager.start_quorum()
+        OPTIMIZER.zero_grad()
+        nn.functional.mse_loss(model(inputs), targets).backward()
+        if manager.should_commit():
+            OPTIMIZER.step()
+            note_step(step, began)
+        time.sleep(PAUSE)
+    manager.shutdown()
+    del store
+
+
+if __name__ == "__main__":
+    {"disk": run_disk, "snapshot": run_snapshot, "repair": run_repair, "torchft": run_torchft}[
+        MODE
+    ]()
