@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from ...core.clock import Clock
 from ...core.config.component_specs import ObservePart
 from ...core.errors import StoreUnavailable
-from ...core.observe.status import STATUS_EVERY_S, NodeStatus
+from ...core.observe.status import NodeStatus, status_period
 from ...core.rendezvous.decisions import Outcome
 from ...core.rendezvous.place import Place
 from ...core.rendezvous.protocol import StoreKeys
@@ -177,12 +177,13 @@ class Observer:
         committed: int | None,
         replicated: int | None,
     ) -> None:
-        """This node's status record for `rtrain status`, every STATUS_EVERY_S: one small
+        """This node's status record for `rtrain status`, every status_period (longer past
+        64 nodes: the job's status writes stay flat as it grows): one small
         write, whose failure is left to the lease watch that reports a lost store."""
         now = self._clock.now()
         if now < self._status_due:
             return
-        self._status_due = now + STATUS_EVERY_S
+        self._status_due = now + status_period(place.num_nodes)
         steps = [_step(beat) for _, beat in beats]
         ranks = tuple(rank for rank, _ in beats)
         record = NodeStatus(time.time(), "running", ranks, tuple(steps), committed, replicated)
