@@ -17,6 +17,8 @@
 #    initializes CUDA makes rtrain refuse to fork, with one line and exit 64;
 # 7. snapshot D2H: GB/s into a page-locked (registered) slot against a pageable one,
 #    how much of the copy hides behind compute, snapshot()/restore() of CUDA tensors.
+# 8. repair in place: a CUDA tensor and its process survive a repair (rtrain.repairable;
+#    scripts/gpu_repair_check.py).
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -136,5 +138,9 @@ with tempfile.TemporaryDirectory(dir="/dev/shm") as folder:
           f"({256 * 2**20 / min(times[1:]) / 1e9:.1f} GB/s); side-stream copies {copies}; "
           f"restored step {step}, bitwise {'equal' if ok else 'DIFFERENT'}")
 PY
+echo "exit code: $?"
+
+echo "== repair in place: a CUDA tensor and its process survive a repair"
+$PY scripts/gpu_repair_check.py --device cuda
 echo "exit code: $?"
 echo "== done"

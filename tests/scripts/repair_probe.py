@@ -5,6 +5,8 @@ Writes $PROBE_OUT/enter_gen<G>_rank<R>.json at each entry (pid, world size, repa
 and $PROBE_OUT/done_gen<G>_rank<R>.json (the sum of the last all_reduce), and
 $PROBE_OUT/step_rank<R> (steps done in this generation) after every step.
 PROBE_RAISE=R: rank R raises ValueError at its third step (its own bug, not a peer's).
+PROBE_KEEP_DEVICE=cuda|cpu: a tensor made once per process on that device, whose
+address and sum each entry records (scripts/gpu_repair_check.py: it survives a repair).
 """
 
 import json
@@ -16,6 +18,8 @@ import torch
 import torch.distributed as dist
 
 OUT = os.environ["PROBE_OUT"]
+DEVICE = os.environ.get("PROBE_KEEP_DEVICE")
+KEPT = torch.arange(1 << 20, dtype=torch.float32, device=DEVICE) if DEVICE else None
 
 
 def write(name: str, record: object) -> None:
@@ -29,6 +33,8 @@ def train() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     generation = int(os.environ["RTRAIN_GENERATION"])
     record = {"pid": os.getpid(), "world": world, "repairs": rtrain.repairs()}
+    if KEPT is not None:
+        record.update(kept_ptr=KEPT.data_ptr(), kept_sum=float(KEPT.sum().item()))
     write(f"enter_gen{generation}_rank{rank}.json", record)
     total = torch.zeros(1 << 16)
     for step in range(int(os.environ.get("PROBE_STEPS", "1000000"))):  # the env may change
