@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import signal
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import Any
 
@@ -33,11 +33,11 @@ from ..core.errors import (
 )
 from ..core.layout.topology import LayoutError
 from ..core.rendezvous.decisions import Next, after_generation
-from ..core.rendezvous.failures import FailureRecord, root_cause_first
+from ..core.rendezvous.failures import FailureRecord
 from ..core.rendezvous.place import Place
 from ..core.rendezvous.protocol import MemberInfo, Membership
 from .ending import JobEnd
-from .faults import FaultPolicy, GiveUp
+from .faults import FaultPolicy
 from .generation import (
     Generation,
     default_node_addr,
@@ -48,7 +48,6 @@ from .kube.eviction import leave_job, leaves_on
 from .kube.store_return import StoreReturn
 from .monitor import GenerationMonitor
 from .net.descriptors import DescriptorShortage, is_out_of_descriptors
-from .observe.events import emit_failure
 from .observe.observer import Observer
 from .rendezvous.job import JobRendezvous
 from .rendezvous.job_end import JobAborted
@@ -59,12 +58,11 @@ from .restart_backoff import RestartBackoff
 from .runtime_dir import (
     make_run_log_dir,
     make_runtime_dir,
-    write_failure_report,
 )
 from .snapshots.service import SnapshotService
-from .starter import GenerationStarter
+from .starter import GenerationStarter, Starts
 from .state import AgentState, Interrupted, RunResult
-from .store.backends import open_job_store
+from .store.backends import JobStore, open_job_store
 from .waiting import SYSTEM_CLOCK
 from .workers.log_tail import LogTail
 from .workers.pool import WorkerPool
@@ -88,9 +86,13 @@ class Agent:
         health: HealthGuard | None = None,
         secret: bytes | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        starter: Starts | None = None,
+        open_store: Callable[[], JobStore] | None = None,
     ) -> None:
         """secret: the job secret (agent/snapshots/job_secret.py); None hands one out through
-        the store. clock: every wait and duration of the agent's loop (a test's fake)."""
+        the store. clock: every wait and duration of the agent's loop; starter, open_store:
+        the generations' starter and the job's store (a unit test's fakes start no
+        workers, and its store is FaultyStore: tests/unit/agent/test_agent_loop.py)."""
         self.spec = spec
         self._clock = clock
         self.nproc = nproc
@@ -106,6 +108,7 @@ class Agent:
         self._signal: int | None = None
         self._previous_handlers: dict[int, Any] = {}
         self._gen: Generation | None = None
+        self._starter: Starts
         self._health = health
         self._leases: Leases | None = None
         self._backoff = RestartBackoff(spec.faults.restart_backoff, clock.now, clock.sleep)
@@ -127,6 +130,9 @@ class Agent:
             self._runtime_dir,
             self._snapshots,
         )
+        if starter is not None:
+            self._starter = starter
+        self._open_store = open_store or self._open_job_store
 
     # -- signals --
 
@@ -164,6 +170,10 @@ class Agent:
             for signum, handler in self._previous_handlers.items():
                 signal.signal(signum, handler)
 
+    def _open_job_store(self) -> JobStore:
+        spec = self.spec
+        return open_job_store(spec.rdzv, spec.local_addr, self._check_signal, spec.node_rank)
+
     def _set_state(self, state: AgentState) -> None:
         if state != self.state:
             logger.debug("state %s -> %s", self.state.value, state.value)
@@ -171,9 +181,7 @@ class Agent:
 
     def _run(self) -> RunResult:
         try:
-            job_store = open_job_store(
-                self.spec.rdzv, self.spec.local_addr, self._check_signal, self.spec.node_rank
-            )
+            job_store = self._open_store()
         except RendezvousError as exc:
             return self._result(AgentState.FAILED, exc.exit_code, str(exc))
         except Interrupted as exc:
@@ -296,9 +304,11 @@ class Agent:
         self._observer.generation_ended(gen.number, gen.beats(), ended.outcome, last_step)
         action = after_generation(ended.decision)
         if action is Next.FINISH:
-            finished = self._finish(rdzv, end, gen)
-            if finished is not None:
-                return finished
+            history = end.finish(gen.place)
+            if history is not None:
+                self._set_state(AgentState.SUCCEEDED)
+                message = "all workers succeeded"
+                return self._result(AgentState.SUCCEEDED, ExitCode.SUCCESS, message, history)
             logger.info("another node restarted the job after this node finished; rejoining")
             return None
         self._set_state(AgentState.UNHEALTHY)
@@ -310,7 +320,7 @@ class Agent:
             self._policy.record_failures(gen)
             self._backoff.healthy()
         else:
-            give_up = self._recover(gen, ended.fault)
+            give_up = self._policy.recover(gen, ended.fault, self._health)
             if give_up is not None:
                 end.end_job(gen.place, give_up.exit_code, give_up.reason)
                 return self._result(
@@ -336,49 +346,18 @@ class Agent:
             last_seen=self._policy.last_seen(last),
         )
 
-    def _finish(self, rdzv: JobRendezvous, end: JobEnd, gen: Generation) -> RunResult | None:
-        """Every local worker succeeded: the result once every node has, or None if the
-        job moved to another generation meanwhile."""
-        # One node reports what the job recovered from, not every node; read it before
-        # the barrier, after which the store's host may leave.
-        history = rdzv.history(gen.number) if gen.node_rank == 0 else []
-        if not end.exit_barrier(gen.membership):
-            return None
-        self._set_state(AgentState.SUCCEEDED)
-        return self._result(
-            AgentState.SUCCEEDED, ExitCode.SUCCESS, "all workers succeeded", history
-        )
-
     def _stop_workers(self) -> None:
         self._stop_group(signal.SIGTERM, RESTART_STOP_GRACE_S)
         if self.spec.faults.kill_process_tree:
             kill_leftovers(keep=self._pool.pids)
-
-    def _recover(self, gen: Generation, fault: GpuFault | None) -> GiveUp | None:
-        """Record this node's failure (its workers', or a GPU fault that restarts them);
-        a GiveUp if the job cannot go on."""
-        restart_for = None
-        if fault is not None and self._health is not None:
-            logger.warning("restarting the workers: %s", fault.describe())
-            restart_for = [self._health.record(fault, gen.number, gen.node_rank, self.addr)]
-        return self._policy.after_local_failure(gen, restart_for)
 
     def _save_for_requeue(self, end: JobEnd, why: str) -> RunResult:
         """Slurm is about to stop the job (time limit, preemption): stop the workers,
         write their newest snapshots to --checkpoint-dir, and exit 75 so that the batch
         script (or RequeueExit=75) requeues it; the requeued job restores from disk."""
         self._stop_group(signal.SIGTERM, self.spec.shutdown_timeout)
-        directory = self.spec.snapshots.checkpoint_dir
-        try:
-            step = self._snapshots.save_to_disk()
-        except OSError as exc:
-            step, why = None, f"{why}; saving to {directory} failed: {exc}"
-        if step is not None:
-            why = f"{why}; saved step {step} to {directory}"
-        elif not directory:
-            why = f"{why}; nothing saved (no --checkpoint-dir)"
-        logger.warning("%s; exiting %d to be requeued", why, ExitCode.TEMPFAIL)
-        end.end_job(self._place(), ExitCode.TEMPFAIL, why)
+        directory, save = self.spec.snapshots.checkpoint_dir, self._snapshots.save_to_disk
+        why = end.save_for_requeue(self._place(), why, directory, save)
         return self._result(AgentState.FAILED, ExitCode.TEMPFAIL, f"{why}; requeue to go on")
 
     def _leave(self, rdzv: JobRendezvous, end: JobEnd, fault: GpuFault) -> RunResult:
@@ -386,16 +365,13 @@ class Agent:
         workers' failures down to this node), then stop the workers."""
         assert self._health is not None
         last = self._starter.joined
-        generation, node_rank = (last.membership.generation, last.node_rank) if last else (0, None)
+        place = Place(last.membership, last.node_rank) if last is not None else None
 
-        def tell(record: FailureRecord) -> None:
-            assert node_rank is not None
-            rdzv.leave(generation, node_rank, record)
+        def stop() -> None:
+            self._stop_group(signal.SIGTERM, RESTART_STOP_GRACE_S)
 
-        record = self._health.leave_job(fault, generation, node_rank, self.addr, tell)
-        emit_failure(record)
-        self._stop_group(signal.SIGTERM, RESTART_STOP_GRACE_S)
-        end.host_until_done(self.spec.rdzv.join_timeout)
+        timeout = self.spec.rdzv.join_timeout
+        record = end.leave_for_fault(self._health, fault, place, self.addr, stop, timeout)
         message = f"this node left the job: {fault.describe()}"
         return self._result(AgentState.FAILED, ExitCode.NODE_UNHEALTHY, message, [record])
 
@@ -414,15 +390,6 @@ class Agent:
         message: str,
         failures: list[FailureRecord] | None = None,
     ) -> RunResult:
-        ordered = root_cause_first(failures or [])
-        if ordered:
-            write_failure_report(self.run_log_dir, ordered)
         self._observer.job_ended(int(code), message)
-        return RunResult(
-            state=state,
-            exit_code=int(code),
-            message=message,
-            run_log_dir=self.run_log_dir,
-            generation=self._gen.number if self._gen is not None else 0,
-            failures=ordered,
-        )
+        generation = self._gen.number if self._gen is not None else 0
+        return RunResult.ended(state, code, message, self.run_log_dir, generation, failures)

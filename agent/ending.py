@@ -15,10 +15,13 @@ import logging
 from collections.abc import Callable
 
 from ..core.clock import Clock
-from ..core.errors import RendezvousError, RendezvousTimeout, RtrainError
+from ..core.errors import ExitCode, RendezvousError, RendezvousTimeout, RtrainError
 from ..core.rendezvous.failures import FailureRecord
 from ..core.rendezvous.place import Place
 from ..core.rendezvous.protocol import AbortRecord, Membership
+from .health.gpu_monitor import GpuFault
+from .health.guard import HealthGuard
+from .observe.events import emit_failure
 from .rendezvous.job import JobRendezvous
 from .waiting import SYSTEM_CLOCK
 
@@ -67,6 +70,56 @@ class JobEnd:
         if self._is_host:  # keep the store up until every node has seen the barrier pass
             self.wait_count(lambda: ends.exited_count(generation), size)
         return True
+
+    def finish(self, place: Place) -> list[FailureRecord] | None:
+        """Every local worker succeeded: what the job recovered from (node 0 reports it,
+        read before the barrier, after which the store's host may leave) once every node
+        has; None if the job moved to another generation meanwhile."""
+        history = self._rdzv.history(place.generation) if place.node_rank == 0 else []
+        return history if self.exit_barrier(place.membership) else None
+
+    def save_for_requeue(
+        self, place: Place | None, why: str, directory: str | None, save: Callable[[], int | None]
+    ) -> str:
+        """Slurm is about to stop the job (time limit, preemption), and the workers are
+        stopped: write their newest snapshots to --checkpoint-dir (save), tell the others,
+        and say why, for exit 75 (the batch script, or RequeueExit=75, requeues it; the
+        requeued job restores from disk)."""
+        try:
+            step = save()
+        except OSError as exc:
+            step, why = None, f"{why}; saving to {directory} failed: {exc}"
+        if step is not None:
+            why = f"{why}; saved step {step} to {directory}"
+        elif not directory:
+            why = f"{why}; nothing saved (no --checkpoint-dir)"
+        logger.warning("%s; exiting %d to be requeued", why, ExitCode.TEMPFAIL)
+        self.end_job(place, ExitCode.TEMPFAIL, why)
+        return why
+
+    def leave_for_fault(
+        self,
+        health: HealthGuard,
+        fault: GpuFault,
+        last: Place | None,
+        addr: str,
+        stop_workers: Callable[[], None],
+        join_timeout: float,
+    ) -> FailureRecord:
+        """Leave the job for a GPU fault: tell the others first (the one place a node is
+        declared lost, JobRendezvous.leave: they put their workers' failures down to this
+        node), then stop the workers; the store's host keeps it up until the others end."""
+        generation, node_rank = (last.generation, last.node_rank) if last else (0, None)
+
+        def tell(record: FailureRecord) -> None:
+            assert node_rank is not None
+            self._rdzv.leave(generation, node_rank, record)
+
+        record = health.leave_job(fault, generation, node_rank, addr, tell)
+        emit_failure(record)
+        stop_workers()
+        self.host_until_done(join_timeout)
+        return record
 
     def host_until_done(self, join_timeout: float) -> None:
         """A node that left the job but hosts the store keeps the store up, without

@@ -26,6 +26,8 @@ from ..core.rendezvous.failures import FailureKind, FailureRecord, root_cause_fi
 from ..core.rendezvous.protocol import Membership
 from ..core.rendezvous.restart_budget import RestartBudget
 from .generation import Generation, Joined
+from .health.gpu_monitor import GpuFault
+from .health.guard import HealthGuard
 from .observe.events import emit_failure
 from .rendezvous.job import JobRendezvous
 from .rendezvous.lease import PeerWatch
@@ -163,6 +165,17 @@ class FaultPolicy:
         for record in gen.group.failure_records(self._addr):
             self._rdzv.ledger.record_failure(record)
             emit_failure(record)
+
+    def recover(
+        self, gen: Generation, fault: GpuFault | None, health: HealthGuard | None
+    ) -> GiveUp | None:
+        """Record this node's failure (its workers', or a GPU fault that restarts them);
+        a GiveUp if the job cannot go on."""
+        restart_for = None
+        if fault is not None and health is not None:
+            logger.warning("restarting the workers: %s", fault.describe())
+            restart_for = [health.record(fault, gen.number, gen.node_rank, self._addr)]
+        return self.after_local_failure(gen, restart_for)
 
     def after_local_failure(
         self, gen: Generation, failures: list[FailureRecord] | None = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from ..core.config.launch_spec import LaunchSpec
 from ..core.rendezvous.protocol import Membership
@@ -36,6 +36,22 @@ from .workers.log_tail import LogTail
 from .workers.pool import WorkerPool
 
 logger = logging.getLogger(__name__)
+
+
+class Starts(Protocol):
+    """What the agent's loop asks of a generation's starter: GenerationStarter, or a unit
+    test's that starts no worker processes (tests/unit/agent/test_agent_loop.py)."""
+
+    joined: Joined | None  # the last generation this node joined
+
+    def start(
+        self,
+        rdzv: JobRendezvous,
+        membership: Membership,
+        previous: Generation | None,
+        policy: FaultPolicy,
+        leases: Leases,
+    ) -> Generation: ...
 
 
 class GenerationStarter:

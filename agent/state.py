@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from ..core.rendezvous.decisions import GenerationEnd, Outcome
-from ..core.rendezvous.failures import FailureRecord
+from ..core.rendezvous.failures import FailureRecord, root_cause_first
 from .health.gpu_monitor import GpuFault
+from .runtime_dir import write_failure_report
 
 
 class AgentState(str, Enum):
@@ -47,3 +48,20 @@ class RunResult:
     run_log_dir: str
     generation: int = 0
     failures: list[FailureRecord] = field(default_factory=list)
+
+    @classmethod
+    def ended(
+        cls,
+        state: AgentState,
+        code: int,
+        message: str,
+        run_log_dir: str,
+        generation: int,
+        failures: list[FailureRecord] | None,
+    ) -> RunResult:
+        """The run's result, its failures root cause first, written to the failure report
+        in run_log_dir when there are any."""
+        ordered = root_cause_first(failures or [])
+        if ordered:
+            write_failure_report(run_log_dir, ordered)
+        return cls(state, int(code), message, run_log_dir, generation, ordered)
