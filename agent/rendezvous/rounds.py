@@ -15,7 +15,13 @@ from collections.abc import Callable
 from ...core.clock import Clock
 from ...core.config.component_specs import RendezvousPart
 from ...core.errors import JobFinished, RendezvousError, RendezvousTimeout
-from ...core.rendezvous.closing import round_timeout
+from ...core.rendezvous.closing import (
+    check_close,
+    look_now,
+    role,
+    round_timeout,
+    start_closing,
+)
 from ...core.rendezvous.protocol import (
     MemberInfo,
     Membership,
@@ -24,7 +30,6 @@ from ...core.rendezvous.protocol import (
     decode_int,
     decode_master,
     encode_master,
-    members_to_close,
 )
 from ..observe.progress import WaitProgress
 from ..store.kv import KeyValueStore, decode_counter, increment
@@ -36,21 +41,6 @@ from .round_close import RoundCloser, read_membership
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.02
-# Only the agent in slot 1 of a round (and the one that fills it) checks the closing
-# rules every POLL_S. The others learn that the round closed from a wait on its closed
-# key (KeyValueStore.notice: no request per check on TCPStore or etcd) and look at the
-# rules themselves only in case slot 1 died: slots 2 to 1 + BACKUP_CLOSERS every
-# BACKUP_CLOSE_S, every other slot only from LAST_RESORT_CLOSE_S on, plus up to
-# LAST_RESORT_GROUPS seconds by slot. A follower closes the round once it has found it
-# closable for BACKUP_CLOSE_S. So a round's store traffic is O(1) per agent per second,
-# and a full round is closed by its filler alone, not by every follower whose check
-# came before the filler's close (at 1,024 nodes, hundreds of followers each read and
-# decoded every slot at once).
-FOLLOWER_POLL_S = 0.25
-BACKUP_CLOSE_S = 1.0
-BACKUP_CLOSERS = 3
-LAST_RESORT_CLOSE_S = 10.0
-LAST_RESORT_GROUPS = 32
 WAITING_CHECK_S = 1.0
 
 
@@ -173,30 +163,17 @@ class Rounds:
         expected: Callable[[], set[str]] | None,
     ) -> Membership | None:
         nodes = self._part.nodes
-        quorum_since: float | None = None
         closed: list[Membership | None] = []
         sizes: list[int] = []  # of the membership that closed the round
         joined = 0
-        # Slot 1, and the joiner that filled the round (it can close it at once).
-        closer = slot == 1 or slot >= nodes.max_nodes
-        backup = not closer and slot <= 1 + BACKUP_CLOSERS
-        # A last resort first looks at the closing rules after LAST_RESORT_CLOSE_S, spread
-        # over LAST_RESORT_GROUPS seconds by slot, so that the last resorts do not all
-        # read the round in the same second; a backup after BACKUP_CLOSE_S.
-        first_look = (
-            0.0
-            if closer
-            else BACKUP_CLOSE_S
-            if backup
-            else LAST_RESORT_CLOSE_S + (slot % LAST_RESORT_GROUPS) * BACKUP_CLOSE_S
-        )
-        next_check = self._clock.now() + first_look
-        closable_since: float | None = None  # when a follower first found it closable
+        # Who checks the closing rules, when, and what it found (core closing.py).
+        part = role(slot, nodes.max_nodes, POLL_S)
+        closing = start_closing(part, self._clock.now())
         is_closed = self._store.notice(self._keys.closed(target))
         progress = WaitProgress("rendezvous", self._clock.now, log=logger)
 
         def settled() -> bool:
-            nonlocal quorum_since, joined, next_check, closable_since
+            nonlocal joined, closing
             self._ends.raise_if_aborted()
             if check_stop is not None:
                 check_stop()
@@ -206,10 +183,9 @@ class Rounds:
                 closed.append(membership if inside else None)
                 sizes.append(len(membership.members))
                 return True
-            if not closer:
-                if self._clock.now() < next_check:
-                    return False
-                next_check = self._clock.now() + BACKUP_CLOSE_S
+            closing, look = look_now(closing, part, self._clock.now())
+            if not look:
+                return False
             self._raise_if_finished(target - 1)
             joined = self._store.counter(self._keys.joins(target))
             progress.update(lambda: self._joined_text(target, joined, slot == 1, expected))
@@ -219,29 +195,22 @@ class Rounds:
                 sizes.append(0)
                 return True
             if current == target:
-                now = self._clock.now()
-                if joined >= nodes.min_nodes and quorum_since is None:
-                    quorum_since = now
-                age = None if quorum_since is None else now - quorum_since
-                size = members_to_close(
+                closing, size = check_close(
+                    closing,
+                    part,
+                    self._clock.now(),
                     joined,
                     nodes.min_nodes,
                     nodes.max_nodes,
-                    age,
                     self._part.last_call_timeout,
                     self._survivors_in(target, joined, expected),
                 )
-                if size is None:
-                    closable_since = None
-                else:
-                    closable_since = now if closable_since is None else closable_since
-                    if closer or now - closable_since >= BACKUP_CLOSE_S:
-                        self._try_close(target, size, member.node_id)
+                if size is not None:
+                    self._try_close(target, size, member.node_id)
             return False
 
-        poll = POLL_S if closer else FOLLOWER_POLL_S
         with progress:
-            if self._clock.wait_until(settled, deadline - self._clock.now(), poll):
+            if self._clock.wait_until(settled, deadline - self._clock.now(), part.poll):
                 ended = closed[-1]
                 without = "" if ended is not None else ", without this one"
                 progress.finish(f"round {target} closed with {sizes[-1]} nodes{without}")

@@ -1,13 +1,101 @@
-"""Closing a round: which of its joiners are left out, and why; what a round that never
-closed says. Pure: the agent reads the slots and the ledger (agent/rendezvous/
-round_close.py) and acts on what these return."""
+"""Closing a round: who of its joiners checks whether it can close, and when (Role,
+Closing, look_now, check_close); which of its joiners are left out, and why; what a
+round that never closed says. Pure: the agent reads the round, the slots and the ledger
+(agent/rendezvous/rounds.py, round_close.py) and acts on what these return.
+
+Only the agent in slot 1 of a round (and the one that fills it) checks the closing
+rules on every poll. The others learn that the round closed from a wait on its closed
+key and look at the rules themselves only in case slot 1 died: slots 2 to
+1 + BACKUP_CLOSERS every BACKUP_CLOSE_S, every other slot only from LAST_RESORT_CLOSE_S
+on, plus up to LAST_RESORT_GROUPS seconds by slot. A follower closes the round once it
+has found it closable for BACKUP_CLOSE_S. So a round's store traffic is O(1) per agent
+per second, and a full round is closed by its filler alone, not by every follower whose
+check came before the filler's close (at 1,024 nodes, hundreds of followers each read
+and decoded every slot at once)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .protocol import MemberInfo
+from .protocol import MemberInfo, members_to_close
+
+FOLLOWER_POLL_S = 0.25
+BACKUP_CLOSE_S = 1.0
+BACKUP_CLOSERS = 3
+LAST_RESORT_CLOSE_S = 10.0
+LAST_RESORT_GROUPS = 32
+
+
+@dataclass(frozen=True)
+class Role:
+    """How a joiner takes part in closing its round, by its slot."""
+
+    closer: bool  # slot 1, or the joiner that filled the round: it closes at once
+    first_look: float  # seconds after joining before it first checks the rules
+    poll: float  # seconds between its checks of the round
+
+
+def role(slot: int, max_nodes: int, closer_poll: float) -> Role:
+    """Slot 1 and the filler close; slots 2 to 1 + BACKUP_CLOSERS back them up after
+    BACKUP_CLOSE_S; every other slot is a last resort, first looking after
+    LAST_RESORT_CLOSE_S, spread over LAST_RESORT_GROUPS seconds by slot so that the last
+    resorts do not all read the round in the same second."""
+    if slot == 1 or slot >= max_nodes:
+        return Role(True, 0.0, closer_poll)
+    if slot <= 1 + BACKUP_CLOSERS:
+        return Role(False, BACKUP_CLOSE_S, FOLLOWER_POLL_S)
+    spread = (slot % LAST_RESORT_GROUPS) * BACKUP_CLOSE_S
+    return Role(False, LAST_RESORT_CLOSE_S + spread, FOLLOWER_POLL_S)
+
+
+@dataclass(frozen=True)
+class Closing:
+    """What a joiner knows of the round it waits in, between two of its checks."""
+
+    next_look: float  # when a follower next looks at the rules (a closer: always)
+    quorum_since: float | None = None  # when it first saw min_nodes joined
+    closable_since: float | None = None  # when it first found the round closable
+
+
+def start_closing(role: Role, now: float) -> Closing:
+    return Closing(now + role.first_look)
+
+
+def look_now(closing: Closing, role: Role, now: float) -> tuple[Closing, bool]:
+    """Whether to read the round's joiners now: a closer always, a follower at most
+    every BACKUP_CLOSE_S from its first look on."""
+    if role.closer:
+        return closing, True
+    if now < closing.next_look:
+        return closing, False
+    return Closing(now + BACKUP_CLOSE_S, closing.quorum_since, closing.closable_since), True
+
+
+def check_close(
+    closing: Closing,
+    role: Role,
+    now: float,
+    joined: int,
+    min_nodes: int,
+    max_nodes: int,
+    last_call_timeout: float,
+    survivors_in: bool,
+) -> tuple[Closing, int | None]:
+    """With `joined` joiners in the round (still the job's current one): the size to
+    close it with now, or None (not closable, or a follower that has not found it
+    closable for BACKUP_CLOSE_S yet). survivors_in: every node expected (the last
+    generation's survivors) has joined."""
+    quorum_since = closing.quorum_since
+    if joined >= min_nodes and quorum_since is None:
+        quorum_since = now
+    age = None if quorum_since is None else now - quorum_since
+    size = members_to_close(joined, min_nodes, max_nodes, age, last_call_timeout, survivors_in)
+    if size is None:
+        return Closing(closing.next_look, quorum_since, None), None
+    since = now if closing.closable_since is None else closing.closable_since
+    ready = role.closer or now - since >= BACKUP_CLOSE_S
+    return Closing(closing.next_look, quorum_since, since), size if ready else None
 
 
 @dataclass(frozen=True)

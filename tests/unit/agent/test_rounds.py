@@ -11,8 +11,8 @@ from rtrain.agent.ending import JobEnd
 from rtrain.agent.rendezvous.generation_watch import SWEEP_S, GenerationWatch
 from rtrain.agent.rendezvous.job import JobRendezvous
 from rtrain.agent.rendezvous.job_end import JobAborted
-from rtrain.agent.rendezvous.rounds import BACKUP_CLOSE_S, LAST_RESORT_CLOSE_S
 from rtrain.core.errors import RendezvousTimeout, RtrainError, StoreUnavailable
+from rtrain.core.rendezvous.closing import BACKUP_CLOSE_S, LAST_RESORT_CLOSE_S
 from rtrain.core.rendezvous.failures import FailureKind, FailureRecord
 from rtrain.core.rendezvous.protocol import AbortRecord, MemberInfo, Membership, StoreKeys
 

@@ -1,0 +1,62 @@
+"""Who of a round's joiners closes it, and when: core/rendezvous/closing.py's decision,
+every branch, without a store or a clock."""
+
+from __future__ import annotations
+
+from rtrain.core.rendezvous.closing import (
+    BACKUP_CLOSE_S,
+    FOLLOWER_POLL_S,
+    LAST_RESORT_CLOSE_S,
+    LAST_RESORT_GROUPS,
+    Closing,
+    check_close,
+    look_now,
+    role,
+    start_closing,
+)
+
+POLL = 0.02
+
+
+def test_slot_one_and_the_filler_close_backups_and_last_resorts_look_later() -> None:
+    assert role(1, 8, POLL) == role(8, 8, POLL)
+    assert role(1, 8, POLL).closer and role(1, 8, POLL).first_look == 0.0
+    backup = role(2, 8, POLL)
+    assert not backup.closer and (backup.first_look, backup.poll) == (
+        BACKUP_CLOSE_S,
+        FOLLOWER_POLL_S,
+    )
+    last = role(7, 8, POLL)
+    assert last.first_look == LAST_RESORT_CLOSE_S + (7 % LAST_RESORT_GROUPS) * BACKUP_CLOSE_S
+
+
+def test_a_follower_looks_after_its_first_look_then_every_backup_period() -> None:
+    follower = role(3, 8, POLL)
+    closing = start_closing(follower, 100.0)
+    closing, look = look_now(closing, follower, 100.5)
+    assert not look
+    closing, look = look_now(closing, follower, 101.0)
+    assert look and closing.next_look == 101.0 + BACKUP_CLOSE_S
+    assert not look_now(closing, follower, 101.5)[1]
+    closer = role(1, 8, POLL)
+    assert look_now(start_closing(closer, 100.0), closer, 100.0)[1]
+
+
+def test_a_closer_closes_a_full_round_at_once_a_follower_after_the_backup_period() -> None:
+    closer, follower = role(1, 4, POLL), role(2, 4, POLL)
+    assert check_close(Closing(0.0), closer, 10.0, 4, 2, 4, 30.0, False)[1] == 4
+    closing, size = check_close(Closing(0.0), follower, 10.0, 4, 2, 4, 30.0, False)
+    assert size is None and closing.closable_since == 10.0
+    assert check_close(closing, follower, 10.0 + BACKUP_CLOSE_S, 4, 2, 4, 30.0, False)[1] == 4
+
+
+def test_a_quorum_waits_for_the_last_call_unless_every_survivor_joined() -> None:
+    closer = role(1, 4, POLL)
+    closing, size = check_close(Closing(0.0), closer, 10.0, 2, 2, 4, 30.0, False)
+    assert size is None and closing.quorum_since == 10.0
+    assert check_close(closing, closer, 39.0, 2, 2, 4, 30.0, False)[1] is None
+    assert check_close(closing, closer, 40.0, 2, 2, 4, 30.0, False)[1] == 2
+    assert check_close(Closing(0.0), closer, 10.0, 2, 2, 4, 30.0, True)[1] == 2
+    # below the quorum nothing closes, and a round no longer closable is found so anew
+    closing, size = check_close(Closing(0.0, 5.0, 6.0), closer, 10.0, 1, 2, 4, 30.0, True)
+    assert size is None and closing.closable_since is None
