@@ -54,6 +54,7 @@ from .rendezvous.job_end import JobAborted
 from .rendezvous.lease import Leases
 from .rendezvous.leases_for import open_leases
 from .rendezvous.rounds import GenerationEnded
+from .repair.coordinator import RepairCoordinator
 from .restart_backoff import RestartBackoff
 from .runtime_dir import (
     make_run_log_dir,
@@ -118,6 +119,7 @@ class Agent:
         self._runtime = make_runtime_dir()
         self._runtime_dir = self._runtime.path
         self._snapshots = SnapshotService.for_launch(spec, self._runtime_dir, self.addr, secret)
+        self._repair = RepairCoordinator(self._runtime_dir, spec.rdzv.join_timeout)
         self._starter = GenerationStarter(
             spec,
             self.node_id,
@@ -129,6 +131,7 @@ class Agent:
             self.run_log_dir,
             self._runtime_dir,
             self._snapshots,
+            clock,
         )
         if starter is not None:
             self._starter = starter
@@ -292,6 +295,7 @@ class Agent:
             return None
         self._gen = gen
         self._policy.settle(previous, gen)
+        self._repair.hand_over(gen)  # workers kept by a repair in place, if any
         gen.group.start()
         self._observer.generation_started(
             gen.place, gen.topology.world_size, self._snapshots.restored_step
@@ -315,7 +319,8 @@ class Agent:
         if action is Next.LEAVE:
             assert ended.fault is not None
             return self._leave(rdzv, end, ended.fault)
-        self._stop_workers()
+        if ended.fault is not None or not self._repair.park(gen):
+            self._stop_workers()
         if action is Next.REJOIN:  # ours may have failed as the job moved on
             self._policy.record_failures(gen)
             self._backoff.healthy()

@@ -26,7 +26,7 @@ from ..generation import Generation
 from ..observe.events import emit
 from ..runtime_dir import make_folder
 from ..workers.group import Worker
-from ..workers.hang_watch import STOPPED_STATES, process_state
+from ..workers.hang_watch import STOPPED_STATES, HangFinding, process_state
 from .control import WorkerControl
 
 logger = logging.getLogger(__name__)
@@ -34,6 +34,10 @@ logger = logging.getLogger(__name__)
 ACK_S = 5.0  # a survivor asked to park must say so within this
 FALLBACK_AFTER = 2  # repairs that had to stop someone before this node stops repairing
 WORKER_WAIT_S = 30.0  # a worker whose collective broke waits this long to be asked
+# A victim of a hung peer (silent, waiting in a collective, not held) is left to the
+# repair for this many hang timeouts of silence: the culprit's node kills the culprit
+# and moves the job on, and the repair frees the victim; past it, it is killed as today.
+SPARE_VICTIMS_FOR = 2.0
 
 
 @dataclass
@@ -131,15 +135,19 @@ class RepairCoordinator:
 
     def hand_over(self, gen: Generation) -> None:
         """Give the new generation's group this node's parked workers and the variables."""
-        gen.group.handover = _Handover(self, self._parked, gen.number)
+        gen.group.handover = _Handover(self, self._parked, gen.number, gen.hangs.timeout)
         self._parked = None
 
 
 class _Handover:
-    def __init__(self, owner: RepairCoordinator, parked: Parked | None, generation: int) -> None:
+    def __init__(
+        self, owner: RepairCoordinator, parked: Parked | None, generation: int, hang_s: float
+    ) -> None:
         self._owner = owner
         self._parked = parked
         self._generation = generation
+        self._hang_s = hang_s
+        self._spared: set[int] = set()
 
     def env(self, local_rank: int) -> Mapping[str, str]:
         owner = self._owner
@@ -157,3 +165,32 @@ class _Handover:
             return pid
         control.clear()
         return None
+
+    def spares(self, worker: Worker, finding: HangFinding, silent_s: float) -> bool:
+        """Whether to leave a silent worker alive for the repair: an opted-in one whose
+        process is not held (likely waiting on a hung peer), for a bounded time."""
+        owner = self._owner
+        state = owner.control(worker.local_rank).state()
+        opted_in = (
+            state is not None
+            and state.state == RUNNING
+            and state.pid == worker.pid
+            and state.generation == self._generation
+        )
+        # Not finding.victim: a DDP survivor waits in backward(), whose stack shows no
+        # torch.distributed frame; any opted-in worker not held is taken for a victim.
+        spare = (
+            owner.enabled
+            and opted_in
+            and not finding.held
+            and silent_s < SPARE_VICTIMS_FOR * self._hang_s
+        )
+        if spare and worker.local_rank not in self._spared:
+            self._spared.add(worker.local_rank)
+            logger.warning(
+                "worker rank %d is silent in a collective (a victim of a hung peer): left "
+                "for the repair in place, killed if still silent after %gs",
+                worker.rank,
+                SPARE_VICTIMS_FOR * self._hang_s,
+            )
+        return spare

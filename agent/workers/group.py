@@ -68,6 +68,8 @@ class Handover(Protocol):
 
     def resume(self, local_rank: int, env: Mapping[str, str]) -> int | None: ...
 
+    def spares(self, worker: Worker, finding: HangFinding, silent_s: float) -> bool: ...
+
 
 class WorkerGroup:
     def __init__(
@@ -222,7 +224,12 @@ class WorkerGroup:
         return bool(self.workers) and all(w.exitcode == 0 for w in self.workers)
 
     def kill_hung(self, worker: Worker, finding: HangFinding) -> None:
-        """SIGKILL one hung worker (SIGTERM would stay pending on a stopped process)."""
+        """SIGKILL one hung worker (SIGTERM would stay pending on a stopped process);
+        not a victim a repair in place will free (Handover.spares)."""
+        if self.handover is not None and self._hangs is not None:
+            silent = self._hangs.silent_for(worker.local_rank)
+            if self.handover.spares(worker, finding, silent):
+                return
         logger.warning("worker rank %d %s; stack:\n%s", worker.rank, finding.message, finding.stack)
         worker.hang = finding
         self._pool.signal(worker.worker_id, signal.SIGKILL)

@@ -57,6 +57,25 @@ def digest() -> str:
     return h.hexdigest()
 
 
+def ordered_mean(_state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP's gradient mean, summed in rank order: a fresh DDP (every generation) lays
+    out its buckets otherwise than the rebuilt ones of a running one, and gloo's ring
+    all_reduce adds each element in an order that depends on its place in the bucket,
+    so the plain hook is not bitwise reproducible across a restart with 3+ ranks."""
+    grad = bucket.buffer()
+    parts = [torch.empty_like(grad) for _ in range(dist.get_world_size())]
+    gathered = dist.all_gather(parts, grad, async_op=True).get_future()
+
+    def mean(done: torch.futures.Future) -> torch.Tensor:
+        done.value()  # raises if the gather failed (a peer died): never a partial mean
+        total = parts[0].clone()
+        for part in parts[1:]:
+            total += part
+        return total / len(parts)
+
+    return gathered.then(mean)
+
+
 def inject(rank: int, step: int, generation: int) -> None:
     fault = dict(i.split("=", 1) for i in os.environ.get("PROBE_FAULT", "").split(",") if "=" in i)
     if not fault or int(fault["rank"]) != rank or int(fault["step"]) != step or generation:
@@ -77,9 +96,14 @@ def train() -> None:
         f"enter_gen{generation}_rank{rank}.json", {"pid": os.getpid(), "repairs": rtrain.repairs()}
     )
     model = DDP(MODEL)  # re-wrapped on this generation's group
+    model.register_comm_hook(None, ordered_mean)
     state = {"model": MODEL, "optimizer": OPTIMIZER, "padding": PADDING}
     restored = rtrain.restore(into=state)
     start = 0 if restored is None else restored[1] + 1
+    if restored is not None:
+        write(
+            f"restored_gen{generation}_rank{rank}.json", {"step": restored[1], "digest": digest()}
+        )
     ignoring = os.environ.get("PROBE_IGNORE", "") == str(rank)
     for step in range(start, STEPS):
         inject(rank, step, generation)
@@ -97,6 +121,8 @@ def train() -> None:
         OPTIMIZER.step()
         rtrain.snapshot(state, step)
         rtrain.heartbeat(step)
+        if os.environ.get("PROBE_STEP_DIGESTS"):
+            write(f"digest_gen{generation}_step{step}_rank{rank}.json", {"digest": digest()})
         if step == start and generation:  # the first step after a fault (the benchmark)
             write(f"first_step_gen{generation}_rank{rank}.json", {"t": time.time(), "step": step})
         if rank == 0 and OUT:

@@ -1,0 +1,101 @@
+"""Repair in place (rtrain.repairable), with real agents on two localhost nodes, real
+worker processes over gloo: a fault stops only what failed, the survivors keep their
+processes, and the job ends bitwise equal to a run without the fault."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.integration.cluster import LocalCluster
+from tests.integration.helpers import ROOT
+
+SCRIPT = str(ROOT / "tests" / "scripts" / "train_repairable.py")
+STEPS = "40"
+FLAGS = ["--nproc-per-node=2", "--max-restarts=3", "--heartbeat-interval=0.5"]
+
+
+def _run(tmp: Path, flags: list[str] | None = None, **env: str) -> LocalCluster:
+    cluster = LocalCluster(
+        tmp,
+        2,
+        "2",
+        [*FLAGS, *(flags or [])],
+        conf="join_timeout=60",
+        script=SCRIPT,
+        PROBE_STEPS=STEPS,
+        **env,
+    )
+    try:
+        codes = cluster.wait(180)
+    finally:
+        cluster.close()
+    assert codes == [0, 0], cluster.log(0) + cluster.log(1)
+    return cluster
+
+
+def _json(cluster: LocalCluster, name: str) -> dict:
+    return json.loads((cluster.out / name).read_text())
+
+
+def _finals(cluster: LocalCluster) -> dict[int, dict]:
+    return {rank: _json(cluster, f"final_rank{rank}.json") for rank in range(4)}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
+    """Each rank's digest after a run without a fault."""
+    cluster = _run(tmp_path_factory.mktemp("reference"))
+    return {rank: rec["digest"] for rank, rec in _finals(cluster).items()}
+
+
+def _entered(cluster: LocalCluster, generation: int, rank: int) -> dict:
+    return _json(cluster, f"enter_gen{generation}_rank{rank}.json")
+
+
+def test_a_killed_worker_is_restarted_alone_and_the_survivors_keep_their_processes(
+    tmp_path: Path, reference: dict[int, str]
+) -> None:
+    cluster = _run(tmp_path, PROBE_FAULT="rank=1,step=10,action=kill")
+    finals = _finals(cluster)
+    assert {rank: rec["digest"] for rank, rec in finals.items()} == reference
+    for rank in (0, 2, 3):  # the survivors: the same process from the start to the end
+        assert finals[rank]["pid"] == _entered(cluster, 0, rank)["pid"]
+        assert _entered(cluster, 1, rank)["repairs"] == 1
+    assert finals[1]["pid"] != _entered(cluster, 0, 1)["pid"]
+    assert _entered(cluster, 1, 1)["repairs"] == 0
+    repairs = {e.node: e.fields for e in cluster.events("repair")}
+    assert repairs[0]["kept"] == [0] and repairs[0]["restarted"] == [1]
+    assert repairs[1]["kept"] == [2, 3] and repairs[1]["restarted"] == []
+    assert all(r["fallback"] == [] and r["from_generation"] == 0 for r in repairs.values())
+
+
+def test_a_survivor_that_ignores_the_repair_is_restarted_and_the_job_still_matches(
+    tmp_path: Path, reference: dict[int, str]
+) -> None:
+    cluster = _run(tmp_path, PROBE_FAULT="rank=1,step=10,action=kill", PROBE_IGNORE="2")
+    finals = _finals(cluster)
+    assert {rank: rec["digest"] for rank, rec in finals.items()} == reference
+    for rank in (0, 3):
+        assert finals[rank]["pid"] == _entered(cluster, 0, rank)["pid"]
+    assert finals[2]["pid"] != _entered(cluster, 0, 2)["pid"]
+    repairs = {e.node: e.fields for e in cluster.events("repair")}
+    assert repairs[1]["kept"] == [3] and repairs[1]["fallback"] == [2]
+    assert repairs[1]["restarted"] == [2]
+
+
+def test_a_hung_worker_is_replaced_alone_and_the_survivors_blocked_on_it_go_on(
+    tmp_path: Path, reference: dict[int, str]
+) -> None:
+    cluster = _run(tmp_path, ["--hang-timeout=5"], PROBE_FAULT="rank=1,step=10,action=stop")
+    finals = _finals(cluster)
+    assert {rank: rec["digest"] for rank, rec in finals.items()} == reference
+    for rank in (0, 2, 3):  # victims waiting on the stopped rank: not killed, repaired
+        assert finals[rank]["pid"] == _entered(cluster, 0, rank)["pid"]
+    repairs = {e.node: e.fields for e in cluster.events("repair")}
+    assert repairs[0]["kept"] == [0] and repairs[0]["restarted"] == [1]
+    assert repairs[1]["kept"] == [2, 3] and repairs[1]["restarted"] == []
+    (hang,) = [e.fields for e in cluster.events("fault") if e.fields["kind"] == "hang"]
+    assert hang["rank"] == 1
