@@ -131,7 +131,6 @@ class Agent:
             self.run_log_dir,
             self._runtime_dir,
             self._snapshots,
-            clock,
         )
         if starter is not None:
             self._starter = starter
