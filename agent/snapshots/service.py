@@ -35,6 +35,7 @@ from .restore_copies import RestoreResult
 from .restorer import Pooled, Restorer, RestoreRound
 from .shard_store import KEEP_STEPS, ShardStore
 from .slot_check import fitting_header
+from .spare_pool import SpareFiller
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +84,8 @@ class SnapshotService:
         self._restorer: Restorer | None = None
         self._rdzv: JobRendezvous | None = None  # the rendezvous the restorer reads
         self._fetcher = PeerFetcher(self.store)
+        self._spares = SpareFiller(self.store.pool, self._spare_sizing)
+        self._spares_for: int | None = None  # the generation the spares were sized in
         self._generation: int | None = None  # the generation the workers now run
         self.restored_step: int | None = None  # the step this generation's workers resume after
         self._world_size = 0
@@ -132,6 +135,9 @@ class SnapshotService:
         """A worker of this node committed `step` (from the replicator's thread)."""
         self._admission.ceiling.observe(step)
         self._local_steps[rank] = max(step, self._local_steps.get(rank, step))
+        if self._spares_for != self._generation:  # its shards' size is known now
+            self._spares_for = self._generation
+            self._spares.ask()
         if not self._snapshotted:
             self._snapshotted = True
             self._say_memory()
@@ -161,6 +167,12 @@ class SnapshotService:
         """(the newest step this node's workers committed, the newest replicated)."""
         replicated = self._replicator.newest_replicated if self._replicator else None
         return self._admission.ceiling.newest, replicated
+
+    def _spare_sizing(self) -> tuple[int, int, int]:
+        """The spare slots restores receive into: one per local rank, as large as the
+        largest shard they committed, within what the budget leaves free."""
+        size = self.store.largest_slot(self._generation)
+        return len(self._local_ranks), size, max(self._budget - self.store.used_bytes(), 0)
 
     def _reached(self) -> Reached:
         """How far this node's own workers got, for the next restore plan."""
@@ -326,6 +338,7 @@ class SnapshotService:
         return self._secret
 
     def close(self) -> None:
+        self._spares.close()
         if self._replicator is not None:
             self._replicator.close()
         if self._server is not None:

@@ -4,6 +4,7 @@
   <root>/snap/gen<G>/rank<R>.spare       a recycled file a worker may swap in for a slot
   <root>/replica/g<G>_r<R>.rep<0|1>       peers' shards kept here, newest two steps each
                                          (.rep2 and on: while puts of one rank overlap)
+  <root>/pool/spare<N>                    memory written once, for restores (spare_pool.py)
 
 <root> is on /dev/shm, so everything here is memory, and it outlives the workers:
 a restarted worker finds its state here. Space is reserved with posix_fallocate, so a
@@ -35,6 +36,7 @@ from ...core.snapshots.restore_plan import ShardId
 from ..runtime_dir import make_folder, no_space
 from .checksums import checksums
 from .slot_check import fitting_header
+from .spare_pool import SparePool
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +56,7 @@ class ShardStore:
         self._lock = threading.Lock()
         os.makedirs(os.path.join(root, "snap"), exist_ok=True)
         os.makedirs(os.path.join(root, "replica"), exist_ok=True)
+        self.pool = SparePool(os.path.join(root, "pool"), allocate)
 
     def snap_dir(self, generation: int) -> str:
         path = os.path.join(self.root, "snap", f"gen{generation}")
@@ -83,10 +86,18 @@ class ShardStore:
     def inventory(self) -> list[ShardId]:
         return sorted({shard for shard, _ in self.local_slots() + self.replicas()}, key=str)
 
+    def largest_slot(self, generation: int | None) -> int:
+        """The size of the largest shard this node's workers committed in `generation`."""
+        sizes = [0]
+        for shard, path in self.local_slots():
+            header = _header_of(path) if shard.generation == generation else None
+            sizes.append(header.size if header is not None else 0)
+        return max(sizes)
+
     def used_bytes(self) -> int:
         paths = glob.glob(os.path.join(self.root, "snap", "gen*", "*"))
         paths += glob.glob(os.path.join(self.root, "replica", "*"))
-        return sum(_size(p) for p in paths)
+        return sum(_size(p) for p in paths) + self.pool.held_bytes()
 
     # -- checksums --
 
@@ -135,7 +146,8 @@ class ShardStore:
             buffer = self._maps.get(path)
             if buffer is None or len(buffer) < size:
                 grow = size - (len(buffer) if buffer is not None else 0)
-                if self.budget and self.used_bytes() + grow > self.budget:
+                over = self.used_bytes() + grow - self.budget if self.budget else 0
+                if over > 0 and self.pool.release(over) < over:  # spares go first
                     raise OSError(f"replica of {size} bytes would exceed --snapshot-memory")
                 if buffer is not None:
                     buffer.close()
@@ -188,8 +200,23 @@ class ShardStore:
             return path
 
     def restore_target(self, generation: int, rank: int, size: int) -> Any:
-        """The new worker's slot 0, sized for a restored shard."""
+        """The new worker's slot 0, for a restored shard of `size` bytes: a spare from
+        the pool, whose pages are there already, else fresh memory."""
         path = os.path.join(self.snap_dir(generation), f"rank{rank}.slot0")
+        return self.spare_or_fresh(path, size, f"rank {rank}")
+
+    def spare_or_fresh(self, path: str, size: int, what: str) -> Any:
+        """A mapping of `path`, at least `size` bytes: a spare if one fits."""
+        spare = self.pool.take(path, size)
+        if spare is not None:
+            return spare
+        if self.pool.wanted:
+            logger.warning(
+                "no spare slot left for %s (%.1f MiB): it is received into fresh memory, "
+                "page by page",
+                what,
+                size / 2**20,
+            )
         return allocate(path, size)
 
     def adopt(self, shard: ShardId, generation: int, rank: int) -> Any:
