@@ -109,7 +109,6 @@ class Agent:
         self._signal: int | None = None
         self._previous_handlers: dict[int, Any] = {}
         self._gen: Generation | None = None
-        self._starter: Starts
         self._health = health
         self._leases: Leases | None = None
         self._backoff = RestartBackoff(spec.faults.restart_backoff, clock.now, clock.sleep)
@@ -120,7 +119,7 @@ class Agent:
         self._runtime_dir = self._runtime.path
         self._snapshots = SnapshotService.for_launch(spec, self._runtime_dir, self.addr, secret)
         self._repair = RepairCoordinator(self._runtime_dir, spec.rdzv.join_timeout)
-        self._starter = GenerationStarter(
+        self._starter: Starts = starter or GenerationStarter(
             spec,
             self.node_id,
             self.addr,
@@ -131,9 +130,8 @@ class Agent:
             self.run_log_dir,
             self._runtime_dir,
             self._snapshots,
+            clock,
         )
-        if starter is not None:
-            self._starter = starter
         self._open_store = open_store or self._open_job_store
 
     # -- signals --

@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from ..core.clock import Clock
 from ..core.config.launch_spec import LaunchSpec
 from ..core.rendezvous.protocol import Membership
 from .faults import FaultPolicy
@@ -30,6 +31,7 @@ from .rendezvous.lease import Leases, PeerWatch
 from .runtime_dir import make_folder
 from .snapshots.service import SnapshotService
 from .store.opening import host_store
+from .waiting import SYSTEM_CLOCK
 from .workers.group import WorkerGroup
 from .workers.hang_watch import HangWatch
 from .workers.log_tail import LogTail
@@ -67,6 +69,7 @@ class GenerationStarter:
         run_log_dir: str,
         runtime_dir: str,
         snapshots: SnapshotService,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.spec = spec
         self.node_id = node_id
@@ -78,6 +81,7 @@ class GenerationStarter:
         self.run_log_dir = run_log_dir
         self._runtime_dir = runtime_dir
         self._snapshots = snapshots
+        self._clock = clock  # the hang watch's
         # The last generation this node joined, even one that ended before it started.
         self.joined: Joined | None = None
         self._worker_store_handle: Any = None  # the TCPStore this node hosts for its workers
@@ -163,7 +167,7 @@ class GenerationStarter:
         """The generation's heartbeat files, in memory-backed storage where there is some."""
         beat_dir = os.path.join(self._runtime_dir, f"gen{generation}")
         make_folder(beat_dir, "this generation's heartbeat files")
-        return HangWatch(self.spec.faults.hang_timeout, beat_dir)
+        return HangWatch(self.spec.faults.hang_timeout, beat_dir, self._clock.now)
 
     def _worker_store(
         self, rdzv: JobRendezvous, generation: int, node_rank: int, watch: Callable[[], bool]
