@@ -8,15 +8,22 @@ it replicated.
 
 A slot is only overwritten once the newest snapshot is safe on its peers, so every
 rank always has a replicated snapshot no more than one kept step behind its newest.
-When a snapshot comes while the previous one is still replicating, the step does not
-wait for it: snapshot() skips that step and keeps every k-th step from then on, k
-chosen from what replication measurably costs (core/worker/cadence.py). While every
-rank keeps the same steps, the ranks always share a step they can all restore; a rank
-whose replication alone falls behind keeps fewer steps than the others for a while (k
-is a power of two and the kept steps are aligned, so they are steps the others keep
-too, but the others' three slots may have moved past them), and a failure then finds
-the newest step every rank holds on disk, or none. Why three slots and not two:
-core/snapshots/format.py, SLOTS_PER_RANK.
+When a snapshot comes while the previous one is still replicating, the policy
+(RTRAIN_SNAPSHOT_POLICY in the worker's environment) decides:
+
+- **wait** (the default): the step waits for it, so every rank keeps every step and
+  the ranks always share a step they can all restore;
+- **adapt**: the step does not wait: snapshot() skips it and keeps every k-th step from
+  then on, k chosen from what replication measurably costs (core/worker/cadence.py),
+  and the agent says so (a `snapshot_interval` event). Each rank chooses its own k,
+  with no agreement between ranks: k is a power of two and the kept steps are
+  aligned, but a rank whose replication alone falls behind keeps steps the others'
+  three slots may have moved past, and a failure then restores an older step every
+  rank holds (or the disk checkpoint). Measured: a 2-node job whose first replicas
+  were refused as 'beyond' for a quarter second kept one step in 8 and, killed at
+  step 6, restored step 0.
+
+Why three slots and not two: core/snapshots/format.py, SLOTS_PER_RANK.
 
 The step pays the copy and nothing else: the skeleton and offsets of an unchanged
 state are the last snapshot's (core/snapshots/layout_reuse.py), the byte views into
@@ -39,6 +46,7 @@ import struct
 import time
 from typing import Any
 
+from ..clock import wait_until
 from ..config.worker_env import SNAPSHOT_BUDGET, SNAPSHOT_DIR
 from ..snapshots.format import (
     COMMITTED,
@@ -60,6 +68,10 @@ from ..snapshots.format import (
 from .cadence import Cadence
 from .device_copy import DeviceCopier
 from .stateful import dtensor_builder, load_into, meshes_in, state_of
+
+WAIT_LIMIT_S = 300.0
+SNAPSHOT_POLICY = "RTRAIN_SNAPSHOT_POLICY"  # wait (the default) or adapt
+POLICIES = ("wait", "adapt")
 
 __all__ = ["SNAPSHOT_BUDGET", "SNAPSHOT_DIR", "SnapshotError", "restore", "slot_paths", "snapshot"]
 
@@ -154,6 +166,13 @@ class _Slots:
         for slot in self.slots:
             slot.open_existing()
         self.cadence = Cadence()
+        policy = os.environ.get(SNAPSHOT_POLICY, "wait") or "wait"
+        if policy not in POLICIES:
+            raise SnapshotError(
+                f"{SNAPSHOT_POLICY}={policy[:40]!r}: the snapshot policy is one of "
+                f"{', '.join(POLICIES)}"
+            )
+        self.adapt = policy == "adapt"
         self.layout: ShardLayout | None = None  # the last snapshot's, reused if it fits
         self.committed_at = 0.0  # when the newest snapshot was written (monotonic)
         self._wake: int | None = None  # the agent's wake FIFO, open for writing
@@ -215,20 +234,22 @@ def snapshot(state: Any, step: int) -> bool:
     """Keep `state` as of `step`: nested dicts, lists and tuples of tensors, DTensors,
     numpy arrays, plain values and Stateful objects (kept as their state_dict()).
 
-    Returns whether this step was kept: False without rtrain, and False for a step
-    skipped because replication is behind (see the module's doc: the step then pays
-    nothing; keep calling it every step). Raises SnapshotError, naming the key and the
-    type, for a state that cannot be kept (any other object, a snapshot over the
-    memory budget, no shared memory left), before anything is written.
+    Returns whether this step was kept: False without rtrain, and, with the adapt
+    policy, False for a step skipped because replication is behind (see the module's
+    doc: the step then pays nothing; keep calling it every step). Raises SnapshotError,
+    naming the key and the type, for a state that cannot be kept (any other object, a
+    snapshot over the memory budget, no shared memory left), before anything is
+    written.
     """
     slots = _my_slots()
     if slots is None:
         return False
     now = time.monotonic()
     cadence = slots.cadence
-    cadence.observe(step, now)
-    if not cadence.due(step):
-        return False
+    if slots.adapt:
+        cadence.observe(step, now)
+        if not cadence.due(step):
+            return False
     layout = plan_shard(state_of(state), slots.layout)
     budget = int(os.environ.get(SNAPSHOT_BUDGET, "0") or 0)
     if budget and layout.size > budget:
@@ -240,9 +261,12 @@ def snapshot(state: Any, step: int) -> bool:
     if newest is not None:
         assert newest.map is not None
         if replicated_step(newest.map) < (newest.header_step() or 0):
-            cadence.behind(now - slots.committed_at if slots.committed_at else 0.0)
-            return False
-        cadence.replicated(replicate_time(newest.map))
+            if slots.adapt:
+                cadence.behind(now - slots.committed_at if slots.committed_at else 0.0)
+                return False
+            _wait_replicated(newest)
+        if slots.adapt:
+            cadence.replicated(replicate_time(newest.map))
     target = slots.next_target(newest)
     target.reserve(layout.size)
     assert target.map is not None
@@ -250,6 +274,17 @@ def snapshot(state: Any, step: int) -> bool:
     slots.layout, slots.committed_at = layout, time.monotonic()
     slots.wake_agent()
     return True
+
+
+def _wait_replicated(slot: _Slot) -> None:
+    assert slot.map is not None
+    mapped, step = slot.map, slot.header_step() or 0
+    if not wait_until(
+        lambda: replicated_step(mapped) >= step, WAIT_LIMIT_S, 0.001, time.monotonic, time.sleep
+    ):
+        raise SnapshotError(
+            f"the snapshot of step {step} was not replicated within {WAIT_LIMIT_S:g}s"
+        )
 
 
 def snapshots_kept() -> bool:

@@ -3,9 +3,10 @@
 The real parts: the agent's Replicator sends a worker's slots to a real ShardServer,
 through a TCP proxy that passes the sender's bytes at 10 MB/s (a throttled peer); the
 test's thread is the training loop calling the real snapshot() every step. Before,
-each snapshot waited for the last one's replication (0.4 s a shard here); now a step
-that finds it unfinished is skipped, the worker keeps every k-th step, and the agent
-says so in events.jsonl (`snapshot_interval`).
+each snapshot waited for the last one's replication (0.4 s a shard here); with the
+adapt policy (RTRAIN_SNAPSHOT_POLICY=adapt) a step that finds it unfinished is
+skipped, the worker keeps every k-th step, and the agent says so in events.jsonl
+(`snapshot_interval`).
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ def test_a_throttled_peer_never_stalls_the_step_and_the_interval_adapts(
     EVENTS.open(str(tmp_path), "127.0.0.1")
     replicator = Replicator(sender, SECRET)
     monkeypatch.setenv(snapshot_api.SNAPSHOT_DIR, sender.snap_dir(0))
+    monkeypatch.setenv(snapshot_api.SNAPSHOT_POLICY, "adapt")
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setattr(snapshot_api, "_slots", None)
     weights = torch.zeros(STATE_MB * 2**20 // 4)

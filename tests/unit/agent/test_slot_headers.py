@@ -156,6 +156,7 @@ def test_a_worker_skips_a_slot_whose_header_does_not_fit(tmp_path, monkeypatch):
     monkeypatch.setenv("RTRAIN_SNAPSHOT_DIR", str(tmp_path))
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setattr(api, "_slots", None)
+    monkeypatch.setattr(api, "WAIT_LIMIT_S", 1.0)
     paths = slot_paths(str(tmp_path), 0)
     for path, step in zip(paths, (1, 2), strict=False):
         data = shard_bytes(0, step)

@@ -145,7 +145,10 @@ def test_the_interval_follows_the_measured_replication_time() -> None:
     assert cadence.interval == 1
 
 
-def test_a_snapshot_that_finds_the_last_one_unreplicated_skips_the_step(slot_dir: str) -> None:
+def test_a_snapshot_that_finds_the_last_one_unreplicated_skips_the_step(
+    slot_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(snapshot_api.SNAPSHOT_POLICY, "adapt")
     assert snapshot(_state(0), 0)
     _mark_replicated(slot_dir)
     assert snapshot(_state(1), 1)
@@ -159,3 +162,16 @@ def test_a_snapshot_that_finds_the_last_one_unreplicated_skips_the_step(slot_dir
     assert len(kept) == 1 and kept[0] % 2 == 0
     restored = restore()
     assert restored is not None and restored[1] == kept[0]
+
+
+def test_the_wait_policy_is_the_default_and_a_bad_one_is_one_line(
+    slot_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(snapshot_api, "WAIT_LIMIT_S", 0.2)
+    assert snapshot(_state(0), 0)
+    with pytest.raises(snapshot_api.SnapshotError, match="not replicated within"):
+        snapshot(_state(1), 1)  # waits (every rank keeps every step), then says so
+    monkeypatch.setattr(snapshot_api, "_slots", None)
+    monkeypatch.setenv(snapshot_api.SNAPSHOT_POLICY, "skip")
+    with pytest.raises(snapshot_api.SnapshotError, match="one of wait, adapt"):
+        snapshot(_state(1), 1)
