@@ -12,7 +12,9 @@ A node waits for the job's store as long as join_timeout allows (torchrun's rule
 whether nothing listens there yet or the port is taken by a store that does not answer
 yet (its host still importing torch on a loaded machine), with a line every
 WAIT_LINE_S saying on what it waits; no shorter window (issue 31: the second node of
-a localhost job gave up after a fixed 10 s while node 0 was still starting).
+a localhost job gave up after a fixed 10 s while node 0 was still starting). Each
+connect attempt gets ATTEMPT_S and the next resolves the name again: a store host's
+pod replaced under the same name (Kubernetes) answers at a new address.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ logger = logging.getLogger(__name__)
 
 WAIT_LINE_S = 10.0  # a line this often while the store has not answered
 JOIN_SLICE_S = 0.25  # how often a wait for the store looks for a signal
+ATTEMPT_S = 15.0  # one connect's window; the next resolves the store's name again
+RETRY_PAUSE_S = 0.5  # after an attempt that failed at once
 
 
 @dataclass
@@ -164,27 +168,23 @@ def connect_store(
 ) -> OpenedStore:
     """Connect as a client, giving up after deadline_s whatever TCPStore itself does; a
     line every WAIT_LINE_S while nothing answers; interrupt() (it raises on a signal) is
-    called every JOIN_SLICE_S meanwhile."""
-    result: dict[str, Any] = {}
-
-    def attempt() -> None:
-        try:
-            result["store"] = _tcp_store(
-                host_name=host,
-                port=port,
-                is_master=False,
-                timeout=datetime.timedelta(seconds=deadline_s),
-            )
-        except Exception as exc:
-            result["error"] = exc
-
-    thread = threading.Thread(target=attempt, name="rtrain-store-connect", daemon=True)
-    thread.start()
-    _wait_for(thread, f"the rendezvous store at {host}:{port}", deadline_s, interrupt)
-    if "store" in result:
-        store = result["store"]
-        store.set_timeout(datetime.timedelta(seconds=timeout_s))
-        return OpenedStore(store=store, host=host, port=port, is_host=False)
+    called every JOIN_SLICE_S meanwhile. Each attempt gets at most ATTEMPT_S and resolves
+    the name again: TCPStore's client keeps the address it resolved first, and a store
+    host's pod replaced under the same name answers at a new one."""
+    wait = _Wait(f"the rendezvous store at {host}:{port}", deadline_s)
+    while True:
+        window = max(min(ATTEMPT_S, wait.left()), 0.1)
+        result = _attempt(host, port, window, wait, interrupt)
+        if "store" in result:
+            store = result["store"]
+            store.set_timeout(datetime.timedelta(seconds=timeout_s))
+            return OpenedStore(store=store, host=host, port=port, is_host=False)
+        if wait.left() <= 0:
+            break
+        if "error" in result:  # refused at once (a name not resolving yet): not a hot loop
+            time.sleep(min(RETRY_PAUSE_S, max(wait.left(), 0.0)))
+            if interrupt is not None:
+                interrupt()
     if "error" in result:
         reason = first_line(result["error"])
         raise RendezvousError(
@@ -196,29 +196,61 @@ def connect_store(
     )
 
 
-def _wait_for(
-    thread: threading.Thread, what: str, deadline_s: float, interrupt: Callable[[], None] | None
-) -> None:
-    """Join thread (a connect under TCPStore's own timeout of deadline_s) for up to
-    deadline_s + 2 s, saying every WAIT_LINE_S on what it waits."""
-    started = time.monotonic()
-    end, next_line = started + deadline_s + 2.0, started + WAIT_LINE_S
+def _attempt(
+    host: str, port: int, window: float, wait: _Wait, interrupt: Callable[[], None] | None
+) -> dict[str, Any]:
+    """One connect under TCPStore's own timeout of window, joined for up to window + 2 s
+    (never past the whole wait's end + 2 s): {"store": ...}, {"error": ...} or {}."""
+    result: dict[str, Any] = {}
+
+    def attempt() -> None:
+        try:
+            result["store"] = _tcp_store(
+                host_name=host,
+                port=port,
+                is_master=False,
+                timeout=datetime.timedelta(seconds=window),
+            )
+        except Exception as exc:
+            result["error"] = exc
+
+    thread = threading.Thread(target=attempt, name="rtrain-store-connect", daemon=True)
+    thread.start()
+    end = min(time.monotonic() + window, wait.end) + 2.0
     while thread.is_alive():
         now = time.monotonic()
         if now >= end:
-            return
-        if now >= next_line:
-            next_line += WAIT_LINE_S
-            logger.info(
-                "waiting for %s: no answer in %.0fs, waiting up to %gs (join_timeout); "
-                "its host may still be starting",
-                what,
-                now - started,
-                deadline_s,
-            )
-        thread.join(min(JOIN_SLICE_S, end - now, next_line - now))
+            break
+        wait.say(now)
+        thread.join(min(JOIN_SLICE_S, end - now))
         if interrupt is not None:
             interrupt()
+    return dict(result)
+
+
+class _Wait:
+    """The whole wait for a store: its end, and a line every WAIT_LINE_S on what it waits."""
+
+    def __init__(self, what: str, deadline_s: float) -> None:
+        self.what, self.deadline_s = what, deadline_s
+        self.started = time.monotonic()
+        self.end = self.started + deadline_s
+        self.next_line = self.started + WAIT_LINE_S
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+    def say(self, now: float) -> None:
+        if now < self.next_line:
+            return
+        self.next_line += WAIT_LINE_S
+        logger.info(
+            "waiting for %s: no answer in %.0fs, waiting up to %gs (join_timeout); "
+            "its host may still be starting",
+            self.what,
+            now - self.started,
+            self.deadline_s,
+        )
 
 
 def open_rendezvous_store(
