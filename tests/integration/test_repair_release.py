@@ -68,10 +68,12 @@ class Workers:
         except (OSError, ValueError):
             return 0
 
-    def parked(self, rank: int) -> bool:
+    def parked(self, rank: int, generation: int | None = None) -> bool:
         path = self.folder(rank) / STATE_FILE
         state = decode_state(path.read_bytes()) if path.exists() else None
-        return state is not None and state.state == PARKED
+        return (
+            state is not None and state.state == PARKED and generation in (None, state.generation)
+        )
 
     def record(self, name: str) -> dict:
         return json.loads((self.out / name).read_text())
@@ -141,5 +143,48 @@ def test_a_worker_whose_own_code_raises_fails_at_once_and_frees_its_peers(
         assert workers.procs[0].wait(60) == 1
         assert time.monotonic() - start < 30
         assert not workers.parked(0)
+    finally:
+        workers.close()
+
+
+def _usage(pid: int) -> tuple[int, int, int]:
+    """(open descriptors, threads, resident KiB) of a process."""
+    status = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    rss = int(status["VmRSS"].split()[0])
+    return len(os.listdir(f"/proc/{pid}/fd")), int(status["Threads"]), rss
+
+
+def test_twenty_repairs_in_a_row_leak_no_threads_descriptors_or_memory(tmp_path: Path) -> None:
+    workers = Workers(tmp_path, 2)
+    repairs, seen = 20, {}
+    try:
+        port = free_port()
+        for rank in range(2):
+            workers.start(rank, 0, port)
+        for generation in range(repairs + 1):
+            wait_for(lambda: all(workers.steps(r) >= 3 for r in range(2)), 60, "no training")
+            if generation in (2, repairs):  # after two repairs every lazy thing exists
+                seen[generation] = [_usage(workers.procs[r].pid) for r in range(2)]
+            if generation == repairs:
+                break
+            for rank in range(2):
+                (workers.folder(rank) / REQUEST_FILE).write_bytes(encode_request(generation))
+            wait_for(
+                lambda g=generation: all(workers.parked(r, g) for r in range(2)), 30, "not parked"
+            )
+            port = free_port()
+            for rank in range(2):
+                (workers.out / f"step_rank{rank}").unlink()
+                env = workers.env(rank, generation + 1, port, 2)
+                data = encode_resume(Resume(generation + 1, env))
+                (workers.folder(rank) / RESUME_FILE).write_bytes(data)
+        for rank in range(2):
+            assert workers.record(f"enter_gen{repairs}_rank{rank}.json")["repairs"] == repairs
+            (fds, threads, rss), (fds2, threads2, rss2) = seen[2][rank], seen[repairs][rank]
+            assert fds2 <= fds + 2, (fds, fds2)
+            assert threads2 <= threads + 1, (threads, threads2)
+            assert rss2 - rss < 64 * 1024, (rss, rss2)  # KiB
     finally:
         workers.close()
