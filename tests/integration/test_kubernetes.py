@@ -10,6 +10,7 @@ torchrun: exit 0.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -105,7 +106,7 @@ def test_each_controller_starts_the_job(
     assert any("this node hosts" in line for line in host_lines), logs
 
 
-@pytest.mark.parametrize("controller", CONTROLLERS[:1], ids=lambda c: c.kind)
+@pytest.mark.parametrize("controller", CONTROLLERS, ids=lambda c: c.kind)
 def test_torchrun_starts_the_same_pods(
     cluster: pods.Cluster, controller: pods.Controller, tmp_path: Path
 ) -> None:
@@ -114,3 +115,18 @@ def test_torchrun_starts_the_same_pods(
     started = start(cluster, controller, TORCHRUN, out)
     codes = [pod.wait(timeout=90) for pod in started]
     assert codes == [0, 0], "\n".join(pod.output()[-1500:] for pod in started)
+
+
+def test_a_failed_launch_leaves_its_reason_in_the_termination_message(tmp_path: Path) -> None:
+    """Issue 37 item 4: what a pod's status shows beside the exit code (the kubelet's
+    terminationMessagePath; RTRAIN_TERMINATION_LOG points it here)."""
+    message = tmp_path / "termination-log"
+    env = pods.base_env({"RTRAIN_TERMINATION_LOG": str(message)})
+    bad = [*RTRAIN, "--nnodes=two", PROBE]
+    result = subprocess.run(bad, env=env, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert result.returncode == 64, result.stderr
+    assert message.read_text().startswith("rtrain: exit 64 (USAGE): --nnodes")
+    ok = subprocess.run(
+        [*RTRAIN, "--dry-run", PROBE], env=env, capture_output=True, timeout=60, cwd=ROOT
+    )
+    assert ok.returncode == 0 and message.read_text().startswith("rtrain: exit 64")
