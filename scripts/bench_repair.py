@@ -11,8 +11,8 @@ ranks on localhost, --state-mb of extra state per rank, rank 1 SIGKILLs itself a
                healthy group steps on without the failed one (min_replica_size=1)
 
 Recovery: fault (fault.json's t_fault, written just before the SIGKILL) -> the end of the
-first step begun after it and completed (torchft: committed) by any rank. "kept": that
-step came from a process that had stepped before the fault (the survivor kept its
+first step begun after it and completed (torchft: committed) by any rank. "kept": a
+process that stepped before the fault stepped after it too (the survivor kept its
 process). The peers run from their own environment (--peers-venv, a venv made with
 --system-site-packages so it uses this torch: `python -m venv --system-site-packages V;
 V/bin/pip install nvidia-resiliency-ext torchft`); without it they are reported as not
@@ -154,14 +154,17 @@ def judge(out: Path) -> Outcome | None:
     ]
     if not after:
         return None
-    t_next, pid = min(after)
+    t_next, _ = min(after)
     gaps = [
         b - a
         for rows in steps.values()
         for (_, a), (_, b) in itertools.pairwise(sorted(rows))
         if b <= t_fault
     ]
-    kept = any(began <= t_fault for began, _ in steps[pid])
+    kept = any(  # some process stepped both before the fault and after it
+        any(b <= t_fault for b, _ in rows) and any(b > t_fault for b, _ in rows)
+        for rows in steps.values()
+    )
     step_s = statistics.median(gaps) if gaps else None
     return Outcome(t_next - t_fault, kept=kept, step_s=step_s)
 

@@ -44,8 +44,10 @@ def test_a_step_under_way_at_the_fault_does_not_count(tmp_path: Path) -> None:
 def test_a_survivor_that_keeps_its_process_is_seen(tmp_path: Path) -> None:
     (tmp_path / "fault.json").write_text(json.dumps({"t_fault": 100.5, "step": 2}))
     _write(tmp_path, 10, [(100.0, 100.2, 0), (100.6, 100.9, 2)])
+    _write(tmp_path, 12, [(100.6, 100.8, 2)])  # the replaced rank's first step ends first
     outcome = judge(tmp_path)
     assert outcome is not None and outcome.kept
+    assert outcome.recovery == pytest.approx(0.3)
     assert summarize({"repair": [outcome]})[0]["kept"] == 1
 
 
