@@ -27,7 +27,7 @@ from types import TracebackType
 from rtrain.core.clock import Clock
 
 Task = Callable[[], "float | None"]  # runs once; the delay to its next run, or None
-BATCH = 32  # tasks a worker takes at once
+BATCH = 32  # tasks a worker takes at once (by default)
 
 
 class Lateness:
@@ -56,7 +56,10 @@ class Lateness:
 
 
 class Loop:
-    def __init__(self, workers: int, name: str = "sim-loop") -> None:
+    def __init__(self, workers: int, name: str = "sim-loop", batch: int = BATCH) -> None:
+        """batch: tasks a worker takes at once; 1 where a task's store calls block for
+        long (etcd): a slow one then holds up no other."""
+        self._batch = batch
         self.lateness = Lateness()
         self.durations = Lateness()  # how long each task ran (its store calls included)
         self._heap: list[tuple[float, int, Task]] = []
@@ -91,7 +94,7 @@ class Loop:
                     wait = self._heap[0][0] - now
                     if wait <= 0:
                         batch = []
-                        while self._heap and self._heap[0][0] <= now and len(batch) < BATCH:
+                        while self._heap and self._heap[0][0] <= now and len(batch) < self._batch:
                             due, _n, task = heapq.heappop(self._heap)
                             batch.append((due, task))
                         if self._heap and self._heap[0][0] <= now:

@@ -62,7 +62,7 @@ from rtrain.cli.launch_args import parse_launch_args  # noqa: E402
 from rtrain.core.config.launch_spec import LaunchSpec, build_launch_spec  # noqa: E402
 from rtrain.core.rendezvous.protocol import MemberInfo, Membership  # noqa: E402
 from sim_counting import CountedEtcdClient, CountedTorchStore, Requests  # noqa: E402
-from sim_loop import Loop, RunSlots  # noqa: E402
+from sim_loop import BATCH, Loop, RunSlots  # noqa: E402
 from sim_notices import WaitMux  # noqa: E402
 
 
@@ -249,7 +249,10 @@ class SimRun:
     def __init__(self, backend: str) -> None:
         self.opened = threading.Event()
         self.victim: SimAgent | None = None
-        self.loop = Loop(_threads("BENCH_SCALE_LOOP_WORKERS", LOOP_WORKERS, backend))
+        self.loop = Loop(
+            _threads("BENCH_SCALE_LOOP_WORKERS", LOOP_WORKERS, backend),
+            batch=1 if backend == "etcd" else BATCH,
+        )
         self.waits = WaitMux()
         self.slots = RunSlots(_threads("BENCH_SCALE_JOIN_SLOTS", JOIN_SLOTS, backend))
 
