@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...core.errors import RendezvousError, first_line
-from .store_host import choose_store_host, endpoint_owner
+from .store_host import choose_store_host, endpoint_owner, resolve
 
 logger = logging.getLogger(__name__)
 
@@ -140,9 +140,13 @@ def host_store(host: str, port: int, timeout_s: float) -> OpenedStore:
     bound: dict[str, Any] = {"port": port}
     if sock is not None:
         bound = {"port": sock.getsockname()[1], "master_listen_fd": sock.detach()}
+    # The server's own client connects to host_name: a name whose record is not out yet
+    # (a pod's headless-service record comes after the pod) would keep the host waiting
+    # on itself; it listens on every interface then (listening_socket gave None).
+    own = host if sock is not None or resolve(host) else "127.0.0.1"
     try:
         store = _tcp_store(
-            host_name=host,
+            host_name=own,
             is_master=True,
             wait_for_workers=False,
             timeout=datetime.timedelta(seconds=timeout_s),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,11 +63,13 @@ def start(
     launcher: list[str],
     out: Path,
     extra: dict[str, str] | None = None,
+    late: int | None = None,
 ) -> list[pods.Pod]:
+    """late: the pod whose DNS record is not out yet when the pods start."""
     started = []
     for index in range(controller.nodes):
         name, subdomain = controller.pod_name(index)
-        pod = cluster.add_pod(name, subdomain)
+        pod = cluster.add_pod(name, subdomain, dns_late=index == late)
         started.append(pod)
     for index, pod in enumerate(started):
         env = pods.base_env(
@@ -115,6 +118,21 @@ def test_torchrun_starts_the_same_pods(
     started = start(cluster, controller, TORCHRUN, out)
     codes = [pod.wait(timeout=90) for pod in started]
     assert codes == [0, 0], "\n".join(pod.output()[-1500:] for pod in started)
+
+
+def test_the_store_hosts_late_dns_name_is_waited_for(cluster: pods.Cluster, tmp_path: Path) -> None:
+    """A headless service's record comes out after the pod starts: the other pod waits
+    for the name to resolve (join_timeout), it does not give up at once."""
+    controller = CONTROLLERS[0]
+    out = tmp_path / "out"
+    first, second = start(cluster, controller, RTRAIN, out, late=0)
+    end = time.monotonic() + 60
+    while "rendezvous store" not in second.output() or "hosting" not in first.output():
+        assert time.monotonic() < end, second.output()[-2000:]
+        time.sleep(0.1)
+    cluster.publish(first.name)
+    codes = [pod.wait(timeout=90) for pod in (first, second)]
+    assert codes == [0, 0], "\n".join(pod.output()[-1500:] for pod in (first, second))
 
 
 def test_a_failed_launch_leaves_its_reason_in_the_termination_message(tmp_path: Path) -> None:
