@@ -24,6 +24,7 @@ from ...core.snapshots.restore_plan import (
     Lineage,
     Reached,
     ShardId,
+    Written,
     job_ceiling,
     plan_restore,
     snapshots_existed,
@@ -75,6 +76,7 @@ class Pooled:
     inventory: dict[int, list[ShardId]]
     servers: dict[int, tuple[str, int]]
     reached: dict[int, Reached]
+    loaded: dict[int, Written]  # where each node's workers' last restored save was written
 
 
 class Restorer:
@@ -104,16 +106,28 @@ class Restorer:
         self._clock = clock
 
     def restore(
-        self, round_: RestoreRound, server: tuple[str, int], reached: Reached
+        self,
+        round_: RestoreRound,
+        server: tuple[str, int],
+        reached: Reached,
+        loaded: Written | None = None,
     ) -> tuple[Pooled, RestoreResult]:
         """Publish this node's inventory and shard server, pool everyone's, and restore
-        this node's new ranks at the step every agent agrees on."""
-        self.publish(round_, server, reached)
+        this node's new ranks at the step every agent agrees on. loaded: where the save
+        this node's workers were last restored to was written."""
+        self.publish(round_, server, reached, loaded)
         pooled = self.gather(round_)
         return pooled, self.agree(round_, pooled)
 
-    def publish(self, round_: RestoreRound, server: tuple[str, int], reached: Reached) -> None:
-        inventory = Inventory(tuple(self._store.inventory()), reached.newest, reached.every_rank)
+    def publish(
+        self,
+        round_: RestoreRound,
+        server: tuple[str, int],
+        reached: Reached,
+        loaded: Written | None = None,
+    ) -> None:
+        shards = tuple(self._store.inventory())
+        inventory = Inventory(shards, reached.newest, reached.every_rank, loaded)
         store, keys, generation = self._rdzv.store, self._keys, round_.generation
         store.set(keys.shards(generation, round_.node_rank), encode_master(*server))
         store.set(keys.inventory(generation, round_.node_rank), inventory.encode())
@@ -121,7 +135,7 @@ class Restorer:
     def gather(self, round_: RestoreRound) -> Pooled:
         """Every member's inventory and shard server address (waits until all are in)."""
         generation = round_.generation
-        pooled = Pooled({}, {}, {})
+        pooled = Pooled({}, {}, {}, {})
         for node, member in enumerate(round_.membership.members):
             key = self._keys.inventory(generation, node)
             self._wait_for(round_, key, f"node {node} did not publish its shards")
@@ -140,6 +154,8 @@ class Restorer:
                 inventory = Inventory(())
             pooled.inventory[node] = list(inventory.shards)
             pooled.reached[node] = inventory.reached(was_member)
+            if inventory.loaded is not None:
+                pooled.loaded[node] = inventory.loaded
         return pooled
 
     def agree(self, round_: RestoreRound, pooled: Pooled) -> RestoreResult:

@@ -19,22 +19,26 @@ from ...core.config.worker_env import SNAPSHOT_BUDGET, SNAPSHOT_DIR
 from ...core.layout.topology import Topology
 from ...core.rendezvous.protocol import Membership, StoreKeys
 from ...core.snapshots.admission import Admission
-from ...core.snapshots.format import HEADER_SIZE, SLOTS_PER_RANK
+from ...core.snapshots.format import SLOTS_PER_RANK
 from ...core.snapshots.redundancy import dp_twin
-from ...core.snapshots.restore_plan import Lineage, Reached, ring_successors
+from ...core.snapshots.restore_plan import (
+    Lineage,
+    Reached,
+    Written,
+    ring_successors,
+    written_in,
+)
 from ..observe.events import emit
-from ..observe.progress import WaitProgress
 from ..rendezvous.job import JobRendezvous
 from ..waiting import SYSTEM_CLOCK
-from .checksums import checksums
-from .disk_checkpoints import DiskCheckpointer, open_checkpoint_dir, write_checkpoint
+from .disk_checkpoints import DiskCheckpointer, open_checkpoint_dir
+from .disk_save import save_slots
 from .peers.fetcher import FetchContext, PeerFetcher, holders_of
 from .peers.server import ShardServer
 from .replicator import Replicator
 from .restore_copies import RestoreResult
 from .restorer import Pooled, Restorer, RestoreRound
 from .shard_store import KEEP_STEPS, ShardStore
-from .slot_check import fitting_header
 from .spare_pool import SpareFiller
 
 logger = logging.getLogger(__name__)
@@ -86,6 +90,7 @@ class SnapshotService:
         self._fetcher = PeerFetcher(self.store)
         self._spares = SpareFiller(self.store.pool, self._spare_sizing)
         self._spares_for: int | None = None  # the generation the spares were sized in
+        self._loaded: Written | None = None  # where the save last restored was written
         self._generation: int | None = None  # the generation the workers now run
         self.restored_step: int | None = None  # the step this generation's workers resume after
         self._world_size = 0
@@ -205,11 +210,13 @@ class SnapshotService:
         self._end_generation(round_)
         reached = self._reached()
         self._local_steps = {}
-        pooled, result = self._restorer.restore(round_, (self._host, self._server.port), reached)
+        server = (self._host, self._server.port)
+        pooled, result = self._restorer.restore(round_, server, reached, self._loaded)
         self._restored(result, [c.rank for c in topology.coords if c.node_rank == node_rank])
+        self._loaded = self._written(round_.generation, result, pooled)
         self._follow(round_, pooled, local_world_size)
         self.store.recycle(round_.generation, self._local_ranks, result.step)
-        self.store.prune(keep_from=round_.generation - 1)
+        self.store.prune(keep_from=round_.generation - 1, keep=self._loaded)
         # each rank's own slots, and the newest KEEP_STEPS replicas of each of copies-1 peers
         shares = SLOTS_PER_RANK + KEEP_STEPS * (self._copies - 1)
         self._per_slot = per_slot = self._budget // max(local_world_size * shares, 1)
@@ -249,6 +256,22 @@ class SnapshotService:
             self._admission.ceiling.observe(result.step)
             self._local_steps = dict.fromkeys(local_ranks, result.step)
 
+    def _written(self, generation: int, result: RestoreResult, pooled: Pooled) -> Written | None:
+        """Where the save this generation's workers were restored to was written: kept
+        until a restore finds a newer step, so that a resharding load can read it again
+        after a second failure before a save every rank has."""
+        if result.step is None or result.from_disk:
+            return None
+        written = written_in(generation, result.step, pooled.loaded.values())
+        if written.generation < generation - 1:
+            logger.info(
+                "keeping the shards of step %d written in generation %d: no save every "
+                "rank has followed the load that read them",
+                written.step,
+                written.generation,
+            )
+        return written
+
     def _follow(self, round_: RestoreRound, pooled: Pooled, local_world_size: int) -> None:
         """Point the replicator at this generation's ring successors and the fetcher at
         its holders of each shard."""
@@ -271,6 +294,7 @@ class SnapshotService:
                 pooled.servers,
                 self._secret,
                 self._host,
+                self._loaded,
             )
         )
         twins = {
@@ -299,38 +323,11 @@ class SnapshotService:
 
     def save_to_disk(self) -> int | None:
         """Write this node's workers' snapshots to --checkpoint-dir now (a Slurm job about
-        to be stopped); the newest step written, or None. Every slot of every rank goes,
-        so the ranks of all nodes share a complete step. Call with the workers stopped:
-        a slot being rewritten must not be copied."""
+        to be stopped); the newest step written, or None (disk_save.py). Call with the
+        workers stopped."""
         if not self._checkpoint_dir or self._generation is None:
             return None
-        steps = []
-        slots = [(s, p) for s, p in self.store.local_slots() if s.generation == self._generation]
-        written = 0
-        with WaitProgress("saving snapshots to --checkpoint-dir", log=logger) as progress:
-            for shard, path in slots:
-                with open(path, "rb") as handle:
-                    data = handle.read()
-                header = fitting_header(data[:HEADER_SIZE], len(data), path)
-                if header is None or header.step != shard.step:
-                    continue
-                data = data[: header.size]
-                write_checkpoint(
-                    self._checkpoint_dir,
-                    shard.rank,
-                    shard.step,
-                    self._world_size,
-                    data,
-                    checksums(data, len(data)),
-                )
-                steps.append(shard.step)
-                written += len(data)
-                progress.update(
-                    f"{len(steps)} of {len(slots)} shards, {written / 2**20:.0f} MiB",
-                    len(steps),
-                    len(slots),
-                )
-        return max(steps, default=None)
+        return save_slots(self.store, self._checkpoint_dir, self._generation, self._world_size)
 
     @property
     def secret(self) -> bytes | None:

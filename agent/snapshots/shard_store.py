@@ -32,7 +32,7 @@ from ...core.snapshots.format import (
     ShardHeader,
     read_header,
 )
-from ...core.snapshots.restore_plan import ShardId
+from ...core.snapshots.restore_plan import ShardId, Written
 from ..runtime_dir import make_folder, no_space
 from .checksums import checksums
 from .slot_check import fitting_header
@@ -288,22 +288,38 @@ class ShardStore:
                 logger.warning("cannot recycle %s: %s", source, exc)
         return done
 
-    def prune(self, keep_from: int) -> None:
-        """Forget the shards of generations before keep_from."""
+    def prune(self, keep_from: int, keep: Written | None = None) -> None:
+        """Forget the shards of generations before keep_from, but for `keep`'s: the
+        shards of its step written in its generation (a save a resharding load read,
+        which a second failure before the next save must be able to read again)."""
+
+        def kept(shard: ShardId) -> bool:
+            return keep is not None and (shard.generation, shard.step) == keep
+
+        slots = {path for shard, path in self.local_slots() if kept(shard)}
         for directory in glob.glob(os.path.join(self.root, "snap", "gen*")):
-            if int(directory.rsplit("gen", 1)[1]) < keep_from:
+            if int(directory.rsplit("gen", 1)[1]) >= keep_from:
+                continue
+            if not any(path.startswith(directory + os.sep) for path in slots):
                 shutil.rmtree(directory, ignore_errors=True)
+                continue
+            for path in glob.glob(os.path.join(directory, "*")):
+                if path not in slots:
+                    with contextlib.suppress(OSError):
+                        os.remove(path)
+        with self._lock:
+            for shard in [s for s in self._replicas if s.generation < keep_from]:
+                if not kept(shard):
+                    del self._replicas[shard]
+            replicas = {path for path, _ in self._replicas.values()}
         for path in glob.glob(os.path.join(self.root, "replica", "g*")):
             match = REPLICA.search(path)
-            if match and int(match[1]) < keep_from:
+            if match and int(match[1]) < keep_from and path not in replicas:
                 buffer = self._maps.pop(path, None)
                 if buffer is not None:
                     buffer.close()
                 with contextlib.suppress(OSError):
                     os.remove(path)
-        with self._lock:
-            for shard in [s for s in self._replicas if s.generation < keep_from]:
-                del self._replicas[shard]
 
 
 def _size(path: str) -> int:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..layout.topology import Topology
 
@@ -118,6 +119,27 @@ class Reached:
     newest: int | None = None  # the newest step any of them committed
     every_rank: bool = False  # every one of them had committed a snapshot
     was_member: bool = False  # the node ran in an earlier generation
+
+
+class Written(NamedTuple):
+    """Where a save's shards were written: the generation whose shards hold `step` as
+    its workers wrote them (a restore relabels shards into each new generation, so the
+    same save is also found under later generations' names, with other ranks)."""
+
+    generation: int
+    step: int
+
+
+def written_in(generation: int, step: int, loaded: Iterable[Written]) -> Written:
+    """Where the shards of `step` that generation `generation` restores were written.
+
+    They are the previous generation's, unless that generation's workers were
+    themselves restored to `step` (a second failure before a save every rank has):
+    then the previous generation's shards of `step` are relabelled copies, and the
+    save is where the nodes that restored it said it was (`loaded`, as each node
+    published it; a new node knows nothing and says nothing)."""
+    earlier = [w.generation for w in loaded if w.step == step and w.generation < generation]
+    return Written(min(earlier, default=generation - 1), step)
 
 
 def job_ceiling(reached: Iterable[Reached]) -> int | None:

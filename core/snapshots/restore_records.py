@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from ..rendezvous.protocol import PROTOCOL_VERSION, ProtocolError, json_object
-from .restore_plan import Reached, ShardId
+from .restore_plan import Reached, ShardId, Written
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,9 @@ class Inventory:
     shards: tuple[ShardId, ...]  # its workers' slots and the replicas it keeps
     newest: int | None = None  # the newest step any of its own workers committed
     every_rank: bool = False  # every one of its workers had committed a snapshot
+    # The save its workers were last restored to, as (the generation whose shards hold
+    # it as written, its step): a resharding load of that step reads those shards.
+    loaded: Written | None = None
 
     def reached(self, was_member: bool) -> Reached:
         return Reached(self.newest, self.every_rank, was_member)
@@ -36,6 +39,7 @@ class Inventory:
                 "shards": [_shard(s) for s in self.shards],
                 "reached": self.newest,
                 "every_rank": self.every_rank,
+                "loaded": None if self.loaded is None else list(self.loaded),
             }
         )
 
@@ -49,7 +53,11 @@ class Inventory:
             raise ProtocolError(f"{what}: reached must be a step or null, got {newest!r}")
         if not isinstance(every, bool):
             raise ProtocolError(f"{what}: every_rank must be true or false")
-        return cls(shards, newest, every)
+        loaded = data.get("loaded")  # absent: nothing loaded (an agent's first start)
+        if loaded is not None:
+            (row,) = _rows([loaded], 2, what, "loaded")
+            loaded = Written(*row)
+        return cls(shards, newest, every, loaded)
 
 
 @dataclass(frozen=True)

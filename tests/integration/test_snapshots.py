@@ -187,26 +187,29 @@ FSDP2_DCP = str(Path(SNAPSHOTTING).with_name("train_fsdp2_dcp.py"))
 DCP_FLAGS = ["--nproc-per-node=1", "--heartbeat-interval=0.5", "--heartbeat-timeout=2"]
 
 
-def test_fsdp2_survivors_of_a_node_loss_reshard_from_peer_memory_through_dcp(tmp_path):
-    # Three nodes of one FSDP2 worker save every step with dcp.save into rtrain's
-    # memory. Node 2 is killed: the two survivors (other shard boundaries: 33 rows
-    # over 2 ranks, not 3) load the last step with dcp.load from local memory and from
-    # the replica of rank 2's shard, which node 0 holds (node 1 fetches it over the
-    # network), and the whole state they load equals the reference run's at that step.
-    (tmp_path / "reference").mkdir()
+@pytest.fixture(scope="module")
+def fsdp2_reference(tmp_path_factory) -> Path:
+    """The folder where the FSDP2 DCP job on 3 nodes with no fault left the digest of
+    its whole state after each step (full_step<S>.txt)."""
+    tmp = tmp_path_factory.mktemp("fsdp2_reference")
     reference = LocalCluster(
-        tmp_path / "reference",
-        3,
-        "3",
-        DCP_FLAGS,
-        script=FSDP2_DCP,
-        PROBE_STEPS="10",
-        PROBE_FULL_DIGESTS="1",
+        tmp, 3, "3", DCP_FLAGS, script=FSDP2_DCP, PROBE_STEPS="10", PROBE_FULL_DIGESTS="1"
     )
     try:
         assert reference.wait() == [0, 0, 0], reference.log(0)
     finally:
         reference.close()
+    return reference.out
+
+
+def test_fsdp2_survivors_of_a_node_loss_reshard_from_peer_memory_through_dcp(
+    tmp_path, fsdp2_reference
+):
+    # Three nodes of one FSDP2 worker save every step with dcp.save into rtrain's
+    # memory. Node 2 is killed: the two survivors (other shard boundaries: 33 rows
+    # over 2 ranks, not 3) load the last step with dcp.load from local memory and from
+    # the replica of rank 2's shard, which node 0 holds (node 1 fetches it over the
+    # network), and the whole state they load equals the reference run's at that step.
     (tmp_path / "lost").mkdir()
     cluster = LocalCluster(
         tmp_path / "lost",
@@ -223,7 +226,38 @@ def test_fsdp2_survivors_of_a_node_loss_reshard_from_peer_memory_through_dcp(tmp
     assert len(records) == 1, cluster.log(0)
     record = records[0]
     assert record["world"] == 2 and record["step"] >= 4
-    expected = (reference.out / f"full_step{record['step']}.txt").read_text()
+    expected = (fsdp2_reference / f"full_step{record['step']}.txt").read_text()
     assert record["digest"] == expected
     logs = cluster.log(0) + cluster.log(1)
     assert "fetched 2 of 2 shards" in logs or "fetched 1 of 1 shards" in logs, logs
+
+
+def test_a_second_failure_before_the_first_save_after_a_resharding_load_loads_again(
+    tmp_path, fsdp2_reference
+):
+    # As above, and rank 0 fails right after its resharding load, before any save
+    # (issue 35 item 6). Before: the survivors' shards had been relabelled into the
+    # new generation and the save's other shards pruned, so the second load found
+    # "no node holds" rank 2's shard (or one relabelled since) and the job failed,
+    # or fell back to --checkpoint-dir. Now the agents keep the shards the load read
+    # until a save every rank has, and the second load reads the same save again.
+    cluster = LocalCluster(
+        tmp_path,
+        3,
+        "2:3",
+        [*DCP_FLAGS, "--max-restarts=1"],
+        script=FSDP2_DCP,
+        PROBE_STEPS="10",
+        PROBE_STEP_SLEEP="0.2",
+        PROBE_FAIL_AFTER_LOAD="1",
+    )
+    codes = cluster.kill_node_at(6, 2)
+    assert codes[:2] == [0, 0], cluster.log(0) + cluster.log(1)
+    loads = {p.stem: json.loads(p.read_text()) for p in cluster.out.glob("restored_gen*.json")}
+    assert sorted(loads) == ["restored_gen1", "restored_gen2"], cluster.log(0)
+    first, second = loads["restored_gen1"], loads["restored_gen2"]
+    assert second["world"] == 2 and second["step"] == first["step"] >= 4
+    expected = (fsdp2_reference / f"full_step{first['step']}.txt").read_text()
+    assert first["digest"] == second["digest"] == expected
+    sources = [e.fields["source"] for e in cluster.events("restore")]
+    assert "disk" not in sources, sources

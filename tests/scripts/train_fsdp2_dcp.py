@@ -10,7 +10,7 @@ the float sums' order; the test compares states at one step, not runs across siz
 With PROBE_FULL_DIGESTS=1 rank 0 writes $PROBE_OUT/full_step<S>.txt, the sha256 of the
 whole (gathered) model and optimizer state after step S; after a load it writes
 $PROBE_OUT/restored_gen<G>.json with the step and the same digest. Faults as in
-train_snapshot.py.
+train_snapshot.py, and PROBE_FAIL_AFTER_LOAD (fail_after_load).
 """
 
 import hashlib
@@ -48,6 +48,19 @@ def full_digest(model_sd: dict, optim_sd: dict) -> str:
     return h.hexdigest()
 
 
+def fail_after_load(rank: int, generation: int, out: str) -> None:
+    """PROBE_FAIL_AFTER_LOAD=G: rank 0 of generation G exits right after its load,
+    before any save (once per job): a second failure before the next save."""
+    if os.environ.get("PROBE_FAIL_AFTER_LOAD") != str(generation) or rank != 0:
+        return
+    marker = os.path.join(out, "failed_after_load")
+    if os.path.exists(marker):
+        return
+    open(marker, "w").close()
+    print(f"probe: failing after the load of generation {generation}", flush=True)
+    os._exit(3)
+
+
 def main() -> None:
     steps = int(os.environ.get("PROBE_STEPS", "16"))
     out = os.environ["PROBE_OUT"]
@@ -75,6 +88,7 @@ def main() -> None:
         if rank == 0:
             with open(os.path.join(out, f"restored_gen{generation}.json"), "w") as handle:
                 json.dump({"step": start - 1, "digest": digest, "world": world}, handle)
+        fail_after_load(rank, generation, out)
     share = GLOBAL_BATCH // world
     for step in range(start, steps):
         inject(rank, step, generation, out)

@@ -1,12 +1,15 @@
 """PeerFetcher: the agent's side of a worker's request for other ranks' shards.
 
 A worker loading through torch.distributed.checkpoint after the mesh changed asks for
-shards of the generation before this one (core/worker/peer_shards.py: the files and
-their format). This node answers from what the restore pooled: for each shard, every
-node that holds a copy, this one first. A copy is verified against its checksums; a
-holder that is gone, stops mid-transfer or sends a corrupt copy is passed over for the
-next. Requests are looked for on the replicator's passes (no thread of its own while
-idle: every wakeup costs an idle agent CPU); each one is served on a thread of its own.
+other writers' shards of the step it was restored to (core/worker/peer_shards.py: the
+files and their format): the generation before this one's, or, after a second failure
+before a save every rank has, those of the generation the save was written in, which
+the agents keep until then (FetchContext.loaded). This node answers from what the
+restore pooled: for each shard, every node that holds a copy, this one first. A copy
+is verified against its checksums; a holder that is gone, stops mid-transfer or sends
+a corrupt copy is passed over for the next. Requests are looked for on the
+replicator's passes (no thread of its own while idle: every wakeup costs an idle agent
+CPU); each one is served on a thread of its own.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ....core.snapshots.restore_plan import ShardId
+from ....core.snapshots.restore_plan import ShardId, Written
 from ....core.worker.peer_shards import MAX_RESPONSE, request_path, response_path
 from ..checksums import verify
 from ..shard_store import ShardStore, allocate
@@ -47,6 +50,14 @@ class FetchContext:
     servers: Mapping[int, tuple[str, int]]
     secret: bytes
     source: str | None
+    # Where the save the workers were restored to was written (restore_plan.written_in):
+    # a request for its step names that generation's shards, not the previous one's.
+    loaded: Written | None = None
+
+    def written_in(self, step: int) -> int:
+        if self.loaded is not None and self.loaded.step == step:
+            return self.loaded.generation
+        return self.generation - 1
 
 
 def holders_of(inventory: Mapping[int, list[ShardId]]) -> dict[ShardId, list[int]]:
@@ -107,7 +118,7 @@ class PeerFetcher:
         files: dict[str, str | None] = {}
         errors: dict[str, str] = {}
         for wanted in ranks:
-            shard = ShardId(context.generation - 1, wanted, step)
+            shard = ShardId(context.written_in(step), wanted, step)
             name = f"fetched-r{wanted}-s{step}-{token}.shard"
             try:
                 error = self._fetch(context, shard, os.path.join(directory, name))

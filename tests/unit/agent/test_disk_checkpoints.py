@@ -196,3 +196,21 @@ def test_old_steps_are_pruned_to_the_newest_complete_ones(tmp_path) -> None:
         "step-000000007",  # newer than the kept ones: being written
     ]
     assert newest_complete(directory) == (6, 2)
+
+
+def test_saving_the_slots_at_once_writes_the_newest_step_each_rank_committed(tmp_path):
+    # The save before a Slurm stop (SnapshotService.save_to_disk, disk_save.py): every
+    # committed slot of the generation goes, a slot whose header does not fit does not.
+    from rtrain.agent.snapshots.disk_save import save_slots
+    from rtrain.agent.snapshots.shard_store import ShardStore
+    from rtrain.core.worker.snapshots import slot_paths
+
+    store = ShardStore(str(tmp_path / "shm"), budget=0)
+    for rank in range(2):
+        for path, step in zip(slot_paths(store.snap_dir(3), rank), (6, 7), strict=False):
+            Path(path).write_bytes(shard_bytes(rank + step / 10, step))
+    Path(slot_paths(store.snap_dir(3), 1)[2]).write_bytes(b"\x00" * 100)  # no header
+    directory = open_checkpoint_dir(str(tmp_path / "ckpt"), b"secret")
+    assert save_slots(store, directory, 3, 2) == 7
+    assert newest_complete(directory) == (7, 2)
+    assert load_verified(directory, 7, 1) == shard_bytes(1.7, 7)

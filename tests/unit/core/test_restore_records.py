@@ -7,7 +7,7 @@ import json
 
 import pytest
 from rtrain.core.rendezvous.protocol import ProtocolError
-from rtrain.core.snapshots.restore_plan import Reached, ShardId
+from rtrain.core.snapshots.restore_plan import Reached, ShardId, Written, written_in
 from rtrain.core.snapshots.restore_records import Inventory, RestoreOutcome
 
 
@@ -76,3 +76,25 @@ def test_an_inventory_missing_a_field_is_refused(missing: str) -> None:
 def test_an_outcome_of_the_wrong_shape_is_refused(payload: str | bytes) -> None:
     with pytest.raises(ProtocolError, match="restore outcome"):
         RestoreOutcome.decode(payload)
+
+
+def test_where_a_save_was_loaded_from_reads_back_and_is_checked() -> None:
+    inventory = Inventory((ShardId(2, 0, 8),), 8, True, Written(0, 8))
+    assert Inventory.decode(inventory.encode()) == inventory
+    for loaded in ([0], [0, "8"], [0, -8], [True, 8], "0,8"):
+        with pytest.raises(ProtocolError, match="shard inventory"):
+            Inventory.decode(json.dumps({**INVENTORY, "loaded": loaded}))
+
+
+def test_a_save_restored_again_is_read_where_it_was_written() -> None:
+    # generation 2 restores step 8: generation 1's workers had been restored to step 8
+    # from generation 0's shards and saved nothing since, so those are the save's
+    assert written_in(2, 8, [Written(0, 8), Written(0, 8)]) == Written(0, 8)
+    # a new node knows nothing, the others say where: still generation 0
+    assert written_in(2, 8, [Written(0, 8)]) == Written(0, 8)
+    # step 8 was restored, but the new restore is of step 9, written in generation 1
+    assert written_in(2, 9, [Written(0, 8)]) == Written(1, 9)
+    # nothing loaded before (the first restore): the previous generation's
+    assert written_in(1, 5, []) == Written(0, 5)
+    # a claim from this generation or later is no earlier save: ignored
+    assert written_in(2, 8, [Written(2, 8), Written(5, 8)]) == Written(1, 8)
