@@ -21,7 +21,7 @@ from types import FrameType
 from typing import Any
 
 from ..core.clock import Clock
-from ..core.config.component_specs import fault_part, monitor_part, observe_part
+from ..core.config.component_specs import fault_part, monitor_part, observe_part, snapshot_part
 from ..core.config.launch_spec import LaunchSpec
 from ..core.config.worker_env import pool_environment
 from ..core.errors import (
@@ -117,7 +117,9 @@ class Agent:
         # Heartbeat files and snapshot shards: memory-backed where possible.
         self._runtime = make_runtime_dir()
         self._runtime_dir = self._runtime.path
-        self._snapshots = SnapshotService.for_launch(spec, self._runtime_dir, self.addr, secret)
+        self._snapshots = SnapshotService.for_launch(
+            snapshot_part(spec), self._runtime_dir, self.addr, secret
+        )
         self._repair = RepairCoordinator(self._runtime_dir, spec.rdzv.join_timeout)
         self._starter: Starts = starter or GenerationStarter(
             spec,

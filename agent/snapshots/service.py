@@ -14,10 +14,10 @@ import socket
 from collections.abc import Callable, Iterable, Mapping
 
 from ...core.clock import Clock
-from ...core.config.launch_spec import LaunchSpec
+from ...core.config.component_specs import SnapshotPart
 from ...core.config.worker_env import SNAPSHOT_BUDGET, SNAPSHOT_DIR
 from ...core.layout.topology import Topology
-from ...core.rendezvous.protocol import Membership, StoreKeys
+from ...core.rendezvous.protocol import Membership
 from ...core.snapshots.admission import Admission
 from ...core.snapshots.format import SLOTS_PER_RANK
 from ...core.snapshots.redundancy import dp_twin
@@ -49,36 +49,32 @@ class SnapshotService:
         self,
         root: str,
         host: str,
-        budget: int,
-        copies: int,
-        run_id: str,
-        checkpoint_dir: str | None = None,
-        checkpoint_every: int = 0,
+        part: SnapshotPart,
         secret: bytes | None = None,
-        dp_delta: bool = True,
-        keep_checkpoints: int = 0,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        """secret: the job secret, or None to hand a random one out through the store;
-        dp_delta: send replicas against the receiving node's DP twin (peers/delta.py);
-        keep_checkpoints: complete disk checkpoints kept (0: all); clock: the restore's."""
-        self._dp_delta = dp_delta
+        """part: the snapshot settings (core/config/component_specs.py); its memory, or
+        half of the shared memory under root, is the budget. secret: the job secret, or
+        None to hand a random one out through the store; clock: the restore's."""
+        settings = part.snapshots
+        budget = settings.memory or default_budget(root)
+        self._dp_delta = settings.dp_delta  # replicas against the DP twin (peers/delta.py)
         self._clock = clock
         self.store = ShardStore(root, budget)
         # Signed with the secret given, else with the folder's own key: a secret handed
         # out through the store dies with it, and a requeued job must read its checkpoints.
-        self._checkpoint_dir = (
-            open_checkpoint_dir(checkpoint_dir, secret) if checkpoint_dir else None
-        )
+        folder = settings.checkpoint_dir
+        self._checkpoint_dir = open_checkpoint_dir(folder, secret) if folder else None
         self._checkpointer = (
-            DiskCheckpointer(self._checkpoint_dir, checkpoint_every, keep_checkpoints)
-            if self._checkpoint_dir and checkpoint_every
+            DiskCheckpointer(
+                self._checkpoint_dir, settings.checkpoint_every, settings.keep_checkpoints
+            )
+            if self._checkpoint_dir and settings.checkpoint_every
             else None
         )
         self._host = host
         self._budget = budget
-        self._copies = copies
-        self._keys = StoreKeys(run_id)
+        self._copies = settings.copies
         self._secret = secret
         self._admission = Admission()
         self._local_ranks: list[int] = []
@@ -99,29 +95,18 @@ class SnapshotService:
 
     @classmethod
     def for_launch(
-        cls, spec: LaunchSpec, runtime_dir: str, addr: str, secret: bytes | None
+        cls, part: SnapshotPart, runtime_dir: str, addr: str, secret: bytes | None
     ) -> SnapshotService:
         """The service a launch asks for, its shards in <runtime_dir>/shards."""
         root = os.path.join(runtime_dir, "shards")
         os.makedirs(root)
-        return cls(
-            root,
-            addr if addr != "localhost" else "127.0.0.1",
-            spec.snapshots.memory or default_budget(root),
-            spec.snapshots.copies,
-            spec.rdzv.run_id,
-            spec.snapshots.checkpoint_dir,
-            spec.snapshots.checkpoint_every,
-            secret,
-            spec.snapshots.dp_delta,
-            spec.snapshots.keep_checkpoints,
-        )
+        return cls(root, addr if addr != "localhost" else "127.0.0.1", part, secret)
 
     def _start(self, rdzv: JobRendezvous) -> None:
         """The job secret as given (agent/snapshots/job_secret.py), else one random value the first
         agent sets in the store."""
         if self._secret is None:
-            self._secret = rdzv.store.set_once(self._keys.secret, secrets.token_hex(32))
+            self._secret = rdzv.store.set_once(rdzv.keys.secret, secrets.token_hex(32))
         self._server = ShardServer(self._host, self._secret, self.store, self._admission)
         self._rdzv = rdzv
         self._restorer = Restorer(

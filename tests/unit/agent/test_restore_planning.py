@@ -12,6 +12,8 @@ from rtrain.agent.rendezvous.job import JobRendezvous
 from rtrain.agent.snapshots.restorer import Restorer, RestoreRound
 from rtrain.agent.snapshots.service import SnapshotService
 from rtrain.agent.snapshots.shard_store import allocate
+from rtrain.core.config.component_specs import SnapshotPart
+from rtrain.core.config.launch_spec import SnapshotSpec
 from rtrain.core.config.worker_env import SNAPSHOT_DIR
 from rtrain.core.errors import RtrainError
 from rtrain.core.layout.topology import Layout, NodeSlot, build_grid
@@ -30,7 +32,8 @@ TOPOLOGY = build_grid(Layout(), 0, NODES)
 @pytest.fixture
 def service(tmp_path):
     spec = launch_spec(*FLAGS)
-    shards = SnapshotService(str(tmp_path), "127.0.0.1", 2**22, 1, spec.rdzv.run_id, secret=b"s")
+    part = SnapshotPart(SnapshotSpec(memory=2**22, copies=1), spec.rdzv.run_id)
+    shards = SnapshotService(str(tmp_path), "127.0.0.1", part, secret=b"s")
     yield JobRendezvous.over(memory_store(), spec), shards
     shards.close()
 

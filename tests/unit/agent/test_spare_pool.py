@@ -20,6 +20,8 @@ from rtrain.agent.snapshots.restorer import restore_once
 from rtrain.agent.snapshots.service import SnapshotService
 from rtrain.agent.snapshots.shard_store import ShardStore
 from rtrain.agent.waiting import SYSTEM_CLOCK
+from rtrain.core.config.component_specs import SnapshotPart
+from rtrain.core.config.launch_spec import SnapshotSpec
 from rtrain.core.config.worker_env import SNAPSHOT_DIR
 from rtrain.core.layout.topology import Layout, NodeSlot, build_grid, recompute_topology
 from rtrain.core.rendezvous.protocol import MemberInfo, Membership
@@ -126,7 +128,8 @@ def test_the_service_fills_the_pool_after_a_generations_first_commit(tmp_path):
     # One node of one worker: once the worker commits, the service makes one spare as
     # large as its shard, off the step's path (a thread of its own), within the budget.
     spec = launch_spec("--nnodes=1", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:29400")
-    service = SnapshotService(str(tmp_path), "127.0.0.1", 2**24, 1, spec.rdzv.run_id, secret=b"s")
+    part = SnapshotPart(SnapshotSpec(memory=2**24, copies=1), spec.rdzv.run_id)
+    service = SnapshotService(str(tmp_path), "127.0.0.1", part, secret=b"s")
     try:
         rdzv = JobRendezvous.over(memory_store(), spec)
         membership = Membership(0, (MemberInfo("a", "127.0.0.1", 1),))
