@@ -229,12 +229,12 @@ def write_shard(
     layout: ShardLayout,
     step: int,
     interval: int = 0,
-    views: dict[tuple[int, int], Any] | None = None,
+    views: dict[tuple[Any, ...], Any] | None = None,
     copier: Copier | None = None,
 ) -> None:
     """Copy the shard into `buffer` (a writable mapping of at least layout.size bytes).
-    views: the buffer's byte views by (offset, size), kept by the caller between
-    writes into the same mapping (made here when missing); copier: see Copier (a plain
+    views: the buffer's views by (offset, size, dtype, shape), kept by the caller
+    between writes into the same mapping (made here when missing); copier: see Copier (a plain
     copy_ by default); interval: written at INTERVAL_OFFSET."""
     import torch
 
@@ -242,25 +242,26 @@ def write_shard(
     struct.pack_into("<qq", buffer, INTERVAL_OFFSET, interval, 0)
     meta_end = HEADER_SIZE + len(layout.meta)
     buffer[HEADER_SIZE:meta_end] = layout.meta
-    for tensor, ref in zip(layout.tensors, layout.refs, strict=True):
-        if ref.nbytes == 0:
-            continue
-        where = (meta_end + ref.offset, ref.nbytes)
-        target = None if views is None else views.get(where)
-        if target is None:
-            target = torch.frombuffer(buffer, dtype=torch.uint8, count=where[1], offset=where[0])
-            if views is not None:
-                views[where] = target
-        source = tensor.detach()
-        if not source.is_contiguous():
-            source = source.contiguous()
-        source = source.view(-1).view(torch.uint8)
-        # One copy, device to host straight into the slot (a device tensor is not
-        # staged through .cpu() first).
-        if copier is None:
-            target.copy_(source)
-        else:
-            copier.copy(target, source)
+    if views is not None and len(views) > 4 * len(layout.refs) + 64:
+        views.clear()  # views of layouts long gone
+    with torch.no_grad():
+        for tensor, ref in zip(layout.tensors, layout.refs, strict=True):
+            if ref.nbytes == 0:
+                continue
+            # The slot's bytes viewed as the tensor (its dtype and shape), kept by the
+            # caller: one copy_ a tensor, strided or not, from the host or a device,
+            # straight into the slot (a device tensor is not staged through .cpu()).
+            where = (meta_end + ref.offset, ref.nbytes, tensor.dtype, ref.shape)
+            target = None if views is None else views.get(where)
+            if target is None:
+                raw = torch.frombuffer(buffer, dtype=torch.uint8, count=where[1], offset=where[0])
+                target = raw.view(tensor.dtype).view(ref.shape)
+                if views is not None:
+                    views[where] = target
+            if copier is None:
+                target.copy_(tensor)
+            else:
+                copier.copy(target, tensor)
     if copier is not None:
         copier.finish()
     struct.pack_into("<I", buffer, STATE_OFFSET, COMMITTED)

@@ -87,7 +87,7 @@ class _Slot:
         self.size = 0
         # Tensors returned by restore(copy=False) map this file: never write it again.
         self.pinned = False
-        self.views: dict[tuple[int, int], Any] = {}  # write_shard's views of the map
+        self.views: dict[tuple[Any, ...], Any] = {}  # write_shard's views of the map
         self.copier = DeviceCopier()
 
     def open_existing(self) -> None:
