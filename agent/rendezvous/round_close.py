@@ -11,7 +11,7 @@ import logging
 from ...core.clock import Clock
 from ...core.config.component_specs import RendezvousPart
 from ...core.errors import RendezvousError
-from ...core.rendezvous.closing import LeftOut, leave_out
+from ...core.rendezvous.closing import LeftOut, leave_out, survivors_first
 from ...core.rendezvous.protocol import (
     MemberInfo,
     Membership,
@@ -47,9 +47,11 @@ class RoundCloser:
         self._said: set[tuple[int, str]] = set()  # (round, who) left out and logged
         self.left: dict[int, list[LeftOut]] = {}  # round -> its last close's left out
 
-    def try_close(self, target: int, size: int, closer: str) -> None:
-        """Close round `target` with its first `size` slots, less the excluded; nothing
-        when too few are left (the round stays open)."""
+    def try_close(self, target: int, size: int, closer: str, joined: int | None = None) -> None:
+        """Close round `target` with `size` of its first `joined` slots (read in one
+        request), less the excluded: the survivors of the last generation first, then
+        the others by slot (closing.survivors_first); nothing when too few are left (the
+        round stays open)."""
         if target > 0 and target not in self._charged:
             self._charged.add(target)  # once: every pass of a round that cannot close
             try:
@@ -58,8 +60,9 @@ class RoundCloser:
                 pass
             else:
                 self._ledger.charge_root_cause(target - 1, before, closer)
-        members, left = self._slots(target, size, SLOT_WRITE_GRACE_S)
+        members, left = self._slots(target, max(size, joined or 0), SLOT_WRITE_GRACE_S)
         members, excluded = leave_out(members, self._ledger.exclusions([m.addr for m in members]))
+        members = survivors_first(members, size)
         left += excluded
         self.left[target] = left
         for out in left:

@@ -16,6 +16,8 @@ from ...core.clock import Clock
 from ...core.config.component_specs import RendezvousPart
 from ...core.errors import JobFinished, RendezvousError, RendezvousTimeout
 from ...core.rendezvous.closing import (
+    BACKUP_CLOSE_S,
+    FOLLOWER_POLL_S,
     check_close,
     look_now,
     role,
@@ -42,6 +44,9 @@ logger = logging.getLogger(__name__)
 
 POLL_S = 0.02
 WAITING_CHECK_S = 1.0
+# A spare's look at the running generation without news: the round, the abort record,
+# whether the job finished (GenerationWatch.SWEEP_S, a running node's sweep).
+SPARE_SWEEP_S = 5.0
 
 
 class GenerationEnded(Exception):
@@ -137,21 +142,64 @@ class Rounds:
             target = current + 1 if self._store.exists(self._keys.closed(current)) else current
             slot = increment(self._store, self._keys.joins(target))
             self._store.set(self._keys.slot(target, slot), member.encode())
-            if target > current:
-                self._announce_waiting(current)
             logger.info("joined round %d as slot %d (this node: %s)", target, slot, member.addr)
-            membership = self._await_close(target, slot, member, deadline, check_stop, expected)
+            spare = target > current
+            if spare:
+                running = self._announce_waiting(current)
+                self._wait_as_spare(current, running, deadline, check_stop)
+            membership = self._await_close(
+                target, slot, member, deadline, check_stop, expected, spare
+            )
             if membership is not None:
                 return membership
             self._ledger.raise_if_excluded(member.addr)
             logger.info("round %d closed without this node; waiting for the next", target)
 
-    def _announce_waiting(self, running: int) -> None:
+    def _announce_waiting(self, running: int) -> int | None:
         """Wake the running generation's members if they have room to admit this node;
-        with none (hot spares at max_nodes) they are left alone, not polling for it."""
+        with none (hot spares at max_nodes) they are left alone, not polling for it.
+        Returns the running generation's size (None: not found)."""
         membership = self.closed_membership(running)
-        if membership is not None and len(membership.members) < self._part.nodes.max_nodes:
+        if membership is None:
+            return None
+        if len(membership.members) < self._part.nodes.max_nodes:
             self._store.set(self._keys.news(running), "waiting")
+        return len(membership.members)
+
+    def _wait_as_spare(
+        self,
+        running: int,
+        size: int | None,
+        deadline: float,
+        check_stop: Callable[[], None] | None,
+    ) -> None:
+        """A node that joined the round after `running` waits for that round to open as
+        a running node waits for news: on the running generation's news key (a blocking
+        wait on TCPStore, a watch on etcd: no request while it stays unset), reading the
+        round, the abort record and the job's end only once it is set (then at most
+        every BACKUP_CLOSE_S) or every SPARE_SWEEP_S. Never the membership, the join
+        counter or the slots: a spare costs the store no more than a running node."""
+        news = self._store.notice(self._keys.news(running))
+        last_look = self._clock.now()
+
+        def opened() -> bool:
+            nonlocal last_look
+            if check_stop is not None:
+                check_stop()
+            now = self._clock.now()
+            if now < last_look + SPARE_SWEEP_S and not (
+                now >= last_look + BACKUP_CLOSE_S and news()
+            ):
+                return False
+            last_look = now
+            self._ends.raise_if_aborted()
+            if self.round_moved_past(running):
+                return True
+            self._raise_if_finished(running, size)
+            return False
+
+        # Past the deadline: _await_close raises the round's timeout.
+        self._clock.wait_until(opened, deadline - self._clock.now(), FOLLOWER_POLL_S)
 
     def _await_close(
         self,
@@ -161,13 +209,14 @@ class Rounds:
         deadline: float,
         check_stop: Callable[[], None] | None,
         expected: Callable[[], set[str]] | None,
+        spare: bool = False,
     ) -> Membership | None:
         nodes = self._part.nodes
         closed: list[Membership | None] = []
         sizes: list[int] = []  # of the membership that closed the round
         joined = 0
         # Who checks the closing rules, when, and what it found (core closing.py).
-        part = role(slot, nodes.max_nodes, POLL_S)
+        part = role(slot, nodes.max_nodes, POLL_S, spare)
         closing = start_closing(part, self._clock.now())
         is_closed = self._store.notice(self._keys.closed(target))
         progress = WaitProgress("rendezvous", self._clock.now, log=logger)
@@ -203,10 +252,10 @@ class Rounds:
                     nodes.min_nodes,
                     nodes.max_nodes,
                     self._part.last_call_timeout,
-                    self._survivors_in(target, joined, expected),
+                    *self._survivors_in(target, joined, expected),
                 )
                 if size is not None:
-                    self._try_close(target, size, member.node_id)
+                    self._try_close(target, size, member.node_id, joined)
             return False
 
         with progress:
@@ -252,12 +301,16 @@ class Rounds:
 
     def _survivors_in(
         self, target: int, joined: int, expected: Callable[[], set[str]] | None
-    ) -> bool:
-        """Whether every expected node has joined; slots are read only once enough have."""
+    ) -> tuple[bool, bool]:
+        """Whether every expected node has joined, and whether some expected node has not
+        (both False: none expected); slots are read only once enough have."""
         if expected is None or joined < self._part.nodes.min_nodes:
-            return False
+            return False, False
         alive = expected()
-        return joined >= len(alive) and alive <= self._joined_ids(target, joined)
+        if not alive:
+            return False, False
+        every = joined >= len(alive) and alive <= self._joined_ids(target, joined)
+        return every, not every
 
     def _joined_ids(self, target: int, joined: int) -> set[str]:
         """The node ids in slots 1..joined; a slot once written never changes, so each
@@ -273,26 +326,29 @@ class Rounds:
                         known[slot] = MemberInfo.decode(payload).node_id
         return set(known.values())
 
-    def _try_close(self, target: int, size: int, closer: str) -> None:
-        self._closer.try_close(target, size, closer)
+    def _try_close(self, target: int, size: int, closer: str, joined: int | None = None) -> None:
+        self._closer.try_close(target, size, closer, joined)
 
     # -- memberships --
 
     def read_membership(self, generation: int) -> Membership:
         return read_membership(self._store, self._keys, generation)
 
-    def _raise_if_finished(self, generation: int) -> None:
+    def _raise_if_finished(self, generation: int, size: int | None = None) -> None:
         """A node that comes back (stopped, fenced, late) after every member of the last
-        generation passed its exit barrier finds the job over: nobody will close its round."""
+        generation passed its exit barrier finds the job over: nobody will close its round.
+        size: the generation's, when known (its membership is not read again)."""
         if generation < 0:
             return
-        membership = self.closed_membership(generation)
-        if membership is None:
-            return
-        if self._ends.exited_count(generation) >= len(membership.members):
+        if size is None:
+            membership = self.closed_membership(generation)
+            if membership is None:
+                return
+            size = len(membership.members)
+        if self._ends.exited_count(generation) >= size:
             raise JobFinished(
                 f"the job finished at generation {generation} with "
-                f"{len(membership.members)} nodes while this node was away; nothing to rejoin"
+                f"{size} nodes while this node was away; nothing to rejoin"
             )
 
     def closed_membership(self, generation: int) -> Membership | None:

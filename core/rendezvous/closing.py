@@ -36,11 +36,19 @@ class Role:
     poll: float  # seconds between its checks of the round
 
 
-def role(slot: int, max_nodes: int, closer_poll: float) -> Role:
+def role(slot: int, max_nodes: int, closer_poll: float, spare: bool = False) -> Role:
     """Slot 1 and the filler close; slots 2 to 1 + BACKUP_CLOSERS back them up after
     BACKUP_CLOSE_S; every other slot is a last resort, first looking after
     LAST_RESORT_CLOSE_S, spread over LAST_RESORT_GROUPS seconds by slot so that the last
-    resorts do not all read the round in the same second."""
+    resorts do not all read the round in the same second.
+
+    spare: the joiner took its slot while the round before ran (a hot spare beyond
+    max_nodes). Spares hold a round's first slots, but only the survivors joining after
+    them know whom to wait for, so a spare is always a last resort: it never closes a
+    round full of spares before the survivors are in."""
+    if spare:
+        spread = (slot % LAST_RESORT_GROUPS) * BACKUP_CLOSE_S
+        return Role(False, LAST_RESORT_CLOSE_S + spread, FOLLOWER_POLL_S)
     if slot == 1 or slot >= max_nodes:
         return Role(True, 0.0, closer_poll)
     if slot <= 1 + BACKUP_CLOSERS:
@@ -81,16 +89,21 @@ def check_close(
     max_nodes: int,
     last_call_timeout: float,
     survivors_in: bool,
+    survivors_pending: bool = False,
 ) -> tuple[Closing, int | None]:
     """With `joined` joiners in the round (still the job's current one): the size to
     close it with now, or None (not closable, or a follower that has not found it
     closable for BACKUP_CLOSE_S yet). survivors_in: every node expected (the last
-    generation's survivors) has joined."""
+    generation's survivors) has joined. survivors_pending: some expected node has not
+    joined yet; a round full only with spares waits for it (up to the last call), or
+    it would close with the spares in a survivor's place."""
     quorum_since = closing.quorum_since
     if joined >= min_nodes and quorum_since is None:
         quorum_since = now
     age = None if quorum_since is None else now - quorum_since
     size = members_to_close(joined, min_nodes, max_nodes, age, last_call_timeout, survivors_in)
+    if survivors_pending and age is not None and age < last_call_timeout:
+        size = None
     if size is None:
         return Closing(closing.next_look, quorum_since, None), None
     since = now if closing.closable_since is None else closing.closable_since
@@ -108,6 +121,15 @@ class LeftOut:
 
     def __str__(self) -> str:
         return f"{self.who} ({self.why})"
+
+
+def survivors_first(members: Sequence[MemberInfo], size: int) -> list[MemberInfo]:
+    """The `size` members a round closes with, of its joiners in slot order: the last
+    generation's survivors (a prev_rank) first, then the others, so that a lost node's
+    place goes to the first spare (the lowest slot) and no survivor gives way to one."""
+    survivors = [m for m in members if m.prev_rank is not None]
+    others = [m for m in members if m.prev_rank is None]
+    return (survivors + others)[:size]
 
 
 def leave_out(

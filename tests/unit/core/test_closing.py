@@ -13,7 +13,9 @@ from rtrain.core.rendezvous.closing import (
     look_now,
     role,
     start_closing,
+    survivors_first,
 )
+from rtrain.core.rendezvous.protocol import MemberInfo
 
 POLL = 0.02
 
@@ -60,3 +62,29 @@ def test_a_quorum_waits_for_the_last_call_unless_every_survivor_joined() -> None
     # below the quorum nothing closes, and a round no longer closable is found so anew
     closing, size = check_close(Closing(0.0, 5.0, 6.0), closer, 10.0, 1, 2, 4, 30.0, True)
     assert size is None and closing.closable_since is None
+
+
+def test_a_spare_never_closes_at_once_whatever_its_slot() -> None:
+    for slot in (1, 2, 8, 9, 500):
+        spare = role(slot, 8, POLL, spare=True)
+        assert not spare.closer and spare.first_look >= LAST_RESORT_CLOSE_S
+
+
+def test_a_full_round_waits_for_a_survivor_still_coming_until_the_last_call() -> None:
+    closer = role(9, 8, POLL)
+    closing = start_closing(closer, 0.0)
+    closing, size = check_close(closing, closer, 0.0, 9, 1, 8, 30.0, False, True)
+    assert size is None  # full of spares, a survivor not in yet
+    _, size = check_close(closing, closer, 1.0, 10, 1, 8, 30.0, True, False)
+    assert size == 8
+    _, size = check_close(closing, closer, 30.0, 9, 1, 8, 30.0, False, True)
+    assert size == 8  # the survivor never came: the last call
+
+
+def test_the_survivors_come_first_then_the_spares_by_slot() -> None:
+    def node(n: int, prev: int | None = None) -> MemberInfo:
+        return MemberInfo(node_id=f"n{n}", addr=f"10.0.0.{n}", local_world_size=1, prev_rank=prev)
+
+    joined = [node(1), node(2), node(3, 0), node(4), node(5, 1)]
+    assert [m.node_id for m in survivors_first(joined, 3)] == ["n3", "n5", "n1"]
+    assert [m.node_id for m in survivors_first(joined[:2], 3)] == ["n1", "n2"]
