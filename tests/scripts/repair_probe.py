@@ -5,6 +5,7 @@ Writes $PROBE_OUT/enter_gen<G>_rank<R>.json at each entry (pid, world size, repa
 and $PROBE_OUT/done_gen<G>_rank<R>.json (the sum of the last all_reduce), and
 $PROBE_OUT/step_rank<R> (steps done in this generation) after every step.
 PROBE_RAISE=R: rank R raises ValueError at its third step (its own bug, not a peer's).
+PROBE_GROUP_TIMEOUT: the group's timeout in seconds (120).
 PROBE_KEEP_DEVICE=cuda|cpu: a tensor made once per process on that device, whose
 address and sum each entry records (scripts/gpu_repair_check.py: it survives a repair).
 """
@@ -28,7 +29,7 @@ def write(name: str, record: object) -> None:
     os.replace(os.path.join(OUT, name + ".tmp"), os.path.join(OUT, name))
 
 
-@rtrain.repairable(backend="gloo", timeout_s=120)
+@rtrain.repairable(backend="gloo", timeout_s=float(os.environ.get("PROBE_GROUP_TIMEOUT", "120")))
 def train() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     generation = int(os.environ["RTRAIN_GENERATION"])
