@@ -109,7 +109,16 @@ def step_times(mode: str, keep: str, state_mb: int, steps: int) -> dict[str, flo
             1,
             "1",
             ["--nproc-per-node=2"],
-            ["--mode", mode, "--keep", keep, "--state-mb", str(state_mb), "--steps", str(steps)],
+            [
+                "--mode",
+                mode,
+                "--kept-with",
+                keep,
+                "--state-mb",
+                str(state_mb),
+                "--steps",
+                str(steps),
+            ],
         )
         code = procs[0].wait(timeout=1800)
         if code != 0:
@@ -129,7 +138,7 @@ def replication_bytes(delta: str, state_mb: int, steps: int) -> float:
             2,
             "2",
             ["--nproc-per-node=1", f"--snapshot-dp-delta={delta}"],
-            ["--keep", "snapshot", "--state-mb", str(state_mb), "--steps", str(steps)],
+            ["--kept-with", "snapshot", "--state-mb", str(state_mb), "--steps", str(steps)],
         )
         codes = [p.wait(timeout=1800) for p in procs]
         log = (out / "node0.log").read_text()
@@ -152,7 +161,7 @@ def resharding_restore(state_mb: int) -> dict[str, float]:
             [
                 "--mode",
                 "fsdp2",
-                "--keep",
+                "--kept-with",
                 "dcp",
                 "--state-mb",
                 str(state_mb),

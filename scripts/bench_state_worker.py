@@ -80,7 +80,7 @@ def _copy_seconds(tensors: list[torch.Tensor], optimizer: torch.optim.Optimizer)
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mode", choices=("ddp", "fsdp2"), default="ddp")
-    parser.add_argument("--keep", choices=("none", "snapshot", "dcp"), default="none")
+    parser.add_argument("--kept-with", choices=("none", "snapshot", "dcp"), default="none")
     parser.add_argument("--state-mb", type=float, default=100)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=8)
@@ -93,7 +93,7 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     model, optimizer = build(args.state_mb, world, args.mode == "fsdp2")
     start = 0
-    if args.keep == "dcp":
+    if args.kept_with == "dcp":
         import torch.distributed.checkpoint as dcp
         from rtrain.core.worker.dcp import SnapshotReader, SnapshotWriter, restored_step
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -137,14 +137,14 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         kept = time.perf_counter()
-        if args.keep == "snapshot":
+        if args.kept_with == "snapshot":
             snapshot({"model": model, "optim": optimizer}, step)
-        elif args.keep == "dcp":
+        elif args.kept_with == "dcp":
             model_sd, optim_sd = get_state_dict(model, optimizer)
             state = {"model": model_sd, "optim": optim_sd, "data": {"next": step + 1}}
             dcp.save(state, storage_writer=SnapshotWriter(step))
         inside.append(time.perf_counter() - kept)
-        if args.keep == "dcp" and args.disk and step == args.disk_step:
+        if args.kept_with == "dcp" and args.disk and step == args.disk_step:
             dcp.save(state, storage_writer=dcp.FileSystemWriter(args.disk))
         heartbeat(step)
         times.append(time.perf_counter() - began)
