@@ -172,6 +172,10 @@ def shard_figures(state: dict, reps: int) -> dict[str, float]:
 
             local = _best(lambda: restore_local(copy=False), reps)
             local_copy = _best(lambda: restore_local(copy=True), reps)
+            # A fresh connection: the server closes one idle for IO_TIMEOUT_S, which
+            # the local restores of 1 GB can outlast on a loaded machine.
+            client.close()
+            client = ShardClient("127.0.0.1", server.port, SECRET)
             peer = _best(restore_peer, reps)
         finally:
             client.close()
