@@ -6,8 +6,8 @@ otherwise). So under Kubernetes (KUBERNETES_SERVICE_HOST set), or anywhere with
 --on-sigterm=leave, the agent leaves within LEAVE_BOUND_S:
 
 1. it tells the others first, as a peer would that found its lease expired: declared
-   lost in the ledger by itself, a `lost_node` failure record saying why, and the next
-   round opened, so they fence at once instead of waiting out the lease (its lease
+   lost by itself (JobRendezvous.declare_lost), a `lost_node` failure record saying why,
+   and the next round opened, so they fence at once instead of waiting out the lease (its lease
    keeper stops with the agent); it is not charged a node failure (an eviction is not
    the node's fault), and a generation that lost a node does not use up a restart;
 2. it stops its workers (their newest snapshot is already on peers: replication runs
@@ -104,8 +104,7 @@ def _tell_the_others(rdzv: JobRendezvous, joined: Joined | None, addr: str) -> b
 
     def tell() -> None:
         try:
-            if rdzv.ledger.mark_lost(generation, node_rank, node_rank):
-                rdzv.ledger.record_failure(record)
+            if rdzv.declare_lost(generation, node_rank, node_rank, record):
                 emit_failure(record, detect_s=0.0)
             rdzv.rounds.open_next_round(generation)
             done.set()
