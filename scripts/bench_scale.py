@@ -2,7 +2,7 @@
 """Coordination at scale: rtrain over TCPStore and over etcd, and torchrun, at N agents.
 
     scripts/bench_scale.py real [--nodes 8,16,32,64] [--backends c10d,etcd,torchrun]
-    scripts/bench_scale.py sim  [--nodes 64,256,1024,2048] [--backends c10d,etcd]
+    scripts/bench_scale.py sim  [--nodes 64,256,1024,2048] [--backends c10d,etcd] [--spares S]
 
 real: N real agents on this machine (one trivial worker each, `--no-python sh`), per
 backend in the same run. Figures: startup (the last agent started -> every worker
@@ -48,6 +48,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("part", choices=["real", "sim", "report"])
     parser.add_argument("--nodes", default=None)
     parser.add_argument("--backends", default=None)
+    parser.add_argument(
+        "--spares", type=int, default=0, help="sim: hot spares beyond the N active agents"
+    )
     args = parser.parse_args(argv)
     # SIGTERM ends the run through its finally blocks: agents and etcd members stop too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -67,11 +70,15 @@ def main(argv: list[str]) -> int:
 
         args.nodes = [int(n) for n in (args.nodes or "64,256,1024,2048").split(",")]
         args.backends = (args.backends or "c10d,etcd").split(",")
-        results = simulate(args.nodes, args.backends)
+        results = simulate(args.nodes, args.backends, args.spares)
     merged = json.loads(OUT.read_text()) if OUT.exists() else {}
     today = time.strftime("%Y-%m-%d")
-    fresh = {(r["backend"], r["nodes"]) for r in results}
-    kept = [r for r in merged.get(args.part, []) if (r["backend"], r["nodes"]) not in fresh]
+    fresh = {(r["backend"], r["nodes"], r.get("spares", 0)) for r in results}
+    kept = [
+        r
+        for r in merged.get(args.part, [])
+        if (r["backend"], r["nodes"], r.get("spares", 0)) not in fresh
+    ]
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     merged[args.part] = kept + [
         {**r, "measured": today, "load_average_at_end": load} for r in results

@@ -74,7 +74,14 @@ class Shard:
     """One sim_shard.py process: commands in, one JSON line back for each."""
 
     def __init__(
-        self, backend: str, nodes: int, endpoint: str, run_id: str, first: int, end: int
+        self,
+        backend: str,
+        nodes: int,
+        endpoint: str,
+        run_id: str,
+        first: int,
+        end: int,
+        spares: bool = False,
     ) -> None:
         command = [
             sys.executable,
@@ -85,6 +92,7 @@ class Shard:
             run_id,
             str(first),
             str(end),
+            *(["spares"] if spares else []),
         ]
         self.proc = subprocess.Popen(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
@@ -127,20 +135,24 @@ def _first_error(answers: list[dict[str, Any]]) -> str | None:
 
 
 def run_sim(
-    backend: str, nodes: int, endpoint: str, servers: list[psutil.Process]
+    backend: str, nodes: int, endpoint: str, servers: list[psutil.Process], spares: int = 0
 ) -> dict[str, object]:
-    """One job of `nodes` agents, AGENTS_PER_SHARD to a process."""
+    """One job of `nodes` agents, AGENTS_PER_SHARD to a process, and `spares` hot spares
+    beyond them (max_nodes) in a process of their own."""
     run_id = f"sim-{os.getpid()}-{time.monotonic_ns()}"
     bounds = [*range(0, nodes, AGENTS_PER_SHARD), nodes]
     opened_at = time.monotonic()
     shards = [
         Shard(backend, nodes, endpoint, run_id, lo, hi) for lo, hi in itertools.pairwise(bounds)
     ]
+    extra = [Shard(backend, nodes, endpoint, run_id, nodes, nodes + spares, True)] if spares else []
     result: dict[str, object] = {"backend": backend, "nodes": nodes, "processes": len(shards)}
+    if spares:
+        result["spares"] = spares
     try:
-        return _measure(shards, nodes, servers, result, opened_at)
+        return _measure(shards, nodes, servers, result, opened_at, extra)
     finally:
-        for shard in shards:
+        for shard in shards + extra:
             with contextlib.suppress(OSError):
                 shard.send("exit")
         for shard in shards:
@@ -156,8 +168,9 @@ def _measure(
     servers: list[psutil.Process],
     result: dict[str, object],
     opened_at: float,
+    spare_shards: list[Shard],
 ) -> dict[str, object]:
-    ready = ask(shards, None, 600)
+    ready = ask(shards + spare_shards, None, 600)
     if (error := _first_error(ready)) is not None:
         result["error"] = f"connecting: {error}"
         return result
@@ -172,12 +185,15 @@ def _measure(
         result["error"] = error or "generation 0 did not close in 300 s"
         return result
     result["generation0_s"] = round(max(a["joined_at"] for a in joined) - start, 3)
+    ask(spare_shards, "go", 60)  # the spares join the next round and wait there
     time.sleep(2.0)  # leases taken, watches open
     counts, cpu_before, t0 = ask(shards, "count", 30), cpu_of(servers), time.monotonic()
-    sim_before = cpu_of(sims)
+    spare_counts, sim_before = ask(spare_shards, "count", 30), cpu_of(sims)
     time.sleep(WINDOW_S)
     counts_after = ask(shards, "count", 30)
     elapsed = time.monotonic() - t0
+    spare_after = ask(spare_shards, "count", 30)
+    _spare_rates(result, spare_counts, spare_after, elapsed)
     result["simulator_cpu_pct"] = round((cpu_of(sims) - sim_before) / elapsed * 100, 1)
     result["loop_late_window"] = _worst(counts_after, "loop_late")
     result["task_time_window"] = _worst(counts_after, "task_time")
@@ -202,9 +218,10 @@ def _measure(
     server_pct = float(result["store_server_cpu_pct"])  # type: ignore[arg-type]
     result["store_server_cpu_pct_per_agent"] = round(server_pct / nodes, 4)
     stopped, cpu_before, sim_before = time.time(), cpu_of(servers), cpu_of(sims)
-    before_kill = ask(shards, "count", 30)
+    before_kill, spare_before = ask(shards, "count", 30), ask(spare_shards, "count", 30)
     ask(shards[-1:], "kill", 30)
     finished = ask(shards, "finish", 150)
+    spare_finished = ask(spare_shards, "finish", 150)
     result["store_server_cpu_s_through_commit"] = round(cpu_of(servers) - cpu_before, 2)
     result["simulator_cpu_s_through_commit"] = round(cpu_of(sims) - sim_before, 2)
     result["load_after"] = round(os.getloadavg()[0], 2)
@@ -240,7 +257,38 @@ def _measure(
     result["commit_after_declared_s"] = round(
         max(a["committed_at"] for a in finished) - min(declared), 3
     )
+    if spare_shards:
+        spared = spare_finished[0]
+        spares = int(result["spares"])  # type: ignore[call-overload]
+        through = spared.get("count", 0) - spare_before[0].get("count", 0)
+        result["spare_requests_per_spare_through_commit"] = round(through / spares, 1)
+        if spared.get("committed_at") is not None:
+            result["spare_admitted_after_declared_s"] = round(
+                spared["committed_at"] - min(declared), 3
+            )
+        else:
+            result["error"] = spared.get("error") or "no spare was let in"
     return result
+
+
+def _spare_rates(
+    result: dict[str, object],
+    before: list[dict[str, Any]],
+    after: list[dict[str, Any]],
+    elapsed: float,
+) -> None:
+    """The spares' store requests per spare per second over the window, by operation."""
+    if not after:
+        return
+    spares = int(result["spares"])  # type: ignore[call-overload]
+    total = sum(a["count"] for a in after) - sum(b["count"] for b in before)
+    by_op: collections.Counter[str] = collections.Counter()
+    for a, b in zip(after, before, strict=True):
+        by_op.update(collections.Counter(a["by_op"]) - collections.Counter(b["by_op"]))
+    result["spare_requests_per_spare_s"] = round(total / elapsed / spares, 2)
+    result["spare_requests_per_spare_s_by_op"] = {
+        op: round(n / elapsed / spares, 2) for op, n in by_op.items()
+    }
 
 
 def _worst(answers: list[dict[str, Any]], name: str) -> dict[str, object]:
@@ -255,7 +303,9 @@ def _progress(message: str) -> None:
     print(f"[bench_scale sim] {message}", file=sys.stderr, flush=True)
 
 
-def simulate(nodes_list: list[int], backends: list[str]) -> list[dict[str, object]]:
+def simulate(
+    nodes_list: list[int], backends: list[str], spares: int = 0
+) -> list[dict[str, object]]:
     """Every size in processes of its own (run_sim), against servers started here: no
     thread or connection of one size lingers into the next."""
     # No DNS answers on this machine, and TCPStore looks up the name of every
@@ -289,7 +339,7 @@ def simulate(nodes_list: list[int], backends: list[str]) -> list[dict[str, objec
                         "connections)")})  # fmt: skip
                     continue
                 _progress(f"{backend} with {nodes} agents")
-                result = run_sim(backend, nodes, endpoint, servers)
+                result = run_sim(backend, nodes, endpoint, servers, spares)
                 _progress(f"  {result}")
                 results.append(result)
         finally:

@@ -21,13 +21,16 @@ What stays a thread per agent: over etcd, each agent's watch stream (JobWatch). 
 loop's lateness (a check or renewal run later than due), how long its tasks took, and
 the joins' wait for a slot are reported: the simulator's share.
 
-    sim_shard.py BACKEND NODES ENDPOINT RUN_ID FIRST END
+    sim_shard.py BACKEND NODES ENDPOINT RUN_ID FIRST END [spares]
 
-runs agents FIRST..END-1 of a job of NODES agents. It prints {"ready": ...} once
-they are connected and waiting, then answers each command read from stdin with one
-JSON line: go (generation 0 starts; answered once every agent here joined it), count
-(the requests and bytes so far, the lateness since the last), kill (its last agent
-goes silent), finish (answered once every survivor here joined generation 1), exit.
+runs agents FIRST..END-1 of a job of NODES agents; with `spares`, hot spares beyond
+NODES (max_nodes) instead: sent go once generation 0 runs, they join the next round
+and wait there (Rounds.join), until the loss opens it and the first of them is let in.
+It prints {"ready": ...} once they are connected and waiting, then answers each
+command read from stdin with one JSON line: go (generation 0 starts; answered once
+every agent here joined it), count (the requests and bytes so far, the lateness since
+the last), kill (its last agent goes silent), finish (answered once every survivor
+here joined generation 1; spares: once one was let in), exit.
 """
 
 from __future__ import annotations
@@ -116,8 +119,11 @@ class SimAgent:
     """One simulated agent: joins on a thread of its own (parked between joins, see
     sim_loop.RunSlots), runs its generation's checks and lease renewals on the loop."""
 
-    def __init__(self, index: int, spec: LaunchSpec, requests: Requests, run: SimRun) -> None:
+    def __init__(
+        self, index: int, spec: LaunchSpec, requests: Requests, run: SimRun, spare: bool = False
+    ) -> None:
         self.index = index
+        self.spare = spare
         self.spec = spec
         self.run_ = run
         self.requests = requests
@@ -198,6 +204,12 @@ class SimAgent:
         loop, slots = self.run_.loop, self.run_.slots
         self.ready = True
         self.run_.opened.wait()
+        if self.spare:  # waits in the next round until a loss opens it and lets it in
+            self.joined_at = time.time()
+            with slots:
+                rdzv.rounds.join(self.member)
+            self.committed_at = time.time()
+            return
         with slots:
             membership = rdzv.rounds.join(self.member)
         self.joined_at = time.time()
@@ -276,7 +288,8 @@ def _reply(message: dict[str, object]) -> None:
 
 
 def shard(argv: list[str]) -> None:
-    backend, nodes, endpoint, run_id, first, end = argv
+    backend, nodes, endpoint, run_id, first, end = argv[:6]
+    spare = argv[6:] == ["spares"]
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     threading.stack_size(256 * 1024)
@@ -284,7 +297,7 @@ def shard(argv: list[str]) -> None:
     requests = Requests()
     spec = spec_for(backend, int(nodes), endpoint, run_id)
     run = SimRun(backend)
-    agents = [SimAgent(i, spec, requests, run) for i in range(int(first), int(end))]
+    agents = [SimAgent(i, spec, requests, run, spare) for i in range(int(first), int(end))]
     # A few connects at a time: thousands at once overflow the server's accept queue,
     # one at a time waits out each connect's reverse name lookup (no DNS here).
     with concurrent.futures.ThreadPoolExecutor(CONNECTS_AT_ONCE) as pool:
@@ -308,6 +321,9 @@ def shard(argv: list[str]) -> None:
             survivors = agents[:-1]
             _reply({"killed": agents[-1].index})
         elif command == "finish":
+            if spare:  # the first spare let in; the others wait on for the next round
+                _wait_all(agents[:1], lambda _: any(a.committed_at for a in agents), 120)
+                survivors = [a for a in agents if a.committed_at is not None] or agents
             _wait_all(survivors, lambda a: a.committed_at is not None, 120)
             declared = [a.declared_at for a in survivors if a.declared_at is not None]
             committed = [a.committed_at for a in survivors]
