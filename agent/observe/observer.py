@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from ...core.clock import Clock
 from ...core.config.component_specs import ObservePart
 from ...core.errors import StoreUnavailable
+from ...core.observe.events import Event
+from ...core.observe.repairs import RepairError, RepairNote
 from ...core.observe.status import NodeStatus, status_period
 from ...core.rendezvous.decisions import Outcome
 from ...core.rendezvous.place import Place
@@ -81,6 +83,9 @@ class Observer:
         self._ended: tuple[int, Outcome, float, int | None] | None = None
         self._recovering: _Recovery | None = None
         self._beats = _Beats()
+        self._agent = agent
+        self._repair: RepairNote | None = None  # this node's last repair (rtrain status)
+        EVENTS.listen(self._on_event)
         emit(
             "agent_start",
             nproc=nproc,
@@ -88,6 +93,11 @@ class Observer:
             backend=part.backend,
             max_restarts=part.max_restarts,
         )
+
+    def _on_event(self, event: Event) -> None:
+        if event.name == "repair" and event.agent == self._agent:
+            with contextlib.suppress(RepairError):
+                self._repair = RepairNote.from_fields(event.fields)
 
     def generation_started(self, place: Place, world_size: int, restored_step: int | None) -> None:
         self._started = self._clock.now()
@@ -186,7 +196,9 @@ class Observer:
         self._status_due = now + status_period(place.num_nodes)
         steps = [_step(beat) for _, beat in beats]
         ranks = tuple(rank for rank, _ in beats)
-        record = NodeStatus(time.time(), "running", ranks, tuple(steps), committed, replicated)
+        record = NodeStatus(
+            time.time(), "running", ranks, tuple(steps), committed, replicated, self._repair
+        )
         with contextlib.suppress(StoreUnavailable):
             store.set(keys.status(place.generation, place.node_rank), record.encode())
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from ...core.observe.report import Report
+from ...core.observe.report import FailureRow, Report
 from .safe_text import plain, shown
 
 OUTCOME_COLOURS = {
@@ -18,6 +19,9 @@ OUTCOME_COLOURS = {
     "running": "#4c78a8",
     "lost": "#333333",
 }
+
+
+REPAIRED: dict[str, Any] = {"color": "#59a14f", "mfc": "none", "ms": 9, "mew": 1.5}
 
 
 def _seconds(value: float | None, exact: bool = True) -> str:
@@ -41,8 +45,20 @@ CAPTION = (
     "more); steps redone: the step reached before the fault against the first one after "
     "it, from the heartbeats or the snapshot restored (unknown: neither says); also: the "
     "generation's other faults (consequences, e.g. peers of a broken collective); an "
-    "unfinished job: the time from its last step to its end"
+    "unfinished job: the time from its last step to its end; an incident the lines "
+    "below the table do not name as repaired in place restarted every worker"
 )
+
+
+def repaired(rows: list[FailureRow]) -> list[str]:
+    """One line per incident repaired in place: the ranks that kept their processes and
+    those restarted (fallback: asked to repair, did not park in time)."""
+    return [
+        f"incident at {row.t:.2f} s (gen {row.generation}) repaired in place: "
+        f"{row.repair.describe()}"
+        for row in rows
+        if row.repair is not None
+    ]
 
 
 def print_report(report: Report, wide: bool = False) -> None:
@@ -69,7 +85,7 @@ def print_report(report: Report, wide: bool = False) -> None:
             str(row.also),
         )
     console.print(table)
-    for line in summary(report):
+    for line in [*repaired(report.failures), *summary(report)]:
         console.print(plain(line, limit=None))
     if report.bad_lines:
         console.print(f"{report.bad_lines} line(s) were not rtrain events and were skipped")
@@ -92,13 +108,20 @@ def summary(report: Report) -> list[str]:
     again = f"{redone} step(s) done again ({report.redone_s:.2f} s)"
     if unknown:
         again += f", and those of {unknown} incident(s) unknown"
-    return [
+    lines = [
         f"ended: {report.ended or 'unknown'}",
         f"wall time {report.wall_s:.2f} s; time lost: {'' if exact else '>='}{down:.2f} s "
         f"down, {again}",
         f"last step reached {final}; {step} per step; goodput {goodput} (wall time less "
         "the time down and the steps done again, over wall time)",
     ]
+    if report.repairs:
+        kept = sum(len(note.kept) for note in report.repairs.values())
+        lines.append(
+            f"{len(report.repairs)} repair(s) in place: {kept} worker process(es) kept "
+            "across them instead of restarted"
+        )
+    return lines
 
 
 def _label(text: str) -> str:
@@ -139,6 +162,7 @@ def draw_report(report: Report, folder: Path) -> list[Path]:
         lanes.plot(
             [m.t for m in node.detections], [y] * len(node.detections), "|", color="k", ms=14
         )
+        lanes.plot([m.t for m in node.repairs], [y] * len(node.repairs), "o", **REPAIRED)
         if node.replication:
             times, speeds = zip(*node.replication, strict=True)
             rates.plot(times, speeds, "o-", ms=3, lw=1, label=_label(node.agent))
@@ -150,6 +174,7 @@ def draw_report(report: Report, folder: Path) -> list[Path]:
         Patch(facecolor="#ddd", hatch="//", label="down"),
         Line2D([], [], marker="x", color="#c00", ls="", label="fault"),
         Line2D([], [], marker="|", color="k", ls="", ms=10, label="detected"),
+        Line2D([], [], marker="o", ls="", label="repaired in place", **REPAIRED),
     ]
     figure.legend(handles=legend, fontsize=7, ncol=len(legend), loc="upper right")
     rates.set_ylabel("replication MB/s")

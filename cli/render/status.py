@@ -58,6 +58,15 @@ def status_view(view: JobStatus, seconds: float | None = None) -> Group:
                 str(n.node_rank), plain(n.addr, limit=80), seen_text, str(n.workers), steps, snap
             )
         parts.append(nodes)
+    repair = view.last_repair
+    if repair is not None:
+        parts.append(
+            plain(
+                f"last repair in place (after generation {repair.from_generation}): "
+                f"{repair.describe()}",
+                limit=None,
+            )
+        )
     scope = f"generations {view.failures_from}..{view.generation or view.round}"
     if view.failures:
         failures = Table(

@@ -19,6 +19,9 @@ clock (wall-clock, from the first event), in the table as in the timeline:
   first step is known;
 - an unfinished job (a node's agent exited other than 0) costs the time from the last
   step of its last generation to its end, and the report says how it ended;
+- a repair in place (the `repair` event: rtrain.repairable workers): its incident says
+  which ranks kept their processes and which were restarted, and each node's lane
+  marks when it repaired;
 - goodput: the wall time, from the first generation's start to the job's end, less
   the downtime, the steps done again at the step time and an unfinished job's tail,
   over the wall time; an upper bound where something lost is unknown.
@@ -27,10 +30,11 @@ clock (wall-clock, from the first event), in the table as in the timeline:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..rendezvous.failures import FailureKind, FailureRecord, root_cause_first
 from .events import Event
+from .repairs import RepairError, RepairNote, merge
 from .report_steps import (
     Ending,
     GenerationEnd,
@@ -64,6 +68,7 @@ class NodeLine:
     faults: list[Mark] = field(default_factory=list)  # when each on this node happened
     detections: list[Mark] = field(default_factory=list)  # when this node noticed it
     replication: list[tuple[float, float]] = field(default_factory=list)  # (t, MB/s)
+    repairs: list[Mark] = field(default_factory=list)  # when this node repaired in place
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,7 @@ class FailureRow:
     steps_lost: int | None  # steps done again; None: unknown
     also: int  # other faults of the same generation (a root cause's consequences)
     exact: bool = True  # False: time_lost_s is a lower bound (no heartbeat said more)
+    repair: RepairNote | None = None  # repaired in place (None: every process restarted)
 
 
 @dataclass
@@ -92,6 +98,7 @@ class Report:
     ended: str = ""  # how the job ended, from its agents' job_end events
     goodput_bound: bool = False  # goodput is an upper bound: something lost is unknown
     redone_s: float = 0.0  # the steps done again, at the step time
+    repairs: dict[int, RepairNote] = field(default_factory=dict)  # by from_generation
 
 
 def build_report(events: Iterable[Event], bad_lines: int = 0) -> Report:
@@ -109,6 +116,7 @@ def build_report(events: Iterable[Event], bad_lines: int = 0) -> Report:
     ends: list[GenerationEnd] = []
     job_ends: list[Event] = []
     restored_at: dict[int, int] = {}  # generation -> the snapshot step it resumed after
+    notes: list[RepairNote] = []
     for event in ordered:
         line = lines.setdefault(event.agent, NodeLine(event.agent))
         t = event.t - origin
@@ -143,6 +151,13 @@ def build_report(events: Iterable[Event], bad_lines: int = 0) -> Report:
             where = lines.get(str(event["host"]), line)  # its node's lane, if it has one
             where.faults.append(Mark(float(event["fault_t"]) - origin, kind, what))
             line.detections.append(Mark(t, kind, what))  # the node that noticed it
+        elif event.name == "repair":
+            try:
+                note = RepairNote.from_fields(event.fields)
+            except RepairError:  # not what rtrain writes: left out
+                continue
+            notes.append(note)
+            line.repairs.append(Mark(t, "repair", note.describe()))
         elif event.name == "replication":
             seconds = float(event["seconds"])
             if seconds > 0:
@@ -166,7 +181,9 @@ def build_report(events: Iterable[Event], bad_lines: int = 0) -> Report:
     last_end = max(last_end, ending.end or last_end)
     wall = max(last_end - first_start, 0.0)
     step_s = heartbeat_step_time(ends) or (trained_s / trained_steps if trained_steps else None)
+    repairs = merge(notes)
     rows = _incidents(faults, origin, starts, recoveries, (ends, restored_at, step_s))
+    rows = [replace(row, repair=_repaired(repairs, row.generation)) for row in rows]
     if ending.unfinished:
         rows.append(_tail_row(ending, last_gen, ends, last_end))
     down = sum(row.time_lost_s or 0.0 for row in rows)
@@ -180,7 +197,7 @@ def build_report(events: Iterable[Event], bad_lines: int = 0) -> Report:
     goodput = max(wall - down - redone, 0.0) / wall if wall > 0 else None
     report = Report(origin, list(lines.values()), rows, wall, final_step, step_s, goodput)
     report.bad_lines, report.ended, report.goodput_bound = bad_lines, ending.text, bound
-    report.redone_s = redone
+    report.redone_s, report.repairs = redone, repairs
     return report
 
 
@@ -195,6 +212,10 @@ def _tail_row(
     kind = ending.text.split(" (")[0]
     lost = max(end - since, 0.0)
     return FailureRow(since, generation, kind, "the job", None, lost, None, 0, exact)
+
+
+def _repaired(repairs: dict[int, RepairNote], generation: int | None) -> RepairNote | None:
+    return None if generation is None else repairs.get(generation)
 
 
 def _where(event: Event) -> str:

@@ -5,7 +5,8 @@ Each agent of a running generation writes one small record under
 r<g>/status/<node> every status_period(nodes) seconds (STATUS_EVERY_S up to 64 nodes,
 then in proportion: the job's writes stay at 12.8 a second at any size): when (its
 wall clock), its state, how many workers it runs, their global ranks and the step
-each last gave in a heartbeat, and the newest snapshot step committed and replicated.
+each last gave in a heartbeat, the newest snapshot step committed and replicated, and
+the node's last repair in place (what its `repair` event said), if it made one.
 A reader turns the records, the membership and the failure ledger into a JobStatus.
 The record is read from the store, so anything may be there: decode() refuses
 whatever rtrain did not write.
@@ -21,6 +22,7 @@ from typing import Any
 
 from ..rendezvous.failures import FailureRecord, failure_roles
 from ..rendezvous.protocol import Membership, ProtocolError, json_object
+from .repairs import RepairError, RepairNote, merge
 
 STATUS_VERSION = 1
 STATUS_EVERY_S = 5.0
@@ -49,8 +51,10 @@ class NodeStatus:
     steps: tuple[int | None, ...]  # each worker's last heartbeat step (None: none yet)
     committed: int | None = None  # newest snapshot step this node's workers committed
     replicated: int | None = None  # newest of them safe on peers
+    repair: RepairNote | None = None  # this node's last repair in place, if any
 
     def encode(self) -> str:
+        repair = {} if self.repair is None else {"repair": self.repair.as_json()}
         return json.dumps(
             {
                 "v": STATUS_VERSION,
@@ -60,6 +64,7 @@ class NodeStatus:
                 "steps": list(self.steps),
                 "committed": self.committed,
                 "replicated": self.replicated,
+                **repair,
             },
             separators=(",", ":"),
         )
@@ -80,7 +85,19 @@ class NodeStatus:
             raise ProtocolError("status record: ranks and steps differ in length")
         committed = _optional_step(data.get("committed"), "committed")
         replicated = _optional_step(data.get("replicated"), "replicated")
-        return cls(float(t), state, tuple(ranks), tuple(steps), committed, replicated)  # type: ignore[arg-type]
+        repair = _repair(data.get("repair"))
+        return cls(float(t), state, tuple(ranks), tuple(steps), committed, replicated, repair)  # type: ignore[arg-type]
+
+
+def _repair(value: Any) -> RepairNote | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ProtocolError("status record: repair must be an object or null")
+    try:
+        return RepairNote.from_fields(value)
+    except RepairError as exc:
+        raise ProtocolError(f"status record: repair: {exc}") from None
 
 
 def _int_list(value: Any, name: str, allow_none: bool) -> list[int | None]:
@@ -148,6 +165,14 @@ class JobStatus:
         steps = [s for n in self.nodes if n.status for s in n.status.steps if s is not None]
         return min(steps) if steps else None
 
+    @property
+    def last_repair(self) -> RepairNote | None:
+        """The job's newest repair in place, as far as the nodes' records say (every
+        node that repaired it: their ranks together)."""
+        notes = [n.status.repair for n in self.nodes if n.status and n.status.repair]
+        merged = merge(notes)
+        return merged[max(merged)] if merged else None
+
     def as_json(self) -> dict[str, Any]:
         return {
             "run_id": self.run_id,
@@ -168,9 +193,11 @@ class JobStatus:
                     "steps": list(n.status.steps) if n.status else [],
                     "committed": n.status.committed if n.status else None,
                     "replicated": n.status.replicated if n.status else None,
+                    "repair": n.status.repair.as_json() if n.status and n.status.repair else None,
                 }
                 for n in self.nodes
             ],
+            "last_repair": None if self.last_repair is None else self.last_repair.as_json(),
             "failures": [vars(f) for f in self.failures],
             "failures_from_generation": self.failures_from,
             "store_reads": self.reads,
