@@ -30,3 +30,18 @@ def test_eight_simulated_agents_find_a_silent_loss_and_commit(
     assert int(result["bytes_per_generation"]) > 0  # type: ignore[call-overload]
     for figure in ("simulator_cpu_pct", "store_server_cpu_pct_per_agent", "loop_late_window"):
         assert figure in result
+
+
+def test_hot_spares_cost_no_more_than_a_running_agent_and_the_first_is_let_in(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import bench_scale_sim
+
+    monkeypatch.setattr(bench_scale_sim, "WINDOW_S", 2.0)
+    monkeypatch.setattr(bench_scale_sim, "AGENTS_PER_SHARD", 8)
+    [result] = bench_scale_sim.simulate([8], ["c10d"], spares=3)
+    assert "error" not in result, result
+    spare = float(result["spare_requests_per_spare_s"])  # type: ignore[arg-type]
+    assert spare <= float(result["requests_per_agent_s"])  # type: ignore[arg-type]
+    assert float(result["spare_admitted_after_declared_s"]) < 5.0  # type: ignore[arg-type]
+    assert float(result["commit_after_declared_s"]) < 5.0  # type: ignore[arg-type]
