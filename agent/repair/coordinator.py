@@ -80,7 +80,12 @@ class RepairCoordinator:
         running = group.running
         if not self.enabled or not running or not any(self._opted_in(gen, w) for w in running):
             return False
-        started = time.monotonic()
+        started, fault_seen = time.monotonic(), time.time()
+        # The failed workers' replacements fork now, while the survivors park and the
+        # next round closes, not after (the next start hands them their requests).
+        exited = [w.local_rank for w in group.workers if w.exitcode is not None]
+        group.prefork(exited)
+        spawn_started = time.time() if exited else None
         asked = [w for w in running if self._opted_in(gen, w)]
         for worker in asked:
             self.control(worker.local_rank).request(gen.number)
@@ -93,6 +98,7 @@ class RepairCoordinator:
             return all(answered(w) or w.exitcode is not None for w in asked)
 
         wait_until(all_answered, self._ack_s, 0.01, time.monotonic, group.poll)
+        parked = time.time()
         kept = [w for w in asked if w.exitcode is None and answered(w)]
         kept = [w for w in kept if process_state(w.pid) not in (*STOPPED_STATES, None, "zombie")]
         left = [w.local_rank for w in group.running if w not in kept]
@@ -103,6 +109,8 @@ class RepairCoordinator:
                 self._ack_s,
             )
             group.leave_out(left)
+            group.prefork(left)
+            spawn_started = spawn_started or time.time()
         if not kept:
             self._failed_repairs += 1
             return False
@@ -125,6 +133,10 @@ class RepairCoordinator:
             restarted=sorted(restarted),
             fallback=sorted(w.rank for w in group.workers if w.left_out),
             seconds=round(time.monotonic() - started, 6),
+            # wall clock: the replacements' fork began before the survivors were parked
+            fault_seen=round(fault_seen, 6),
+            spawn_started=None if spawn_started is None else round(spawn_started, 6),
+            parked=round(parked, 6),
         )
         logger.info(
             "repair in place: kept ranks %s alive, restarting ranks %s",

@@ -138,6 +138,7 @@ class WorkerGroup:
                 timeout=self._spec.rdzv.join_timeout,
             )
             self.workers.append(worker)
+        self._pool.drop_spares()
         logger.info(
             "started %d workers (ranks %d-%d of %d)",
             len(self.workers),
@@ -239,6 +240,13 @@ class WorkerGroup:
         )
         if worker.exitcode is None:
             worker.exitcode, worker.exit_time = -int(signal.SIGKILL), time.time()
+
+    def prefork(self, local_ranks: list[int]) -> None:
+        """Have the pool fork these local ranks' next workers now (a repair in place's
+        replacements, forked while the survivors park); the next start hands them their
+        requests."""
+        for local_rank in local_ranks:
+            self._pool.prefork(str(local_rank))
 
     def leave_out(self, local_ranks: list[int]) -> None:
         """SIGKILL these workers (a repair in place went on without them) and wait for

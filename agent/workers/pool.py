@@ -73,6 +73,7 @@ class WorkerPool:
         self._buffer = b""
         self._ready = False
         self._pending: list[dict[str, Any]] = []
+        self._spares = False  # a prefork was sent since the last drop
 
     @property
     def env(self) -> dict[str, str]:
@@ -192,6 +193,21 @@ class WorkerPool:
         if answer.get("fresh"):
             logger.info("%s started as a fresh interpreter: %s", what, answer["fresh"])
         return int(answer["pid"])
+
+    def prefork(self, worker_id: str) -> None:
+        """Have the pool fork worker `worker_id`'s process now, ahead of its spawn (which
+        then hands it the request): a repair in place's replacement, forked while the
+        survivors park. Not waited for; a pool that cannot (the warm-up importing, CUDA
+        initialized) forks at the spawn as before."""
+        if self.running and self._ready:
+            self._send({"op": "prefork", "id": worker_id})
+            self._spares = True
+
+    def drop_spares(self) -> None:
+        """Kill the spares no spawn took (after a generation's spawns)."""
+        if self._spares and self.running:
+            self._send({"op": "drop_spares"})
+        self._spares = False
 
     def signal_all(self, sig: int) -> None:
         if self.running:

@@ -7,6 +7,9 @@ The agent talks to the zygote over a socketpair, one JSON object per line:
                      "stdout_file", "stderr_file"}
                     {"op": "signal", "sig": N, "id": ...}   (that worker's process group;
                                                             without "id", every worker's)
+                    {"op": "prefork", "id": ...}   (fork a spare for that worker id now;
+                                                    its spawn hands the spare the request)
+                    {"op": "drop_spares"}   (kill the spares no spawn took)
   zygote -> agent   {"ev": "ready", "preload_errors": {...}}
                     {"ev": "started", "id": ..., "pid": N, "fresh": why or ""}
                     {"ev": "refused", "id": ..., "error": ...}   (CUDA initialized here)
@@ -19,6 +22,11 @@ later restarts (seconds of torch._dynamo): a reap delayed past the agent's stop 
 make a worker that failed on its own look stopped, and charge its failure to a victim.
 It dies with the agent (parent-death signal), and its workers die with it; if the
 agent's socket closes, it kills every worker before exiting.
+
+A spare (prefork) is a child forked ahead of its spawn, blocked on a pipe until the
+spawn's request arrives: a repair in place forks the failed worker's replacement as soon
+as the fault is seen, while the survivors park and the next round closes, so the fork
+(and a wait for the warm-up's imports) is off the critical path (spare.py).
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import time
 from typing import Any
 
 from .boot import boot, fresh_interpreter, set_parent_death_signal
+from .spare import Spares
 from .warm_up import WarmUp, preload
 
 CUDA_REFUSAL = (
@@ -76,6 +85,7 @@ class Zygote:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         os.set_blocking(self._wake_r, False)
+        self._spares = Spares()
 
     def send(self, message: dict[str, Any]) -> None:
         self._queued.append((json.dumps(message) + "\n").encode())
@@ -119,6 +129,7 @@ class Zygote:
                 data = self._sock.recv(1 << 16)
                 if not data:  # the agent is gone
                     self._signal_all(signal.SIGKILL)
+                    self._spares.drop()
                     return
                 self._buffer += data
                 self._last_message = time.monotonic()
@@ -132,16 +143,49 @@ class Zygote:
             self._spawn(message)
         elif op == "signal":
             self._signal_all(int(message["sig"]), message.get("id"))
+        elif op == "prefork":
+            self._prefork(str(message["id"]))
+        elif op == "drop_spares":
+            self._spares.drop()
         elif op == "exit":
             self._signal_all(signal.SIGKILL)
+            self._spares.drop()
             raise SystemExit(0)
+
+    def _warm_done(self) -> bool:
+        """Whether a Python worker may be forked now (no warm-up inside an import)."""
+        return self._warmer is None or self._warmer.finish()
+
+    def _inherited(self) -> list[int]:
+        return [self._sock.fileno(), self._wake_r, self._wake_w, *self._spares.fds]
+
+    def _prefork(self, worker_id: str) -> None:
+        """Fork a spare for `worker_id` now, unless one waits already, CUDA is
+        initialized, or the warm-up is still importing (its spawn then goes as before)."""
+        if worker_id in self._spares or cuda_initialized() or not self._warm_done():
+            return
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        self._spares.fork(worker_id, os.getpid(), self._inherited())
 
     def _spawn(self, request: dict[str, Any]) -> None:
         if cuda_initialized():
+            self._spares.drop()
             self.send({"ev": "refused", "id": request["id"], "error": CUDA_REFUSAL})
             return
+        spare = self._spares.take(request["id"])
+        if spare is not None:
+            self._children[spare.pid] = request["id"]
+            if spare.hand(request):
+                self.send({"ev": "started", "id": request["id"], "pid": spare.pid, "fresh": ""})
+                early = self._early_exits.pop(spare.pid, None)
+                if early is not None:
+                    self._report_exit(spare.pid, *early)
+                return
+            del self._children[spare.pid]  # it died waiting: fork one as before
+            self._spares.ignore(spare.pid)
         fresh = ""
-        if self._warmer is not None and request["kind"] != "exec" and not self._warmer.finish():
+        if request["kind"] != "exec" and not self._warm_done():
             # A Python worker forked while the warm-up thread is inside an import would
             # deadlock on that module's lock (or find it half done), and a warm-up starved
             # at idle priority on a loaded node took minutes: the worker starts at once as
@@ -153,7 +197,7 @@ class Zygote:
         zygote_pid = os.getpid()
         pid = os.fork()
         if pid == 0:
-            boot(request, zygote_pid, [self._sock.fileno(), self._wake_r, self._wake_w])
+            boot(request, zygote_pid, self._inherited())
         self._children[pid] = request["id"]
         self.send({"ev": "started", "id": request["id"], "pid": pid, "fresh": fresh})
         early = self._early_exits.pop(pid, None)
@@ -185,6 +229,8 @@ class Zygote:
                 if pid == 0:
                     return
                 code, when = os.waitstatus_to_exitcode(status), time.time()
+                if self._spares.reaped(pid):  # a spare no spawn took
+                    continue
                 if pid in self._children:
                     self._report_exit(pid, code, when)
                 else:  # forked, but _spawn has not registered it yet

@@ -6,7 +6,8 @@ re-wraps DDP on the new group and restores the newest step every rank committed 
 them. Deterministic on the CPU (each step's data depends only on (step, rank)), so a
 run with faults ends bitwise equal to one without.
 
-Writes $PROBE_OUT/enter_gen<G>_rank<R>.json at each entry (pid, repairs so far),
+Writes $PROBE_OUT/enter_gen<G>_rank<R>.json at each entry (pid, repairs so far, when
+its process was created),
 first_step_gen<G>_rank<R>.json when a generation after the first completes its first
 step (t, step),
 $PROBE_OUT/final_rank<R>.json (pid, digest of parameters and optimizer state) and, on
@@ -88,13 +89,22 @@ def inject(rank: int, step: int, generation: int) -> None:
     os.kill(os.getpid(), sig)
 
 
+def created() -> float:
+    """When this process was forked, on the wall clock (to 10 ms): its age from /proc
+    (psutil's create_time counts from the boot time, which /proc gives in whole seconds)."""
+    with open("/proc/self/stat") as stat:
+        ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/uptime") as uptime:
+        up = float(uptime.read().split()[0])
+    return time.time() - (up - ticks / os.sysconf("SC_CLK_TCK"))
+
+
 @rtrain.repairable(backend="gloo")
 def train() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     generation = rtrain.topology().generation
-    write(
-        f"enter_gen{generation}_rank{rank}.json", {"pid": os.getpid(), "repairs": rtrain.repairs()}
-    )
+    entered = {"pid": os.getpid(), "repairs": rtrain.repairs(), "created": created()}
+    write(f"enter_gen{generation}_rank{rank}.json", entered)
     model = DDP(MODEL)  # re-wrapped on this generation's group
     model.register_comm_hook(None, ordered_mean)
     state = {"model": MODEL, "optimizer": OPTIMIZER, "padding": PADDING}

@@ -1,0 +1,87 @@
+"""The worker pool's spares (prefork): a worker forked ahead of its spawn, which the spawn
+hands its request (repair in place forks the failed worker's replacement at the fault)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from rtrain.agent.workers.pool import WorkerExit, WorkerPool
+
+pytestmark = pytest.mark.integration
+
+
+def _request(worker_id: str, tmp_path: Path, script: str) -> dict[str, object]:
+    return {
+        "id": worker_id,
+        "kind": "exec",
+        "target": "sh",
+        "args": ["-c", script],
+        "env": dict(os.environ),
+        "cwd": str(tmp_path),
+        "stdout_file": None,
+        "stderr_file": None,
+    }
+
+
+def _children(pool: WorkerPool, count: int) -> list[psutil.Process]:
+    (zygote,) = pool.pids
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        children = psutil.Process(zygote).children()
+        if len(children) >= count:
+            return children
+        time.sleep(0.02)
+    raise AssertionError(f"the pool forked {len(children)} spares, not {count}")
+
+
+def _exits(pool: WorkerPool, count: int) -> list[WorkerExit]:
+    exits: list[WorkerExit] = []
+    deadline = time.monotonic() + 30
+    while len(exits) < count and time.monotonic() < deadline:
+        exits += pool.poll_exits(0.05)
+    return exits
+
+
+def test_a_spawn_takes_the_spare_forked_before_it(tmp_path: Path) -> None:
+    pool = WorkerPool((), dict(os.environ), warm_later=())
+    pool.start()
+    try:
+        pool.wait_ready(30)
+        pool.prefork("w0")
+        (spare,) = _children(pool, 1)
+        forked = spare.create_time()
+        asked = time.time()
+        pid = pool.spawn(_request("w0", tmp_path, "echo $$ > pid; exit 4"))
+        exits = _exits(pool, 1)
+    finally:
+        pool.close()
+    # the spare became the worker: same process, forked before the spawn was asked for
+    assert pid == spare.pid == int((tmp_path / "pid").read_text())
+    assert forked < asked
+    assert [(e.worker_id, e.pid, e.exitcode) for e in exits] == [("w0", pid, 4)]
+
+
+def test_spares_no_spawn_took_are_dropped_without_an_exit(tmp_path: Path) -> None:
+    pool = WorkerPool((), dict(os.environ), warm_later=())
+    pool.start()
+    try:
+        pool.wait_ready(30)
+        pool.prefork("w0")
+        pool.prefork("w1")
+        spares = _children(pool, 2)
+        # w0's spawn takes its spare; w1's spare is dropped after the group's spawns
+        pid = pool.spawn(_request("w0", tmp_path, "exit 0"))
+        pool.drop_spares()
+        psutil.wait_procs([s for s in spares if s.pid != pid], timeout=30)
+        exits = _exits(pool, 1)
+        exits += pool.poll_exits(0.5)  # a dropped spare's exit would come by now
+        left = [p.pid for p in psutil.Process(pool.pids[0]).children()]
+    finally:
+        pool.close()
+    assert pid in [s.pid for s in spares]
+    assert [(e.worker_id, e.exitcode) for e in exits] == [("w0", 0)]
+    assert left == []
