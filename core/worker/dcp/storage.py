@@ -17,9 +17,10 @@ values in the shard's skeleton, never as pickles; the reader gives the planner a
 torch.save of the checked plain value, made in this process. A value with no plain
 form is a SnapshotError naming it, at save.
 
-The shards must have been written in the generation before this one (a second failure
-before the first save after a resharding load finds shards relabelled since, and says
-so). The save must be over the default process group.
+The agents keep the shards a resharding load read, under the generation that wrote
+them, until a newer step is restored, so a second failure before the first save after
+that load reads the same save again (agent/snapshots: Inventory.loaded, written_in). The
+save must be over the default process group.
 """
 
 from __future__ import annotations
