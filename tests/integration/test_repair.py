@@ -72,11 +72,13 @@ def test_a_killed_worker_is_restarted_alone_and_the_survivors_keep_their_process
     assert all(r["fallback"] == [] and r["from_generation"] == 0 for r in repairs.values())
     # rank 1's replacement was forked when the fault was seen, beside the parking, not
     # after it: before node 0 restored the next generation's snapshots, which comes
-    # before the spawn (it was forked there, after the parking and the round, before)
+    # before the spawn (measured: forked 1 ms after the fault was seen and 0.25 s before
+    # the restore; with the fork at the spawn, 3 ms after the restore)
     assert repairs[0]["fault_seen"] <= repairs[0]["spawn_started"] <= repairs[0]["parked"]
     assert repairs[1]["spawn_started"] is None  # nothing of node 1's to replace
     (restore,) = [e for e in cluster.events("restore") if e.node == 0 and e.generation == 1]
-    assert _entered(cluster, 1, 1)["created"] < restore.t
+    created = _entered(cluster, 1, 1)["created"]  # to a clock tick (10 ms)
+    assert created + 0.02 < restore.t
 
 
 def test_a_survivor_that_ignores_the_repair_is_restarted_and_the_job_still_matches(
