@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Set
 
 from ...core.clock import Clock
 from ...core.config.component_specs import RendezvousPart
@@ -47,7 +48,14 @@ class RoundCloser:
         self._said: set[tuple[int, str]] = set()  # (round, who) left out and logged
         self.left: dict[int, list[LeftOut]] = {}  # round -> its last close's left out
 
-    def try_close(self, target: int, size: int, closer: str, joined: int | None = None) -> None:
+    def try_close(
+        self,
+        target: int,
+        size: int,
+        closer: str,
+        joined: int | None = None,
+        expected: Set[str] = frozenset(),
+    ) -> None:
         """Close round `target` with `size` of its first `joined` slots (read in one
         request), less the excluded: the survivors of the last generation first, then
         the others by slot (closing.survivors_first); nothing when too few are left (the
@@ -62,7 +70,7 @@ class RoundCloser:
                 self._ledger.charge_root_cause(target - 1, before, closer)
         members, left = self._slots(target, max(size, joined or 0), SLOT_WRITE_GRACE_S)
         members, excluded = leave_out(members, self._ledger.exclusions([m.addr for m in members]))
-        members = survivors_first(members, size)
+        members = survivors_first(members, size, expected)
         left += excluded
         self.left[target] = left
         for out in left:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from ...core.clock import Clock
 from ...core.config.component_specs import RendezvousPart
@@ -255,7 +256,8 @@ class Rounds:
                     *self._survivors_in(target, joined, expected),
                 )
                 if size is not None:
-                    self._try_close(target, size, member.node_id, joined)
+                    alive = expected() if expected is not None else set()
+                    self._try_close(target, size, member.node_id, joined, alive)
             return False
 
         with progress:
@@ -326,8 +328,8 @@ class Rounds:
                         known[slot] = MemberInfo.decode(payload).node_id
         return set(known.values())
 
-    def _try_close(self, target: int, size: int, closer: str, joined: int | None = None) -> None:
-        self._closer.try_close(target, size, closer, joined)
+    def _try_close(self, target: int, size: int, closer: str, *more: Any) -> None:
+        self._closer.try_close(target, size, closer, *more)  # joined, expected
 
     # -- memberships --
 

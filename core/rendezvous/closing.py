@@ -15,7 +15,7 @@ and decoded every slot at once)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 
 from .protocol import MemberInfo, members_to_close
@@ -123,13 +123,18 @@ class LeftOut:
         return f"{self.who} ({self.why})"
 
 
-def survivors_first(members: Sequence[MemberInfo], size: int) -> list[MemberInfo]:
+def survivors_first(
+    members: Sequence[MemberInfo], size: int, expected: Set[str] = frozenset()
+) -> list[MemberInfo]:
     """The `size` members a round closes with, of its joiners in slot order: the last
-    generation's survivors (a prev_rank) first, then the others, so that a lost node's
+    generation's survivors first (the node ids the closer expects, then any other with
+    a prev_rank: one from an older generation), then the others, so that a lost node's
     place goes to the first spare (the lowest slot) and no survivor gives way to one."""
-    survivors = [m for m in members if m.prev_rank is not None]
-    others = [m for m in members if m.prev_rank is None]
-    return (survivors + others)[:size]
+
+    def rank(member: MemberInfo) -> int:
+        return 0 if member.node_id in expected else 1 if member.prev_rank is not None else 2
+
+    return sorted(members, key=rank)[:size]
 
 
 def leave_out(

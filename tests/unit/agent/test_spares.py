@@ -161,3 +161,17 @@ def test_a_survivor_closes_with_the_survivors_first_not_the_spares() -> None:
     assert {m.node_id for m in membership.members} == alive | {"id0002"}
     assert [membership.node_rank_of(m.node_id) for m in ran[:3]] == [0, 1, 2]
     assert clock.slept == pytest.approx(3.0, abs=0.1)
+
+
+def test_a_spare_from_an_older_generation_does_not_displace_a_survivor() -> None:
+    # generation 0's 4 nodes all rejoin round 1 (a worker failed; nobody was lost); the
+    # spare in slot 1 ran in an older generation and still says so (a prev_rank)
+    rdzv, store, _ = full_job(4, 0)
+    other_joins(store, rdzv.keys, 1, member(2, prev_rank=3))
+    rdzv.rounds.open_next_round(0)
+    ran = rdzv.rounds.read_membership(0).members
+    for rank in range(3):
+        other_joins(store, rdzv.keys, 1, dataclasses.replace(ran[rank], prev_rank=rank))
+    alive = {m.node_id for m in ran}
+    membership = rdzv.rounds.join(dataclasses.replace(ran[3], prev_rank=3), expected=lambda: alive)
+    assert {m.node_id for m in membership.members} == alive

@@ -88,3 +88,13 @@ def test_the_survivors_come_first_then_the_spares_by_slot() -> None:
     joined = [node(1), node(2), node(3, 0), node(4), node(5, 1)]
     assert [m.node_id for m in survivors_first(joined, 3)] == ["n3", "n5", "n1"]
     assert [m.node_id for m in survivors_first(joined[:2], 3)] == ["n1", "n2"]
+
+
+def test_the_expected_survivors_come_before_a_node_of_an_older_generation() -> None:
+    def node(n: int, prev: int | None = None) -> MemberInfo:
+        return MemberInfo(node_id=f"n{n}", addr=f"10.0.0.{n}", local_world_size=1, prev_rank=prev)
+
+    # n1 was in an older generation (a stale prev_rank); n2 and n3 ran the last one
+    joined = [node(1, 5), node(2, 0), node(3, 1), node(4)]
+    assert [m.node_id for m in survivors_first(joined, 2, {"n2", "n3"})] == ["n2", "n3"]
+    assert [m.node_id for m in survivors_first(joined, 3, {"n2", "n3"})] == ["n2", "n3", "n1"]
