@@ -29,23 +29,30 @@ interval, is the probe that finds a frozen member for every client of the node.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import http.client
-import ipaddress
 import json
 import logging
 import socket
 import ssl
 import threading
-import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ...core.clock import Clock
 from ...core.errors import RendezvousError, StoreUnavailable, first_line
 from ..waiting import SYSTEM_CLOCK
+from .etcd_members import Members
+from .etcd_wire import (
+    MAX_ANSWER_BYTES,
+    EtcdTls,
+    LeaseNotFound,
+    NotEtcd,
+    b64,
+    int_field,
+    json_object,
+    prefix_end,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -53,99 +60,11 @@ logger = logging.getLogger(__name__)
 # (2, unknown, is how the gateway passes on "context deadline exceeded" without quorum.)
 RETRYABLE_CODES = {1, 2, 4, 14}  # cancelled, unknown, deadline exceeded, unavailable
 NOT_FOUND = 5  # "requested lease not found"
-MAX_ANSWER_BYTES = 64 << 20
 RETRY_PAUSES_S = (0.05, 0.1, 0.2, 0.5)
-
-
-class LeaseNotFound(RendezvousError):
-    """etcd no longer has the lease: it expired (this agent stopped renewing it)."""
-
-
-class NotEtcd(RendezvousError):
-    """An endpoint answered, but not as etcd's v3 gateway does."""
-
-
-@dataclass(frozen=True)
-class EtcdTls:
-    """--rdzv-conf protocol=https, cacert=, cert=, key= (torchrun's etcd keys)."""
-
-    cacert: str | None = None
-    cert: str | None = None
-    key: str | None = None
-
-    def context(self) -> ssl.SSLContext:
-        context = ssl.create_default_context(cafile=self.cacert)
-        if self.cert:
-            context.load_cert_chain(self.cert, self.key)
-        return context
-
-
-def b64(data: str | bytes) -> str:
-    raw = data.encode() if isinstance(data, str) else data
-    return base64.b64encode(raw).decode("ascii")
-
-
-def unb64(text: object, what: str) -> bytes:
-    if not isinstance(text, str):
-        raise NotEtcd(f"{what} is not base64 text")
-    try:
-        return base64.b64decode(text, validate=True)
-    except ValueError:
-        raise NotEtcd(f"{what} is not base64") from None
-
-
-def prefix_end(prefix: bytes) -> bytes:
-    """etcd's range_end for every key that starts with prefix."""
-    for i in range(len(prefix) - 1, -1, -1):
-        if prefix[i] < 0xFF:
-            return prefix[:i] + bytes([prefix[i] + 1])
-    return b"\0"
 
 
 class _Unanswered(Exception):
     """This member did not answer usefully; try the next one."""
-
-
-def first_member(local_addr: str | None, members: int) -> int:
-    """The member a node tries first: its IP address modulo the members (consecutive
-    addresses start on different members), or a hash of its name."""
-    name = local_addr or socket.gethostname()
-    try:
-        number = int(ipaddress.ip_address(name))
-    except ValueError:
-        number = zlib.crc32(name.encode())
-    return number % members
-
-
-class Members:
-    """The member a client and its copies use now, and the watches to move off a member
-    that failed (each registered as a callback that closes its stream)."""
-
-    def __init__(self, count: int, start: int = 0) -> None:
-        self.count = count
-        self.current = start % count
-        self._lock = threading.Lock()
-        self._watching: dict[int, set[Callable[[], None]]] = {}
-
-    def leave(self, index: int) -> None:
-        """index failed a request: every client moves on (once, if several saw it)."""
-        with self._lock:
-            if self.current != index:
-                return  # left already (a watch registers only on the current member)
-            self.current = (index + 1) % self.count
-            kicks = list(self._watching.get(index, ()))
-        for kick in kicks:
-            kick()
-
-    def watch(self, index: int, kick: Callable[[], None]) -> bool:
-        """Register a watch's stream on index; False if index was left meanwhile."""
-        with self._lock:
-            self._watching.setdefault(index, set()).add(kick)
-            return self.current == index
-
-    def unwatch(self, index: int, kick: Callable[[], None]) -> None:
-        with self._lock:
-            self._watching.get(index, set()).discard(kick)
 
 
 class EtcdClient:
@@ -293,7 +212,7 @@ class EtcdClient:
         except (OSError, http.client.HTTPException, ssl.SSLError) as exc:
             reason = "timed out" if isinstance(exc, socket.timeout) else first_line(exc, 80)
             raise _Unanswered(reason or type(exc).__name__) from None
-        answer = _json_object(raw)
+        answer = json_object(raw)
         if answer is None:
             raise _Unanswered(f"not etcd (HTTP {status}, not a JSON object)")
         if status == 200:
@@ -369,29 +288,3 @@ class EtcdClient:
     def revoke(self, lease: int) -> None:
         with contextlib.suppress(LeaseNotFound):
             self.call("lease/revoke", {"ID": str(lease)})
-
-
-def _json_object(raw: bytes) -> dict[str, Any] | None:
-    if len(raw) > MAX_ANSWER_BYTES:
-        return None
-    try:
-        answer = json.loads(raw)
-    except ValueError:
-        return None
-    return answer if isinstance(answer, dict) else None
-
-
-def int_field(answer: dict[str, Any], name: str) -> int:
-    """etcd writes int64 fields as JSON strings and leaves zero values out."""
-    value = answer.get(name, "0")
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise NotEtcd(f"etcd's answer has a non-integer {name}: {str(value)[:40]!r}") from None
-
-
-def revision(answer: dict[str, Any]) -> int:
-    header = answer.get("header")
-    if not isinstance(header, dict):
-        raise NotEtcd("etcd's answer has no header")
-    return int_field(header, "revision")

@@ -24,9 +24,10 @@ from typing import Any
 from ...core.clock import Clock
 from ...core.errors import RendezvousError
 from ..waiting import SYSTEM_CLOCK
-from .etcd_client import EtcdClient, NotEtcd, b64, int_field, unb64
+from .etcd_client import EtcdClient
 from .etcd_job_watch import JobWatch
 from .etcd_watch import KeyWatch
+from .etcd_wire import NotEtcd, b64, int_field, unb64
 from .kv import as_bytes, decode_counter
 
 POLL_S = 0.05

@@ -28,7 +28,8 @@ import threading
 from typing import Any
 
 from ...core.errors import RendezvousError, first_line
-from .etcd_client import EtcdClient, NotEtcd, b64, int_field, prefix_end, revision, unb64
+from .etcd_client import EtcdClient
+from .etcd_wire import NotEtcd, b64, int_field, prefix_end, revision, unb64
 
 logger = logging.getLogger(__name__)
 

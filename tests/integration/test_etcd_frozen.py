@@ -105,7 +105,7 @@ def test_a_client_whose_first_member_is_frozen_answers_within_a_third_of_the_lea
 
 
 def test_a_member_frozen_past_the_lease_leaves_the_job_training(tmp_path, etcd, reference):
-    from rtrain.agent.store.etcd_client import first_member
+    from rtrain.agent.store.etcd_members import first_member
 
     # Node 0 (127.0.0.1) tries this follower first; the other node another member.
     frozen = _follower(etcd)
