@@ -11,7 +11,13 @@ on, plus up to LAST_RESORT_GROUPS seconds by slot. A follower closes the round o
 has found it closable for BACKUP_CLOSE_S. So a round's store traffic is O(1) per agent
 per second, and a full round is closed by its filler alone, not by every follower whose
 check came before the filler's close (at 1,024 nodes, hundreds of followers each read
-and decoded every slot at once)."""
+and decoded every slot at once).
+
+Hot spares (nodes beyond max_nodes, waiting in the next round while a full generation
+runs) hold that round's first slots, so a spare is a last resort whatever its slot, a
+closer that expects survivors still coming waits for them (up to the last call), and
+the round takes the survivors first, then the spares by slot (survivors_first): a
+lost node's place goes to the first spare, out of one read of the joined slots."""
 
 from __future__ import annotations
 
