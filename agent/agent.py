@@ -53,7 +53,7 @@ from .rendezvous.job import JobRendezvous
 from .rendezvous.job_end import JobAborted
 from .rendezvous.lease import Leases
 from .rendezvous.leases_for import open_leases
-from .rendezvous.rounds import GenerationEnded
+from .rendezvous.worker_store import GenerationEnded
 from .repair.coordinator import RepairCoordinator
 from .restart_backoff import RestartBackoff
 from .runtime_dir import (

@@ -176,8 +176,8 @@ class GenerationStarter:
         node 0 hosts a fresh one and publishes it; the others wait for it."""
         self._worker_store_handle = None  # the previous generation's store closes here
         if node_rank != 0:
-            return rdzv.rounds.wait_master(generation, self.spec.rdzv.join_timeout, watch)
+            return rdzv.workers.wait(generation, self.spec.rdzv.join_timeout, watch)
         opened = host_store(self.addr, 0, self.spec.rdzv.read_timeout)
         self._worker_store_handle = opened.store
-        rdzv.rounds.publish_master(generation, self.addr, opened.port)
+        rdzv.workers.publish(generation, self.addr, opened.port)
         return self.addr, opened.port

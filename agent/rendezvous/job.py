@@ -1,7 +1,8 @@
 """JobRendezvous: one job's view of the rendezvous store, split by job.
 
 store   the typed store (agent/store/kv.py), for the few keys of other subsystems
-rounds  rounds, memberships and the worker store's address      (rounds.py)
+rounds  rounds and memberships                                   (rounds.py)
+workers the workers' store address of each generation           (worker_store.py)
 ledger  failure records, restart claims, lost nodes, exclusion    (ledger.py)
 ends    the exit barrier's counters and the abort record          (job_end.py)
 """
@@ -22,6 +23,7 @@ from ..waiting import SYSTEM_CLOCK
 from .job_end import JobEndRecords
 from .ledger import FailureLedger
 from .rounds import Rounds
+from .worker_store import WorkerStoreAddress
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +35,7 @@ class JobRendezvous:
     rounds: Rounds
     ledger: FailureLedger
     ends: JobEndRecords
+    workers: WorkerStoreAddress
 
     @classmethod
     def over(
@@ -44,7 +47,9 @@ class JobRendezvous:
         keys = StoreKeys(part.run_id)
         ledger = FailureLedger(store, keys, part.max_node_failures)
         ends = JobEndRecords(store, keys, clock)
-        return cls(store, keys, Rounds(store, keys, part, ledger, ends, clock), ledger, ends)
+        rounds = Rounds(store, keys, part, ledger, ends, clock)
+        workers = WorkerStoreAddress(store, keys, rounds, ends, clock)
+        return cls(store, keys, rounds, ledger, ends, workers)
 
     def declare_lost(
         self, generation: int, node_rank: int, by_node: int, record: FailureRecord

@@ -31,8 +31,6 @@ from ...core.rendezvous.protocol import (
     ProtocolError,
     StoreKeys,
     decode_int,
-    decode_master,
-    encode_master,
 )
 from ..observe.progress import WaitProgress
 from ..store.kv import KeyValueStore, decode_counter, increment
@@ -48,11 +46,6 @@ WAITING_CHECK_S = 1.0
 # A spare's look at the running generation without news: the round, the abort record,
 # whether the job finished (GenerationWatch.SWEEP_S, a running node's sweep).
 SPARE_SWEEP_S = 5.0
-
-
-class GenerationEnded(Exception):
-    """The generation this node was starting is already over (a member died or left):
-    not an error, the node rejoins at the next round."""
 
 
 class Rounds:
@@ -358,39 +351,3 @@ class Rounds:
         if not self._store.exists(self._keys.closed(generation)):
             return None
         return self.read_membership(generation)
-
-    # -- the workers' store address --
-
-    def publish_master(self, generation: int, host: str, port: int) -> None:
-        self._store.set(self._keys.master(generation), encode_master(host, port))
-
-    def wait_master(
-        self, generation: int, timeout_s: float, watch: Callable[[], object] | None = None
-    ) -> tuple[str, int]:
-        key = self._keys.master(generation)
-
-        def published() -> bool:
-            if self._store.exists(key):
-                return True
-            self.raise_if_ended(generation, watch)
-            return False
-
-        if not self._wait(published, timeout_s):
-            raise RendezvousError(
-                f"node 0 did not publish the worker store of generation {generation}"
-            )
-        try:
-            return decode_master(self._store.get(key) or b"")
-        except ProtocolError as exc:
-            raise RendezvousError(
-                f"refusing the worker store address in the store: {exc}"
-            ) from None
-
-    def raise_if_ended(self, generation: int, watch: Callable[[], object] | None) -> None:
-        """While a generation starts: abort, or GenerationEnded once the round moved on
-        (watch, the peers' lease check, moves it when a member died meanwhile)."""
-        self._ends.raise_if_aborted()
-        if watch is not None:
-            watch()
-        if self.round_moved_past(generation):
-            raise GenerationEnded(f"generation {generation} ended before it started")

@@ -218,7 +218,7 @@ class Restorer:
         def there() -> bool:
             if self._rdzv.store.exists(key):
                 return True
-            self._rdzv.rounds.raise_if_ended(generation, round_.watch)
+            self._rdzv.workers.raise_if_ended(generation, round_.watch)
             return False
 
         if not self._clock.wait_until(there, round_.timeout, POLL_S):

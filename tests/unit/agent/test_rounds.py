@@ -141,9 +141,9 @@ def test_the_worker_store_address_is_validated(job) -> None:
     rdzv, store, clock = job
     store.plant(rdzv.keys.master(0), '{"host": "", "port": 0}')
     with pytest.raises(RtrainError, match="refusing the worker store address"):
-        rdzv.rounds.wait_master(0, 5.0)
+        rdzv.workers.wait(0, 5.0)
     with pytest.raises(RtrainError, match="did not publish"):
-        rdzv.rounds.wait_master(1, 5.0)
+        rdzv.workers.wait(1, 5.0)
     assert clock.slept == pytest.approx(5.0, abs=0.05)
 
 
