@@ -17,8 +17,6 @@ import logging
 import signal
 import uuid
 from collections.abc import Callable, Mapping
-from types import FrameType
-from typing import Any
 
 from ..core.clock import Clock
 from ..core.config.component_specs import fault_part, monitor_part, observe_part, snapshot_part
@@ -62,7 +60,7 @@ from .runtime_dir import (
 )
 from .snapshots.service import SnapshotService
 from .starter import GenerationStarter, Starts
-from .state import AgentState, Interrupted, RunResult
+from .state import AgentState, Interrupted, RunResult, SignalLatch
 from .store.backends import JobStore, open_job_store
 from .waiting import SYSTEM_CLOCK
 from .workers.log_tail import LogTail
@@ -106,8 +104,8 @@ class Agent:
         self._store_return = StoreReturn(spec, self._base_env)
         self._pool = WorkerPool(spec.preload, pool_environment(base_env, nproc))
         self._tail = LogTail()
-        self._signal: int | None = None
-        self._previous_handlers: dict[int, Any] = {}
+        self._signals = SignalLatch()
+        self._check_signal = self._signals.check
         self._gen: Generation | None = None
         self._health = health
         self._leases: Leases | None = None
@@ -136,20 +134,10 @@ class Agent:
         )
         self._open_store = open_store or self._open_job_store
 
-    # -- signals --
-
-    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        self._signal = signum
-
-    def _check_signal(self) -> None:
-        if self._signal is not None:
-            raise Interrupted(self._signal)
-
     # -- the run --
 
     def run(self) -> RunResult:
-        for signum in self.spec.signals_to_handle:
-            self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
+        self._signals.install(self.spec.signals_to_handle)
         if self.spec.faults.kill_process_tree and not become_subreaper():
             logger.warning("--kill-process-tree: this system has no child subreaper; ignored")
         self._pool.start()
@@ -169,8 +157,7 @@ class Agent:
                 self._health.close()
             self._runtime.close()
             self._observer.close()
-            for signum, handler in self._previous_handlers.items():
-                signal.signal(signum, handler)
+            self._signals.restore()
 
     def _open_job_store(self) -> JobStore:
         spec = self.spec

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
+from types import FrameType
+from typing import Any
 
 from ..core.rendezvous.decisions import GenerationEnd, Outcome
 from ..core.rendezvous.failures import FailureRecord, root_cause_first
@@ -25,6 +28,31 @@ class Interrupted(Exception):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+
+
+class SignalLatch:
+    """The signals the agent handles: a handler only notes the signal, and the loop
+    raises Interrupted at its next check, a point where it can act (stop workers, save,
+    leave), never inside whatever the signal interrupted."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def install(self, signums: Iterable[int]) -> None:
+        for signum in signums:
+            self._previous[signum] = signal.signal(signum, self._note)
+
+    def _note(self, signum: int, _frame: FrameType | None) -> None:
+        self.signum = signum
+
+    def check(self) -> None:
+        if self.signum is not None:
+            raise Interrupted(self.signum)
+
+    def restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
 
 
 @dataclass(frozen=True)
