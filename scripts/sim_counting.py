@@ -2,7 +2,7 @@
 operation, and the bytes of keys and values each one sends and gets back (the payload;
 TCPStore's framing, a few bytes a request, and HTTP's headers over etcd are not in it).
 
-A watch's stream over etcd (etcd_watch.KeyWatch, a connection of its own) is not
+A watch's stream over etcd (etcd/watch.py KeyWatch, a connection of its own) is not
 counted here: its first read is (a range), its events are not.
 """
 
@@ -13,7 +13,7 @@ import json
 import threading
 from typing import Any
 
-from rtrain.agent.store.etcd_client import EtcdClient
+from rtrain.agent.store.etcd.client import EtcdClient
 from rtrain.agent.store.torch_store import TorchKeyValueStore
 
 

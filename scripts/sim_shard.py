@@ -58,7 +58,7 @@ from rtrain.agent.rendezvous.etcd_leases import EtcdLeases  # noqa: E402
 from rtrain.agent.rendezvous.generation_watch import GenerationWatch  # noqa: E402
 from rtrain.agent.rendezvous.job import JobRendezvous  # noqa: E402
 from rtrain.agent.rendezvous.lease import Leases, StoreLeases  # noqa: E402
-from rtrain.agent.store.etcd_store import EtcdKeyValueStore  # noqa: E402
+from rtrain.agent.store.etcd.store import EtcdKeyValueStore  # noqa: E402
 from rtrain.agent.store.opening import connect_store  # noqa: E402
 from rtrain.agent.store.torch_store import TorchKeyValueStore  # noqa: E402
 from rtrain.cli.launch_args import parse_launch_args  # noqa: E402

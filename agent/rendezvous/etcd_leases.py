@@ -35,8 +35,8 @@ from collections.abc import Callable
 from ...core.errors import RendezvousError, StoreUnavailable, first_line
 from ...core.rendezvous.liveness import watched_peers
 from ...core.rendezvous.protocol import StoreKeys
-from ..store.etcd_store import EtcdKeyValueStore
-from ..store.etcd_wire import LeaseNotFound
+from ..store.etcd.store import EtcdKeyValueStore
+from ..store.etcd.wire import LeaseNotFound
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ...core.config.launch_spec import FaultSpec
 from ...core.rendezvous.protocol import StoreKeys
 from ..store.backends import JobStore
-from ..store.etcd_store import EtcdKeyValueStore
+from ..store.etcd.store import EtcdKeyValueStore
 from .etcd_leases import EtcdLeases
 from .lease import Leases, StoreLeases
 

@@ -15,10 +15,10 @@ from typing import Any
 from ...core.config.launch_spec import RdzvSpec
 from ...core.errors import RendezvousError, first_line
 from ..observe.first_contact import announce_store
-from .etcd_client import EtcdClient
-from .etcd_members import Members, first_member
-from .etcd_store import EtcdKeyValueStore
-from .etcd_wire import EtcdTls, NotEtcd
+from .etcd.client import EtcdClient
+from .etcd.members import Members, first_member
+from .etcd.store import EtcdKeyValueStore
+from .etcd.wire import EtcdTls, NotEtcd
 from .kv import KeyValueStore
 from .opening import connect_store, open_rendezvous_store
 from .torch_store import TorchKeyValueStore

@@ -2,7 +2,7 @@
 
 Every agent module goes through it; nothing outside agent/store names a backend's
 operations. It is implemented over torch's TCPStore (torch_store.py) and over etcd
-(etcd_store.py), and tests wrap it in a store that injects faults.
+(etcd/store.py), and tests wrap it in a store that injects faults.
 
 The contract every implementation keeps:
 - values are bytes; str values are written as UTF-8;

@@ -12,7 +12,7 @@ from .flag_values import ascii_int
 
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 # torchrun's two etcd backends are one here: both talk etcd's v3 API (v2 is gone from
-# etcd 3.6), through agent/store/etcd_client.py.
+# etcd 3.6), through agent/store/etcd/client.py.
 ETCD_BACKENDS = ("etcd", "etcd-v2")
 DEFAULT_C10D_PORT = 29400
 DEFAULT_ETCD_PORT = 2379

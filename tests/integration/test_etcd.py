@@ -162,7 +162,7 @@ def test_an_agent_stopped_until_the_job_finished_without_it_exits_0(tmp_path, et
 
 
 def test_garbage_under_the_jobs_prefix_is_refused_with_one_line(tmp_path, etcd):
-    from rtrain.agent.store.etcd_client import EtcdClient
+    from rtrain.agent.store.etcd.client import EtcdClient
 
     cluster = _cluster(tmp_path, etcd, 2, "2", steps="2000")
     try:
@@ -224,9 +224,9 @@ def test_an_endpoint_that_is_not_etcd_is_named_and_refused(tmp_path, web_server)
 
 
 def test_the_etcd_store_keeps_the_contract_and_its_followers_outlive_eviction(etcd):
-    from rtrain.agent.store import etcd_store
-    from rtrain.agent.store.etcd_client import EtcdClient
-    from rtrain.agent.store.etcd_store import EtcdKeyValueStore
+    from rtrain.agent.store.etcd import store as etcd_store
+    from rtrain.agent.store.etcd.client import EtcdClient
+    from rtrain.agent.store.etcd.store import EtcdKeyValueStore
     from rtrain.agent.store.kv import KeyValueStore, increment, wrote
 
     store = EtcdKeyValueStore(EtcdClient([("127.0.0.1", m.client_port) for m in etcd.members]))
@@ -263,8 +263,8 @@ def _eventually(predicate, timeout: float = 5.0) -> bool:
 
 
 def test_an_add_whose_answer_was_lost_after_it_committed_counts_once(etcd):
-    from rtrain.agent.store.etcd_client import EtcdClient
-    from rtrain.agent.store.etcd_store import RECEIPT, EtcdKeyValueStore
+    from rtrain.agent.store.etcd.client import EtcdClient
+    from rtrain.agent.store.etcd.store import RECEIPT, EtcdKeyValueStore
 
     class LostAnswers(EtcdClient):
         """The first `lose` txns commit on etcd but their answers are lost: the request

@@ -1,4 +1,4 @@
-"""etcd counters under contention (agent/store/etcd_store.py add): many nodes joining a
+"""etcd counters under contention (agent/store/etcd/store.py add): many nodes joining a
 round at once each get a distinct slot number, the counter ends at their count, and
 the requests stay a few per increment (a read-then-compare-and-set counter took a
 retry for every other adder that won first: O(N^2) for N joining at once)."""
@@ -10,8 +10,8 @@ import threading
 import time
 from typing import Any
 
-from rtrain.agent.store.etcd_client import EtcdClient
-from rtrain.agent.store.etcd_store import RECEIPT, EtcdKeyValueStore
+from rtrain.agent.store.etcd.client import EtcdClient
+from rtrain.agent.store.etcd.store import RECEIPT, EtcdKeyValueStore
 from rtrain.agent.store.kv import increment
 
 

@@ -66,8 +66,8 @@ def _frozen(etcd, name: str):
 def test_a_client_whose_first_member_is_frozen_answers_within_a_third_of_the_lease(etcd):
     from rtrain.agent.rendezvous.etcd_leases import EtcdLeases
     from rtrain.agent.store.backends import ETCD_ATTEMPT_S
-    from rtrain.agent.store.etcd_client import EtcdClient
-    from rtrain.agent.store.etcd_store import EtcdKeyValueStore
+    from rtrain.agent.store.etcd.client import EtcdClient
+    from rtrain.agent.store.etcd.store import EtcdKeyValueStore
     from rtrain.core.rendezvous.protocol import StoreKeys
 
     frozen = _follower(etcd)
@@ -105,7 +105,7 @@ def test_a_client_whose_first_member_is_frozen_answers_within_a_third_of_the_lea
 
 
 def test_a_member_frozen_past_the_lease_leaves_the_job_training(tmp_path, etcd, reference):
-    from rtrain.agent.store.etcd_members import first_member
+    from rtrain.agent.store.etcd.members import first_member
 
     # Node 0 (127.0.0.1) tries this follower first; the other node another member.
     frozen = _follower(etcd)
@@ -146,8 +146,8 @@ def test_a_lapse_that_hits_every_node_at_once_declares_none_and_one_alone_is_dec
     both leases at once (revoked together: what expiry does when every keep-alive
     stalls), then, in a new generation, one of them alone."""
     from rtrain.agent.rendezvous.etcd_leases import EtcdLeases
-    from rtrain.agent.store.etcd_client import EtcdClient
-    from rtrain.agent.store.etcd_store import EtcdKeyValueStore
+    from rtrain.agent.store.etcd.client import EtcdClient
+    from rtrain.agent.store.etcd.store import EtcdKeyValueStore
     from rtrain.core.rendezvous.protocol import StoreKeys
 
     endpoints = [("127.0.0.1", m.client_port) for m in etcd.members]
@@ -196,7 +196,7 @@ def test_every_agent_stopped_past_its_lease_restarts_the_job_with_no_node_declar
     """Every node's lease lapses in the same stall (all agents SIGSTOPped until etcd
     deleted every lease key): each finds itself fenced, the job restarts, and no node
     is declared lost (before: each declared the other, both charged)."""
-    from rtrain.agent.store.etcd_client import EtcdClient
+    from rtrain.agent.store.etcd.client import EtcdClient
 
     cluster = LocalCluster(tmp_path, 2, "2", JOB_FLAGS, etcd=etcd.endpoints, PROBE_STEPS="120")
     admin = EtcdClient([("127.0.0.1", m.client_port) for m in etcd.members])

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from rtrain.agent.rendezvous.etcd_leases import EtcdPeerLeases
-from rtrain.agent.store import etcd_store
-from rtrain.agent.store.etcd_watch import KeyWatch
-from rtrain.agent.store.etcd_wire import NotEtcd, int_field, prefix_end, revision
+from rtrain.agent.store.etcd import store as etcd_store
+from rtrain.agent.store.etcd.watch import KeyWatch
+from rtrain.agent.store.etcd.wire import NotEtcd, int_field, prefix_end, revision
 from rtrain.core.errors import RendezvousError
 from rtrain.core.rendezvous.protocol import StoreKeys
 
@@ -103,8 +103,8 @@ def test_peer_leases_are_lost_when_etcd_deletes_their_key_or_they_never_come() -
 
 
 def test_nodes_start_on_members_spread_by_address_and_leave_a_failed_one_together() -> None:
-    from rtrain.agent.store.etcd_client import EtcdClient
-    from rtrain.agent.store.etcd_members import Members, first_member
+    from rtrain.agent.store.etcd.client import EtcdClient
+    from rtrain.agent.store.etcd.members import Members, first_member
 
     starts = [first_member(f"10.0.0.{i}", 3) for i in range(1, 4)]
     assert sorted(starts) == [0, 1, 2]  # consecutive addresses: every member once

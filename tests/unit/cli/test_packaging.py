@@ -47,3 +47,18 @@ def test_the_shell_completes_rtrains_commands() -> None:
     # what bash asks of the script it installed, as it asks it
     asked = run_module(_RTRAIN_COMPLETE="complete_bash", COMP_WORDS="rtrain re", COMP_CWORD="1")
     assert (asked.returncode, asked.stdout.split()) == (0, ["report"])
+
+
+def test_every_package_folder_is_listed_for_the_wheel() -> None:
+    """setup.cfg names rtrain's packages one by one: a new subpackage left out installs
+    in an editable checkout and is missing from the wheel (agent/repair/ was)."""
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    listed = {name.strip() for name in config["options"]["packages"].split() if name.strip()}
+    found = set()
+    for layer in ("cli", "agent", "core"):
+        for folder, _dirs, files in os.walk(ROOT / layer):
+            if "__init__.py" in files:
+                relative = Path(folder).relative_to(ROOT / layer)
+                found.add(".".join(["rtrain", layer, *relative.parts]))
+    assert found - listed == set()

@@ -1,11 +1,11 @@
-"""EtcdKeyValueStore: KeyValueStore over an etcd v3 cluster (etcd_client.py).
+"""EtcdKeyValueStore: KeyValueStore over an etcd v3 cluster (client.py).
 
 Each operation is one etcd request, and the ones that decide something are
 transactions with revision checks: set_once puts only if the key's create revision is
 0 (no one wrote it), compare_set only if the value is the expected one, add only if
 the key's mod revision is the one it read (else it reads again). multi_get is one
 transaction of ranges, so a read of N keys is one round trip. notice() and follow()
-read from the agent's one watch stream (etcd_job_watch.JobWatch) and cost nothing per
+read from the agent's one watch stream (job_watch.JobWatch) and cost nothing per
 call; a key follow() reads less often than every PROMOTE_S is read with a get
 instead, so the stream carries only what is read again and again (a handful of keys).
 
@@ -21,14 +21,14 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ...core.clock import Clock
-from ...core.errors import RendezvousError
-from ..waiting import SYSTEM_CLOCK
-from .etcd_client import EtcdClient
-from .etcd_job_watch import JobWatch
-from .etcd_watch import KeyWatch
-from .etcd_wire import NotEtcd, b64, int_field, unb64
-from .kv import as_bytes, decode_counter
+from ....core.clock import Clock
+from ....core.errors import RendezvousError
+from ...waiting import SYSTEM_CLOCK
+from ..kv import as_bytes, decode_counter
+from .client import EtcdClient
+from .job_watch import JobWatch
+from .watch import KeyWatch
+from .wire import NotEtcd, b64, int_field, unb64
 
 POLL_S = 0.05
 MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
@@ -200,7 +200,7 @@ class EtcdKeyValueStore:
 
     @property
     def job_watch(self) -> JobWatch:
-        """This client's one watch stream (etcd_job_watch.py), opened at its first target."""
+        """This client's one watch stream (job_watch.py), opened at its first target."""
         with self._job_watch_lock:
             if self._job_watch is None:
                 self._job_watch = JobWatch(self.client, clock=self._clock.now)

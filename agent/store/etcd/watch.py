@@ -3,7 +3,7 @@ by an etcd watch, so that what the agent checks many times a second (the round
 counter, the abort record, its peers' leases) costs no store traffic.
 
 A thread holds one streaming /v3/watch request, on the member its client and the
-client's copies use now (etcd_client.Members). It reads a snapshot first (a range,
+client's copies use now (members.Members). It reads a snapshot first (a range,
 which gives the revision), then every change after that revision. A stream quiet for
 idle_s is reopened on that member; one that fails (the member died, restarted, or did
 not answer the watch's creation within idle_s) leaves the member, and the watch
@@ -27,9 +27,9 @@ import ssl
 import threading
 from typing import Any
 
-from ...core.errors import RendezvousError, first_line
-from .etcd_client import EtcdClient
-from .etcd_wire import NotEtcd, b64, int_field, prefix_end, revision, unb64
+from ....core.errors import RendezvousError, first_line
+from .client import EtcdClient
+from .wire import NotEtcd, b64, int_field, prefix_end, revision, unb64
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import ssl
 from dataclasses import dataclass
 from typing import Any
 
-from ...core.errors import RendezvousError
+from ....core.errors import RendezvousError
 
 MAX_ANSWER_BYTES = 64 << 20
 

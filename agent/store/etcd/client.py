@@ -39,11 +39,11 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ...core.clock import Clock
-from ...core.errors import RendezvousError, StoreUnavailable, first_line
-from ..waiting import SYSTEM_CLOCK
-from .etcd_members import Members
-from .etcd_wire import (
+from ....core.clock import Clock
+from ....core.errors import RendezvousError, StoreUnavailable, first_line
+from ...waiting import SYSTEM_CLOCK
+from .members import Members
+from .wire import (
     MAX_ANSWER_BYTES,
     EtcdTls,
     LeaseNotFound,

@@ -40,10 +40,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...core.errors import RendezvousError, first_line
-from .etcd_client import EtcdClient
-from .etcd_watch import MAX_EVENT_BYTES, RESTART_PAUSE_S
-from .etcd_wire import NotEtcd, b64, int_field, prefix_end, revision, unb64
+from ....core.errors import RendezvousError, first_line
+from .client import EtcdClient
+from .watch import MAX_EVENT_BYTES, RESTART_PAUSE_S
+from .wire import NotEtcd, b64, int_field, prefix_end, revision, unb64
 
 logger = logging.getLogger(__name__)
 

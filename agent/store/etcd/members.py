@@ -1,5 +1,5 @@
 """Which etcd member a node's clients use: the first by the node's address, and all of
-them moving off a member that failed at once (see etcd_client.py's note)."""
+them moving off a member that failed at once (see client.py's note)."""
 
 from __future__ import annotations
 
