@@ -1,4 +1,4 @@
-"""The agent's one watch stream over a real 3-member etcd (agent/store/etcd_job_watch.py):
+"""The agent's one watch stream over a real 3-member etcd (agent/store/etcd/job_watch.py):
 many keys on one stream, and the three ways a watch can miss a change: an event lost,
 the stream cut mid-generation, a revision compacted away. Each falls back to a read
 (the stream's next start reads every key at one revision), so no generation's news,
@@ -11,9 +11,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from rtrain.agent.store.etcd_client import EtcdClient
-from rtrain.agent.store.etcd_job_watch import JobWatch, Target
-from rtrain.agent.store.etcd_store import EtcdKeyValueStore
+from rtrain.agent.store.etcd.client import EtcdClient
+from rtrain.agent.store.etcd.job_watch import JobWatch, Target
+from rtrain.agent.store.etcd.store import EtcdKeyValueStore
 
 BOUND_S = 10.0
 
@@ -92,7 +92,10 @@ def test_a_stream_cut_mid_generation_misses_no_change(etcd: Any) -> None:
             store.set(key, str(round_))
         watch._kick()  # the stream is cut between two generations' writes
     assert _until(lambda: all(watch.value(k) == b"5" for k in keys), watch)
-    assert watch.starts > starts and watch.restarts["ended"] + watch.restarts["failed"] >= 1
+    # The cut stream started again (and read every key first); which reason its restart
+    # was counted under, if any (a cut can read as the stream's clean end, or as a
+    # pending target's addition), is a race.
+    assert watch.starts > starts
     watch.close()
     store.close()
 
