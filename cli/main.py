@@ -84,7 +84,7 @@ def run_launch(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     from rich.console import Console
 
     from ..core.config.launch_spec import build_launch_spec
-    from ..core.config.slurm_env import apply_slurm, read_slurm_job
+    from ..core.config.slurm.env import apply_slurm, read_slurm_job
     from ..core.config.worker_env import omp_threads_default
     from .launch_args import parse_launch_args
     from .render import launch as render

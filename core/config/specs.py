@@ -18,7 +18,7 @@ from .endpoints import ETCD_BACKENDS
 from .flag_values import NodeRange, StreamMap
 from .rdzv_conf import RDZV_CONF_DEFAULTS
 from .settings import typed_default
-from .slurm_env import SlurmJob
+from .slurm.env import SlurmJob
 
 EntryKind = Literal["script", "module", "exec"]
 T = TypeVar("T")

@@ -13,7 +13,7 @@ from rtrain.core.config import flag_values
 from rtrain.core.config.launch_spec import LaunchSpec, build_launch_spec
 from rtrain.core.config.rdzv_conf import RDZV_CONF_DEFAULTS
 from rtrain.core.config.settings import SETTINGS
-from rtrain.core.config.slurm_env import read_slurm_job
+from rtrain.core.config.slurm.env import read_slurm_job
 from rtrain.core.errors import UsageError
 
 from tests.integration.helpers import PROBE

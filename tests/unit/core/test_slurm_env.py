@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from rtrain.core.config.hostlist import HostlistError, expand_hostlist
-from rtrain.core.config.slurm_env import SlurmJob, apply_slurm, read_slurm_job
+from rtrain.core.config.slurm.env import SlurmJob, apply_slurm, read_slurm_job
+from rtrain.core.config.slurm.hostlist import HostlistError, expand_hostlist
 from rtrain.core.errors import UsageError
 
 

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import UsageError
-from .flag_values import MAX_COUNT, ascii_int
+from ...errors import UsageError
+from ..flag_values import MAX_COUNT, ascii_int
 from .hostlist import HostlistError, expand_hostlist
 
 _TASKS = re.compile(r"[0-9]{1,9}(\(x[0-9]{1,9}\))?")
