@@ -294,7 +294,7 @@ class Agent:
         self._observer.generation_ended(gen.number, gen.beats(), ended.outcome, last_step)
         action = after_generation(ended.decision)
         if action is Next.FINISH:
-            history = end.finish(gen.place)
+            history = end.finish(gen.place, gen.peers)
             if history is not None:
                 self._set_state(AgentState.SUCCEEDED)
                 message = "all workers succeeded"

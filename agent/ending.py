@@ -23,6 +23,7 @@ from .health.gpu_monitor import GpuFault
 from .health.guard import HealthGuard
 from .observe.events import emit_failure
 from .rendezvous.job import JobRendezvous
+from .rendezvous.lease import PeerWatch
 from .waiting import SYSTEM_CLOCK
 
 POLL_S = 0.02
@@ -47,36 +48,56 @@ class JobEnd:
         self._check_signal = check_signal
         self._clock = clock
 
-    def exit_barrier(self, membership: Membership) -> bool:
-        """Wait for every node to finish; False if the job moved to a new generation instead."""
-        rounds, ends = self._rdzv.rounds, self._ends
+    def exit_barrier(
+        self, membership: Membership, peers: PeerWatch | None = None, me: int = -1
+    ) -> bool:
+        """Wait for every node to finish; False if the job moved to a new generation instead.
+
+        peers: the generation's lease watch (me: this node's rank). A node whose lease
+        expires while the others wait here (stopped, or lost, after its workers' last
+        collective) is marked lost in the ledger, for the nodes that do not watch it, and
+        not waited for: this node's workers finished, and a barrier with no bound would
+        hold it forever. The next round is not opened (that would redo finished work):
+        torchrun's exit barrier gives up on a silent node the same way, after its
+        timeout; here its lease says so sooner."""
+        rounds, ends, ledger = self._rdzv.rounds, self._ends, self._rdzv.ledger
         generation, size = membership.generation, len(membership.members)
         ends.mark_done(generation)
         moved = False
+        gone: set[int] = set()
 
         def everyone_done() -> bool:
             nonlocal moved
-            if ends.done_count(generation) >= size:
+            if ends.done_count(generation) >= size - len(gone):
                 return True
             self._check_signal()
             ends.raise_if_aborted()
             moved = rounds.round_moved_past(generation)
-            return moved
+            if moved or peers is None:
+                return moved
+            for node in set(peers.stale()) - gone:
+                ledger.mark_lost(generation, node, me)
+            for node in set(ledger.lost_nodes(generation, size)) - gone:
+                gone.add(node)
+                logger.warning(
+                    "node %d's lease expired after this node finished; not waiting for it", node
+                )
+            return False
 
         self._clock.wait_until(everyone_done, None, POLL_S)
         if moved:
             return False
         ends.mark_exited(generation)
         if self._is_host:  # keep the store up until every node has seen the barrier pass
-            self.wait_count(lambda: ends.exited_count(generation), size)
+            self.wait_count(lambda: ends.exited_count(generation), size - len(gone))
         return True
 
-    def finish(self, place: Place) -> list[FailureRecord] | None:
+    def finish(self, place: Place, peers: PeerWatch | None = None) -> list[FailureRecord] | None:
         """Every local worker succeeded: what the job recovered from (node 0 reports it,
         read before the barrier, after which the store's host may leave) once every node
         has; None if the job moved to another generation meanwhile."""
         history = self._rdzv.history(place.generation) if place.node_rank == 0 else []
-        return history if self.exit_barrier(place.membership) else None
+        return history if self.exit_barrier(place.membership, peers, place.node_rank) else None
 
     def save_for_requeue(
         self, place: Place | None, why: str, directory: str | None, save: Callable[[], int | None]

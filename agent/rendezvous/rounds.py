@@ -340,7 +340,11 @@ class Rounds:
             if membership is None:
                 return
             size = len(membership.members)
-        if self._ends.exited_count(generation) >= size:
+        # Nodes lost at the exit barrier (their lease expired after the others finished:
+        # agent/ending.py) are not waited for, and never exit it. A node passed the
+        # barrier only once every node not lost had finished: one exit is the proof.
+        exited = self._ends.exited_count(generation)
+        if exited > 0 and exited + len(self._ledger.lost_nodes(generation, size)) >= size:
             raise JobFinished(
                 f"the job finished at generation {generation} with "
                 f"{size} nodes while this node was away; nothing to rejoin"

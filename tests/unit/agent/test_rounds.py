@@ -11,7 +11,7 @@ from rtrain.agent.ending import JobEnd
 from rtrain.agent.rendezvous.generation_watch import SWEEP_S, GenerationWatch
 from rtrain.agent.rendezvous.job import JobRendezvous
 from rtrain.agent.rendezvous.job_end import JobAborted
-from rtrain.core.errors import RendezvousTimeout, RtrainError, StoreUnavailable
+from rtrain.core.errors import JobFinished, RendezvousTimeout, RtrainError, StoreUnavailable
 from rtrain.core.rendezvous.closing import BACKUP_CLOSE_S, LAST_RESORT_CLOSE_S
 from rtrain.core.rendezvous.failures import FailureKind, FailureRecord
 from rtrain.core.rendezvous.protocol import AbortRecord, MemberInfo, Membership, StoreKeys
@@ -220,6 +220,54 @@ def test_the_exit_barrier_waits_for_every_node_or_yields_to_a_new_generation(job
     rdzv.rounds.open_next_round(0)  # generation 1 runs; another node restarts it meanwhile
     clock.at(2.0, lambda: rdzv.rounds.open_next_round(1))
     assert not end.exit_barrier(Membership(1, [member(1), member(2)]))
+
+
+class _Expires:
+    """A lease watch in which node `node`'s lease expires at `at` (fake-clock seconds)."""
+
+    generation, timeout = 0, 5.0
+
+    def __init__(self, clock: FakeClock, node: int, at: float) -> None:
+        self._clock, self._node, self._at = clock, node, at
+
+    def stale(self) -> list[int]:
+        return [self._node] if self._clock.clock.now() >= self._at else []
+
+    def forget(self, node: int) -> None:
+        pass
+
+    def last_seen(self, node: int) -> float | None:
+        return None
+
+
+def test_a_node_lost_at_the_exit_barrier_is_not_waited_for_and_a_returner_finds_the_end(
+    job,
+) -> None:
+    """Node 2 of 3 stops after its workers' last collective: the barrier used to wait for
+    it without end. Node 0 watches its lease and marks it lost; node 1, which does not
+    watch it, reads the mark; both pass, and node 2, back, finds the job finished."""
+    rdzv, _, clock = job
+    membership = Membership(0, [member(1), member(2), member(3)])
+    end = JobEnd(
+        rdzv, is_host=False, close_timeout=5.0, check_signal=lambda: None, clock=clock.clock
+    )
+    rdzv.ends.mark_done(0)  # node 1 is done, and waits too
+    assert end.exit_barrier(membership, _Expires(clock, 2, at=4.0), me=0)
+    assert rdzv.ledger.lost_nodes(0, 3) == [2]
+    assert rdzv.rounds.round_moved_past(0) is False  # no generation to redo finished work
+    assert end.exit_barrier(membership, _Expires(clock, 2, at=1e9), me=1)  # by the mark
+    with pytest.raises(JobFinished):
+        rdzv.rounds._raise_if_finished(0, size=3)
+
+
+def test_lost_nodes_alone_are_no_finished_job(job) -> None:
+    """A partition: each of two nodes declares the other lost; nobody passed the exit
+    barrier, so a node waiting for the next round must not take the job as finished."""
+    rdzv, _, _ = job
+    rdzv.rounds.current_round()
+    rdzv.ledger.mark_lost(0, 0, 1)
+    rdzv.ledger.mark_lost(0, 1, 0)
+    rdzv.rounds._raise_if_finished(0, size=2)  # no exit: not finished
 
 
 def test_the_first_abort_wins_and_the_others_acknowledge(job) -> None:
