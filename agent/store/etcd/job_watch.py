@@ -43,7 +43,7 @@ from typing import Any
 from ....core.errors import RendezvousError, first_line
 from .client import EtcdClient
 from .watch import MAX_EVENT_BYTES, RESTART_PAUSE_S
-from .wire import NotEtcd, b64, int_field, prefix_end, revision, unb64
+from .wire import NotEtcd, apply_events, b64, int_field, prefix_end, revision, unb64
 
 logger = logging.getLogger(__name__)
 
@@ -269,17 +269,7 @@ class JobWatch:
                 self._apply(target, result.get("events", []))
 
     def _apply(self, target: Target, events: object) -> None:
-        if not isinstance(events, list):
-            raise NotEtcd("watch events that are not a list")
-        for event in events:
-            kv = event.get("kv") if isinstance(event, dict) else None
-            if not isinstance(kv, dict):
-                raise NotEtcd("a watch event without a kv")
-            key = unb64(kv.get("key"), "a watched key").decode("utf-8", "replace")
-            if event.get("type") == "DELETE":
-                target.values.pop(key, None)
-            else:
-                target.values[key] = unb64(kv.get("value", ""), "a watched value")
+        apply_events(target.values, events)
         if events:
             self._notify()
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from ....core.errors import RendezvousError, first_line
 from .client import EtcdClient
-from .wire import NotEtcd, b64, int_field, prefix_end, revision, unb64
+from .wire import NotEtcd, apply_events, b64, int_field, prefix_end, revision, unb64
 
 logger = logging.getLogger(__name__)
 
@@ -176,17 +176,6 @@ class KeyWatch:
         return False
 
     def _apply(self, events: object) -> None:
-        if not isinstance(events, list):
-            raise NotEtcd("watch events that are not a list")
-        for event in events:
-            kv = event.get("kv") if isinstance(event, dict) else None
-            if not isinstance(kv, dict):
-                raise NotEtcd("a watch event without a kv")
-            key = unb64(kv.get("key"), "a watched key").decode("utf-8", "replace")
-            if event.get("type") == "DELETE":
-                self._values.pop(key, None)
-            else:
-                self._values[key] = unb64(kv.get("value", ""), "a watched value")
-            self._revision = max(self._revision, int_field(kv, "mod_revision"))
+        self._revision = max(self._revision, apply_events(self._values, events))
         if events:
             self._notify()

@@ -84,3 +84,23 @@ def revision(answer: dict[str, Any]) -> int:
     if not isinstance(header, dict):
         raise NotEtcd("etcd's answer has no header")
     return int_field(header, "revision")
+
+
+def apply_events(values: dict[str, bytes], events: object) -> int:
+    """A watch message's events applied to `values` (key -> value; a DELETE removes the
+    key); the highest mod_revision among them (0: none). What is not etcd's shape is
+    refused, never half applied past the bad event."""
+    if not isinstance(events, list):
+        raise NotEtcd("watch events that are not a list")
+    newest = 0
+    for event in events:
+        kv = event.get("kv") if isinstance(event, dict) else None
+        if not isinstance(kv, dict):
+            raise NotEtcd("a watch event without a kv")
+        key = unb64(kv.get("key"), "a watched key").decode("utf-8", "replace")
+        if event.get("type") == "DELETE":
+            values.pop(key, None)
+        else:
+            values[key] = unb64(kv.get("value", ""), "a watched value")
+        newest = max(newest, int_field(kv, "mod_revision"))
+    return newest
