@@ -20,13 +20,12 @@ from __future__ import annotations
 import argparse
 import mmap
 import os
-import socket
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 
 import torch
+from bench_snapshot import loopback_seconds  # the same yardstick as bench_snapshot's peer column
 from rtrain.agent.snapshots.checksums import checksums
 from rtrain.agent.snapshots.peers.client import ShardClient
 from rtrain.agent.snapshots.peers.server import ShardServer
@@ -51,33 +50,6 @@ def best(run: Callable[[], None], reps: int, before: Callable[[], None] = lambda
         run()
         times.append(time.perf_counter() - start)
     return min(times)
-
-
-def loopback_seconds(nbytes: int, reps: int) -> float:
-    """One TCP stream over loopback, sender and receiver in this process."""
-    payload = memoryview(bytearray(nbytes))
-    sink = bytearray(1 << 20)
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
-
-    def receive() -> None:
-        conn, _ = listener.accept()
-        with conn:
-            while conn.recv_into(sink):
-                pass
-
-    def stream() -> None:
-        thread = threading.Thread(target=receive)
-        thread.start()
-        with socket.create_connection(listener.getsockname()) as out:
-            out.sendall(payload)
-        thread.join()
-
-    try:
-        return best(stream, reps)
-    finally:
-        listener.close()
 
 
 def restore_seconds(mb: int, reps: int) -> dict[str, float]:
