@@ -288,3 +288,11 @@ class EtcdClient:
     def revoke(self, lease: int) -> None:
         with contextlib.suppress(LeaseNotFound):
             self.call("lease/revoke", {"ID": str(lease)})
+
+
+def end_stream(connection: http.client.HTTPConnection | None) -> None:
+    """End a watch's stream now, from another thread (closing, a new target, a member
+    left): shut its socket down, which its reader sees at once; closing is the reader's."""
+    if connection is not None and connection.sock is not None:
+        with contextlib.suppress(OSError):
+            connection.sock.shutdown(socket.SHUT_RDWR)

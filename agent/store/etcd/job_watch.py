@@ -28,11 +28,9 @@ kept (the least recently read go first).
 from __future__ import annotations
 
 import collections
-import contextlib
 import http.client
 import json
 import logging
-import socket
 import ssl
 import threading
 import time
@@ -41,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ....core.errors import RendezvousError, first_line
-from .client import EtcdClient
+from .client import EtcdClient, end_stream
 from .watch import MAX_EVENT_BYTES, RESTART_PAUSE_S
 from .wire import NotEtcd, apply_events, b64, int_field, prefix_end, revision, unb64
 
@@ -155,10 +153,7 @@ class JobWatch:
 
     def _kick(self) -> None:
         """End the stream now (another thread: closing, a new target, a left member)."""
-        connection = self._connection
-        if connection is not None and connection.sock is not None:
-            with contextlib.suppress(OSError):
-                connection.sock.shutdown(socket.SHUT_RDWR)
+        end_stream(self._connection)
 
     # -- the thread --
 

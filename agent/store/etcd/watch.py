@@ -18,17 +18,15 @@ watch restarts.
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
 import logging
-import socket
 import ssl
 import threading
 from typing import Any
 
 from ....core.errors import RendezvousError, first_line
-from .client import EtcdClient
+from .client import EtcdClient, end_stream
 from .wire import NotEtcd, apply_events, b64, int_field, prefix_end, revision, unb64
 
 logger = logging.getLogger(__name__)
@@ -81,10 +79,7 @@ class KeyWatch:
 
     def _kick(self) -> None:
         """End the stream now (another thread: closing, or its member was left)."""
-        connection = self._connection
-        if connection is not None and connection.sock is not None:
-            with contextlib.suppress(OSError):
-                connection.sock.shutdown(socket.SHUT_RDWR)
+        end_stream(self._connection)
 
     # -- the thread --
 
