@@ -28,6 +28,9 @@ from .waiting import SYSTEM_CLOCK
 
 POLL_S = 0.02
 HOST_POLL_S = 0.2
+# How often a node at the exit barrier reads the nodes marked lost there: a lease takes
+# seconds to expire, and the barrier's own poll (POLL_S) is 50 reads a second a node.
+LOST_READ_S = 1.0
 
 logger = logging.getLogger(__name__)
 
@@ -65,9 +68,10 @@ class JobEnd:
         ends.mark_done(generation)
         moved = False
         gone: set[int] = set()
+        next_lost_read = self._clock.now()
 
         def everyone_done() -> bool:
-            nonlocal moved
+            nonlocal moved, next_lost_read
             if ends.done_count(generation) >= size - len(gone):
                 return True
             self._check_signal()
@@ -77,6 +81,9 @@ class JobEnd:
                 return moved
             for node in set(peers.stale()) - gone:
                 ledger.mark_lost(generation, node, me)
+            if self._clock.now() < next_lost_read:
+                return False
+            next_lost_read = self._clock.now() + LOST_READ_S
             for node in set(ledger.lost_nodes(generation, size)) - gone:
                 gone.add(node)
                 logger.warning(
