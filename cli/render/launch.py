@@ -59,7 +59,8 @@ def _flight_recorder_dumps(console: Console, failures: list[FailureRecord]) -> N
     for record in failures:
         for dump in flight_recorder_named(record.message):
             head = Text(f"Flight recorder dump of rank {record.rank}: ", style="bold")
-            console.print(head + plain(dump, limit=None))
+            # soft_wrap: a path split across lines cannot be copied or searched for
+            console.print(head + plain(dump, limit=None), soft_wrap=True)
 
 
 def _hung_stacks(console: Console, failures: list[FailureRecord]) -> None:
