@@ -237,6 +237,8 @@ def _measure(
         result["loop_late_commit"] = _worst(finished, "loop_late")
         result["join_slot_wait_commit"] = _worst(finished, "join_slot_wait")
         result["declared_by"] = sum(int(a.get("declared_by", 0)) for a in finished)
+        sizes = {n for a in finished for n in a.get("next_sizes", [])}
+        result["next_generation_sizes"] = sorted(sizes)
         if any("watch_starts" in a for a in finished):
             result["watch_starts_through_commit"] = sum(
                 int(a.get("watch_starts", 0)) for a in finished

@@ -134,6 +134,7 @@ class SimAgent:
         self.joined_at: float | None = None
         self.declared_at: float | None = None
         self.committed_at: float | None = None
+        self.next_size: int | None = None  # members of the generation it committed
         self.left_at: float | None = None  # left generation 0 (fenced or declaring)
         self.error: str | None = None
         self.leases: Leases | None = None
@@ -250,8 +251,11 @@ class SimAgent:
         self.left_at = time.time()
         survivors = policy.survivors(Joined(membership, rank, peers))
         with slots:
-            rdzv.rounds.join(dataclasses.replace(self.member, prev_rank=rank), expected=survivors)
+            joined = rdzv.rounds.join(
+                dataclasses.replace(self.member, prev_rank=rank), expected=survivors
+            )
         self.committed_at = time.time()
+        self.next_size = len(joined.members)
         # The lease is renewed on until the run ends (as an agent renews its next
         # generation's): a slower peer still checking generation 0 must not find it gone.
         self.leases = leases
@@ -332,7 +336,11 @@ def shard(argv: list[str]) -> None:
                 "declared_at": min(declared, default=None),
                 "committed_at": None if None in committed else max(committed),  # type: ignore[type-var]
                 "left_at": max(left, default=None),
+                # survivors that found the lease stale before the fence reached them:
+                # one or more of the victim's watchers, not only the one whose
+                # declaration the store recorded
                 "declared_by": len(declared),
+                "next_sizes": sorted({a.next_size for a in survivors if a.next_size}),
                 **requests.snapshot(),
                 **run.lateness(),
                 **_watch_starts(agents),

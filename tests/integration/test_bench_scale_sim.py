@@ -23,7 +23,10 @@ def test_eight_simulated_agents_find_a_silent_loss_and_commit(
     [result] = bench_scale_sim.simulate([8], ["c10d"])
     assert "error" not in result, result
     assert result["processes"] == 2
-    assert result["declared_by"] == 1  # one watcher declared it; nobody else was lost
+    # one to three of the victim's watchers (each agent watches 3 peers) saw its lease
+    # expire before the fence reached them; the next generation lost it and nobody else
+    assert 1 <= int(result["declared_by"]) <= 3  # type: ignore[call-overload]
+    assert result["next_generation_sizes"] == [7]
     assert 4.0 <= float(result["detect_s"]) <= 9.0  # the 5 s lease  # type: ignore[arg-type]
     assert float(result["commit_after_declared_s"]) < 5.0  # type: ignore[arg-type]
     assert float(result["requests_per_agent_s"]) > 0  # type: ignore[arg-type]
