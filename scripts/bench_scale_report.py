@@ -9,6 +9,42 @@ def _cell(result: dict[str, object], key: str, unit: str = "") -> str:
     return "-" if value is None else f"{value}{unit}"
 
 
+def _spares(result: dict[str, object]) -> int:
+    return int(result.get("spares", 0) or 0)  # type: ignore[call-overload]
+
+
+def _agents(result: dict[str, object]) -> str:
+    spares = _spares(result)
+    return f"{result['nodes']} + {spares} spares" if spares else str(result["nodes"])
+
+
+def _spare_table(rows: list[dict[str, object]]) -> list[str]:
+    """The hot spares' figures of the sim runs with --spares (issue 36 item 6): what a
+    waiting spare costs the store against an active node, and how soon the first spare
+    is let in after a loss."""
+    if not rows:
+        return []
+    lines = [
+        "",
+        "| agents | store | spare requests / spare / s | by operation | active requests "
+        "/ agent / s | first spare in after declared | committed after declared "
+        "| spare requests through the commit (per spare) | load average |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        by_op = r.get("spare_requests_per_spare_s_by_op") or {}
+        ops = ", ".join(f"{op} {n}" for op, n in sorted(by_op.items())) or "-"  # type: ignore[attr-defined]
+        first = r.get("error") or _cell(r, "spare_admitted_after_declared_s", " s")
+        lines.append(
+            f"| {_agents(r)} | {r['backend']} | {_cell(r, 'spare_requests_per_spare_s')} | "
+            f"{ops} | {_cell(r, 'requests_per_agent_s')} | {first} | "
+            f"{_cell(r, 'commit_after_declared_s', ' s')} | "
+            f"{_cell(r, 'spare_requests_per_spare_through_commit')} | "
+            f"{_cell(r, 'load_before')} -> {_cell(r, 'load_after')} |"
+        )
+    return lines
+
+
 def report(data: dict[str, list[dict[str, object]]]) -> str:
     """docs/bench_scale.json as the Markdown tables of docs/benchmarks.md."""
     lines = [
@@ -35,16 +71,17 @@ def report(data: dict[str, list[dict[str, object]]]) -> str:
         "| bytes per generation | load average |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in sorted(data.get("sim", []), key=lambda r: (str(r["backend"]), r["nodes"])):
+    sims = sorted(data.get("sim", []), key=lambda r: (str(r["backend"]), r["nodes"], _spares(r)))
+    for r in sims:
         if "error" in r:
-            lines.append(f"| {r['nodes']} | | {r['backend']} | {r['error']} |" + " |" * 10)
+            lines.append(f"| {_agents(r)} | | {r['backend']} | {r['error']} |" + " |" * 10)
             continue
         late = [
             str(r.get(k, {}).get("p99_ms", "-"))  # type: ignore[attr-defined]
             for k in ("loop_late_window", "loop_late_commit")
         ]
         lines.append(
-            f"| {r['nodes']} | {_cell(r, 'processes')} | {r['backend']} | "
+            f"| {_agents(r)} | {_cell(r, 'processes')} | {r['backend']} | "
             f"{_cell(r, 'generation0_s', ' s')} | {_cell(r, 'requests_per_agent_s')} | "
             f"{_cell(r, 'bytes_per_agent_s')} | {_cell(r, 'store_server_cpu_pct', ' %')} "
             f"({_cell(r, 'store_server_cpu_pct_per_agent', ' %')}) | "
@@ -54,6 +91,7 @@ def report(data: dict[str, list[dict[str, object]]]) -> str:
             f"{_cell(r, 'bytes_per_generation')} | "
             f"{_cell(r, 'load_before')} -> {_cell(r, 'load_after')} |"
         )
+    lines += _spare_table([r for r in sims if _spares(r)])
     lines += [
         "",
         "| agents | store | `rtrain status` command | its reads alone | store calls "
