@@ -12,14 +12,8 @@ from collections.abc import Set
 from ...core.clock import Clock
 from ...core.config.component_specs import RendezvousPart
 from ...core.errors import RendezvousError
-from ...core.rendezvous.closing import LeftOut, leave_out, survivors_first
-from ...core.rendezvous.protocol import (
-    MemberInfo,
-    Membership,
-    ProtocolError,
-    StoreKeys,
-    order_members,
-)
+from ...core.rendezvous.closing import LeftOut, closing_order, leave_out
+from ...core.rendezvous.protocol import MemberInfo, Membership, ProtocolError, StoreKeys
 from ..store.kv import KeyValueStore
 from .ledger import FailureLedger
 
@@ -57,9 +51,9 @@ class RoundCloser:
         expected: Set[str] = frozenset(),
     ) -> None:
         """Close round `target` with `size` of its first `joined` slots (read in one
-        request), less the excluded: the survivors of the last generation first, then
-        the others by slot (closing.survivors_first); nothing when too few are left (the
-        round stays open)."""
+        request), less the excluded: the survivors of the last generation first, keeping
+        their node ranks, then the others by slot in the lost nodes' ranks
+        (closing.closing_order); nothing when too few are left (the round stays open)."""
         if target > 0 and target not in self._charged:
             self._charged.add(target)  # once: every pass of a round that cannot close
             try:
@@ -70,17 +64,16 @@ class RoundCloser:
                 self._ledger.charge_root_cause(target - 1, before, closer)
         members, left = self._slots(target, max(size, joined or 0), SLOT_WRITE_GRACE_S)
         members, excluded = leave_out(members, self._ledger.exclusions([m.addr for m in members]))
-        members = survivors_first(members, size, expected)
         left += excluded
         self.left[target] = left
         for out in left:
             if (target, out.who) not in self._said:
                 self._said.add((target, out.who))
                 logger.warning("leaving %s out of round %d: %s", out.who, target, out.why)
-        if len(members) < self._part.nodes.min_nodes:
+        if min(len(members), size) < self._part.nodes.min_nodes:
             return
         try:
-            ordered = order_members(members, static=self._part.static)
+            ordered = closing_order(members, size, expected, self._part.static)
         except ProtocolError as exc:
             raise RendezvousError(f"rendezvous of generation {target} failed: {exc}") from None
         self._store.set_once(self._keys.closed(target), Membership(target, ordered).encode())

@@ -17,14 +17,16 @@ Hot spares (nodes beyond max_nodes, waiting in the next round while a full gener
 runs) hold that round's first slots, so a spare is a last resort whatever its slot, a
 closer that expects survivors still coming waits for them (up to the last call), and
 the round takes the survivors first, then the spares by slot (survivors_first): a
-lost node's place goes to the first spare, out of one read of the joined slots."""
+lost node's place goes to the first spare, out of one read of the joined slots, and
+its node rank with it (closing_order): every survivor keeps its node rank, so its
+workers kept by a repair in place resume on the same global ranks."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 
-from .protocol import MemberInfo, members_to_close
+from .protocol import MemberInfo, members_to_close, order_members
 
 FOLLOWER_POLL_S = 0.25
 BACKUP_CLOSE_S = 1.0
@@ -141,6 +143,17 @@ def survivors_first(
         return 0 if member.node_id in expected else 1 if member.prev_rank is not None else 2
 
     return sorted(members, key=rank)[:size]
+
+
+def closing_order(
+    members: Sequence[MemberInfo], size: int, expected: Set[str], static: bool
+) -> tuple[MemberInfo, ...]:
+    """The membership a round closes with, in node-rank order: `size` of its joiners,
+    the survivors first (survivors_first); each survivor keeps its node rank, a spare
+    takes a lost node's (the lowest free one: its global ranks, and its place in the
+    grid), and past the end the rest close up, as when the job shrinks without a spare.
+    Only the expected survivors' previous ranks count (order_members)."""
+    return order_members(survivors_first(members, size, expected), static, expected)
 
 
 def leave_out(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import zlib
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import asdict, dataclass
 from typing import Any, TypeGuard
 
@@ -153,9 +153,17 @@ class AbortRecord:
         return cls(gen, node, str(data.get("reason", "")), code)
 
 
-def order_members(joined: Sequence[MemberInfo], static: bool) -> tuple[MemberInfo, ...]:
+def order_members(
+    joined: Sequence[MemberInfo], static: bool, survivors: Set[str] = frozenset()
+) -> tuple[MemberInfo, ...]:
     """Node ranks: the static backend's given ranks, else previous ranks kept where
-    possible and join order for the rest."""
+    possible and join order for the rest.
+
+    survivors: the node ids of the last generation still in it, when the closer knows
+    them. Only their previous ranks are kept then: a node back from an older generation
+    (a hot spare that was once a member) still says the rank it held there, and must not
+    take it from the survivor that holds it now (whose kept workers would otherwise
+    resume on other ranks, and the grid's positions move)."""
     if len({m.node_id for m in joined}) != len(joined):
         raise ProtocolError("the same node joined twice")
     if static:
@@ -168,16 +176,21 @@ def order_members(joined: Sequence[MemberInfo], static: bool) -> tuple[MemberInf
                 "exactly once each"
             )
         return tuple(sorted(joined, key=lambda m: m.requested_rank or 0))
+
     # A node keeps its previous rank where it can and newcomers fill the gaps (a
     # replacement takes the lost node's rank): ranks, and so grid coordinates and the
     # state each worker continues, stay put. Past the end (the job shrank), the rest
     # close up, previous ranks first. Newcomers go by address, then join order, so a
     # job's first ranks do not depend on which agent started fastest.
+    def prev_rank(member: MemberInfo) -> int | None:
+        kept = not survivors or member.node_id in survivors
+        return member.prev_rank if kept else None
+
     order = sorted(
         range(len(joined)),
         key=lambda i: (
-            joined[i].prev_rank is None,
-            joined[i].prev_rank or 0,
+            prev_rank(joined[i]) is None,
+            prev_rank(joined[i]) or 0,
             _address_key(joined[i].addr),
             i,
         ),
@@ -185,7 +198,7 @@ def order_members(joined: Sequence[MemberInfo], static: bool) -> tuple[MemberInf
     slots: list[MemberInfo | None] = [None] * len(joined)
     rest = []
     for i in order:
-        prev = joined[i].prev_rank
+        prev = prev_rank(joined[i])
         if prev is not None and prev < len(slots) and slots[prev] is None:
             slots[prev] = joined[i]
         else:
