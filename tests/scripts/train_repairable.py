@@ -12,15 +12,22 @@ first_step_gen<G>_rank<R>.json when a generation after the first completes its f
 step (t, step),
 $PROBE_OUT/final_rank<R>.json (pid, digest of parameters and optimizer state) and, on
 rank 0, $PROBE_OUT/progress (steps applied). Faults: PROBE_FAULT="rank=R,step=S,
-action=kill|stop" (in generation 0, once); PROBE_IGNORE=R: rank R, once its collective
-breaks, never leaves the function (a survivor that ignores the repair request).
-PROBE_NO_REPAIR=1: the same job without opting in (every fault restarts every worker).
+action=kill|stop[,gen=G]" (in generation G, 0 if not given, once), several separated
+by ";" (the first writes fault.json, the i-th faulti.json); PROBE_IGNORE=R: rank R,
+once its collective breaks, never leaves the function (a survivor that ignores the
+repair request; its replacement ignores the next one too).
+A step of -1 is the function's entry (its group open, before the first step).
+PROBE_DIE_ON_BREAK=R, PROBE_DIE_PARKED=R: a second fault during generation 0's repair
+(second_fault). PROBE_NO_REPAIR=1: the same job without opting in (every fault
+restarts every worker).
 """
 
+import contextlib
 import hashlib
 import json
 import os
 import signal
+import threading
 import time
 
 import rtrain
@@ -78,15 +85,39 @@ def ordered_mean(_state: object, bucket: dist.GradBucket) -> torch.futures.Futur
 
 
 def inject(rank: int, step: int, generation: int) -> None:
-    fault = dict(i.split("=", 1) for i in os.environ.get("PROBE_FAULT", "").split(",") if "=" in i)
-    if not fault or int(fault["rank"]) != rank or int(fault["step"]) != step or generation:
+    for index, spec in enumerate(os.environ.get("PROBE_FAULT", "").split(";")):
+        fault = dict(i.split("=", 1) for i in spec.split(",") if "=" in i)
+        if not fault or int(fault["rank"]) != rank or int(fault["step"]) != step:
+            continue
+        if int(fault.get("gen", "0")) != generation:
+            continue
+        name = "fault.json" if index == 0 else f"fault{index}.json"
+        if os.path.exists(os.path.join(OUT, name)):
+            continue
+        write(name, {"t_fault": time.time(), "step": step})
+        sig = signal.SIGSTOP if fault.get("action") == "stop" else signal.SIGKILL
+        os.kill(os.getpid(), sig)
+
+
+def second_fault(rank: int, generation: int) -> None:
+    """A second fault in the repair of generation 0, on a survivor whose collective
+    broke: PROBE_DIE_ON_BREAK=R dies before it parks, PROBE_DIE_PARKED=R once its
+    control folder says it parked (before the next generation's environment comes)."""
+    if generation:
         return
-    marker = os.path.join(OUT, "fault.json")
-    if os.path.exists(marker):
-        return
-    write("fault.json", {"t_fault": time.time(), "step": step})
-    sig = signal.SIGSTOP if fault.get("action") == "stop" else signal.SIGKILL
-    os.kill(os.getpid(), sig)
+    if os.environ.get("PROBE_DIE_ON_BREAK") == str(rank):
+        os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get("PROBE_DIE_PARKED") == str(rank):
+        state = os.path.join(os.environ["RTRAIN_REPAIR_DIR"], "state.json")
+
+        def die_once_parked() -> None:
+            while True:
+                with contextlib.suppress(OSError, ValueError), open(state) as handle:
+                    if json.load(handle)["state"] == "parked":
+                        os.kill(os.getpid(), signal.SIGKILL)
+                time.sleep(0.001)
+
+        threading.Thread(target=die_once_parked, daemon=True).start()
 
 
 def created() -> float:
@@ -115,6 +146,7 @@ def train() -> None:
             f"restored_gen{generation}_rank{rank}.json", {"step": restored[1], "digest": digest()}
         )
     ignoring = os.environ.get("PROBE_IGNORE", "") == str(rank)
+    inject(rank, -1, generation)  # step=-1: entered, before the first step
     for step in range(start, STEPS):
         inject(rank, step, generation)
         data = torch.Generator().manual_seed(step * 100 + rank)
@@ -127,6 +159,7 @@ def train() -> None:
         except RuntimeError:
             while ignoring:  # a survivor that never answers the repair request
                 time.sleep(1)
+            second_fault(rank, generation)
             raise
         OPTIMIZER.step()
         rtrain.snapshot(state, step)
