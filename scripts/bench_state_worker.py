@@ -11,9 +11,10 @@ inside snapshot() or dcp.save of each, and a plain memory copy of the rank's sta
 (the same bytes, tensor to tensor). BENCH_CORES (e.g. "0") pins the workers to those
 cores, leaving the others to the agent's replication. In dcp mode
 with --disk DIR it also saves step --disk-step to DIR with DCP's FileSystemWriter, and
-a restarted job (fewer ranks: a node was lost) times dcp.load from peer memory, then
-dcp.load of the disk copy with its files evicted from the page cache, and writes
-$BENCH_OUT/restore.json.
+a restarted job (fewer ranks: a node was lost) times dcp.load from peer memory (the
+shards its agent prefetched, then the same fetched on demand), then dcp.load of the
+disk copy with its files evicted from the page cache, and DCP's fixed cost (a load of
+the data position alone, from each), and writes $BENCH_OUT/restore.json.
 """
 
 from __future__ import annotations
@@ -63,6 +64,67 @@ def evict(directory: str) -> None:
                 os.close(fd)
 
 
+def _load(source: str, disk: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """One dcp.load, timed: (name -> seconds) of dcp.load alone and with set_state_dict.
+    source: memory (SnapshotReader) or disk (FileSystemReader, its files evicted first);
+    'tiny' in it loads the data position alone (DCP's fixed cost: the planning
+    collectives and the metadata, almost no bytes)."""
+    import torch.distributed.checkpoint as dcp
+    from rtrain.core.worker.dcp import SnapshotReader
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    tiny = source.startswith("tiny")
+    state: dict = {"data": {"next": 0}}
+    if not tiny:
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state.update(model=model_sd, optim=optim_sd)
+    if "disk" in source:
+        evict(disk)
+    dist.barrier()
+    began = time.perf_counter()
+    reader = dcp.FileSystemReader(disk) if "disk" in source else SnapshotReader()
+    dcp.load(state, storage_reader=reader)
+    loaded = time.perf_counter() - began
+    if not tiny:
+        set_state_dict(
+            model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        )
+    dist.barrier()
+    return {
+        source: time.perf_counter() - began,
+        f"{source}_dcp_load": loaded,
+        "next": state["data"]["next"],
+    }
+
+
+def restore_timings(disk: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """The loads a restarted job times, in this order: a tiny load from memory first
+    (DCP's one-time costs, paid before any timed load); the disk copy, evicted; the
+    resharding load from memory with the prefetched files hidden (each shard fetched on
+    demand during the load: the path before the prefetch); the same reading the shards
+    the agent prefetched (the model keeps this one's state); then the tiny loads from
+    memory and from disk: DCP's fixed cost."""
+    directory = os.environ.get("RTRAIN_SNAPSHOT_DIR", "")
+    timings = _load("tiny_warmup", disk, model, optimizer)
+    timings.update(_load("disk", disk, model, optimizer))
+    # One worker per node here: no other worker reads these files meanwhile.
+    prefetched = glob.glob(os.path.join(directory, "prefetched-*.shard"))
+    for path in prefetched:
+        os.rename(path, path + ".hidden")
+    dist.barrier()
+    timings.update(_load("memory_on_demand", disk, model, optimizer))
+    for path in prefetched:
+        os.rename(path + ".hidden", path)
+    dist.barrier()
+    timings.update(_load("memory", disk, model, optimizer))
+    start = timings["next"]
+    timings["prefetched_files"] = len(prefetched)
+    for source in ("tiny_memory", "tiny_disk"):
+        timings.update(_load(source, disk, model, optimizer))
+    timings["next"] = start
+    return timings
+
+
 def _copy_seconds(tensors: list[torch.Tensor], optimizer: torch.optim.Optimizer) -> float:
     """One plain memory copy of this rank's state (parameters and Adam moments: the
     bytes a snapshot keeps), into tensors allocated and touched beforehand."""
@@ -95,32 +157,12 @@ def main() -> None:
     start = 0
     if args.kept_with == "dcp":
         import torch.distributed.checkpoint as dcp
-        from rtrain.core.worker.dcp import SnapshotReader, SnapshotWriter, restored_step
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        from rtrain.core.worker.dcp import SnapshotWriter, restored_step
+        from torch.distributed.checkpoint.state_dict import get_state_dict
 
         if restored_step() is not None:
-            timings = {}
-            # memory twice: the first load pays DCP's one-time costs, as the disk one would
-            for source in ("memory", "disk", "memory"):
-                model_sd, optim_sd = get_state_dict(model, optimizer)
-                state = {"model": model_sd, "optim": optim_sd, "data": {"next": 0}}
-                if source == "disk":
-                    evict(args.disk)
-                dist.barrier()
-                began = time.perf_counter()
-                reader = SnapshotReader() if source == "memory" else dcp.FileSystemReader(args.disk)
-                dcp.load(state, storage_reader=reader)
-                loaded = time.perf_counter() - began
-                set_state_dict(
-                    model,
-                    optimizer,
-                    model_state_dict=state["model"],
-                    optim_state_dict=state["optim"],
-                )
-                dist.barrier()
-                timings[source] = time.perf_counter() - began
-                timings[f"{source}_dcp_load"] = loaded
-                start = state["data"]["next"]
+            timings = restore_timings(args.disk, model, optimizer)
+            start = timings.pop("next")
             if rank == 0:
                 with open(os.path.join(out, "restore.json"), "w") as handle:
                     json.dump({**timings, "world": world, "step": start - 1}, handle)

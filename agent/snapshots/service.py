@@ -125,6 +125,7 @@ class SnapshotService:
         """A worker of this node committed `step` (from the replicator's thread)."""
         self._admission.ceiling.observe(step)
         self._local_steps[rank] = max(step, self._local_steps.get(rank, step))
+        self._fetcher.committed(step)  # a newer step: the prefetched shards were read
         if self._spares_for != self._generation:  # its shards' size is known now
             self._spares_for = self._generation
             self._spares.ask()
@@ -280,8 +281,10 @@ class SnapshotService:
                 self._secret,
                 self._host,
                 self._loaded,
+                world_size=topology.world_size,
             )
         )
+        self._fetcher.prefetch()  # the shards a resharding load will read, before it runs
         twins = {
             rank: [
                 dp_twin(topology, rank, successor) if self._dp_delta else None

@@ -40,6 +40,18 @@ SCHEMA: dict[str, tuple[tuple[str, ...], str]] = {
         "the shards this node's workers restore: source memory, disk or none; how many "
         "from local memory, from peers, from a DP peer's shard; how long it took",
     ),
+    "prefetch": (
+        ("step", "shards", "local", "fetched", "failed", "seconds"),
+        "before its workers start, this node fetched the other ranks' shards of the "
+        "restored DCP save that their resharding load is expected to read: how many, from "
+        "local memory, from peers, how many could not be had (the load asks for those), "
+        "how long it took",
+    ),
+    "shard_request": (
+        ("rank", "step", "shards", "failed", "seconds"),
+        "a worker's DCP load asked its agent for other ranks' shards of step (not "
+        "prefetched): how many, how many could not be had, how long the fetch took",
+    ),
     "fault": (
         ("kind", "rank", "fault_node", "host", "fault_t", "message"),
         "a fault this node saw or declared: kind (FailureKind: exited, signaled, hung, "
@@ -114,6 +126,8 @@ FIELD_TYPES: dict[str, tuple[str, bool]] = {  # field -> (type, may be null)
     "step": (INTEGER, True),
     "local": (INTEGER, False),
     "fetched": (INTEGER, False),
+    "shards": (INTEGER, False),
+    "failed": (INTEGER, False),
     "from_dp_peer": (INTEGER, False),
     "seconds": (NUMBER, False),
     "kind": (TEXT, False),

@@ -13,6 +13,11 @@ first, verifies its checksums and puts it next to the request:
 The agent picks the request up on its replicator's next pass (a few ms; 0.25 s while
 this generation has written no snapshot). The shards themselves are read like any
 other: a checked skeleton, no pickle.
+
+Before the workers start, the agent fetches the shards it expects the load to read
+(agent/snapshots/peers/prefetch.py) and leaves each, verified, in the snapshot folder
+as prefetched-r<R>-s<S>.shard: those are read from there, with no request and no wait;
+only the others are asked for. The agent removes them once a newer step is committed.
 """
 
 from __future__ import annotations
@@ -35,6 +40,11 @@ MAX_RESPONSE = 1 << 20
 NAME = re.compile(r"fetched-r[0-9]+-s[0-9]+-[0-9a-f]+\.shard")
 
 
+def prefetched_name(rank: int, step: int) -> str:
+    """The file the agent leaves rank `rank`'s shard of `step` in, fetched beforehand."""
+    return f"prefetched-r{rank}-s{step}.shard"
+
+
 def request_path(directory: str, rank: int) -> str:
     return os.path.join(directory, f"rank{rank}.fetch.json")
 
@@ -51,6 +61,26 @@ def fetch_previous_shards(
     directory = os.environ.get(SNAPSHOT_DIR)
     if not directory:
         raise SnapshotError("peers' shards can only be read under rtrain launch")
+    found = _prefetched(directory, step, ranks)
+    asked = sorted(set(ranks) - set(found))
+    if asked:
+        found.update(_ask(directory, step, asked, timeout))
+    return found
+
+
+def _prefetched(directory: str, step: int, ranks: list[int]) -> dict[int, Any]:
+    """The shards of these ranks the agent fetched before the workers started."""
+    found: dict[int, Any] = {}
+    for rank in sorted(set(ranks)):
+        try:
+            found[rank] = _read(os.path.join(directory, prefetched_name(rank, step)))
+        except FileNotFoundError:  # not expected, or removed since: asked for
+            continue
+    return found
+
+
+def _ask(directory: str, step: int, ranks: list[int], timeout: float) -> dict[int, Any]:
+    """Ask the agent for these ranks' shards, and wait for its answer."""
     me = int(os.environ.get("RANK", "0"))
     token = secrets.token_hex(8)
     response = response_path(directory, me)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import mmap
 import os
 import re
 import secrets
@@ -26,11 +27,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ....core.snapshots.format import SnapshotError, check_shard
 from ....core.snapshots.restore_plan import ShardId, Written
 from ....core.worker.peer_shards import MAX_RESPONSE, request_path, response_path
+from ...observe.events import emit
 from ..checksums import verify
 from ..shard_store import ShardStore, allocate
 from .client import ShardClient
+from .prefetch import Prefetched, prefetch
 from .wire import ShardError
 
 logger = logging.getLogger(__name__)
@@ -53,6 +57,7 @@ class FetchContext:
     # Where the save the workers were restored to was written (restore_plan.written_in):
     # a request for its step names that generation's shards, not the previous one's.
     loaded: Written | None = None
+    world_size: int = 0  # the new world's: what prefetch() predicts a load from
 
     def written_in(self, step: int) -> int:
         if self.loaded is not None and self.loaded.step == step:
@@ -73,6 +78,8 @@ class PeerFetcher:
         self._store = store
         self._context: FetchContext | None = None
         self._lock = threading.Lock()
+        self._prefetched: dict[ShardId, str] = {}  # the files prefetch() left
+        self._prefetched_step: int | None = None
 
     def follow(self, context: FetchContext | None) -> None:
         with self._lock:
@@ -129,13 +136,22 @@ class PeerFetcher:
             if error is not None:
                 errors[str(wanted)] = error
                 logger.error("rank %d asked for %s: %s", rank, shard, error)
+        seconds = time.monotonic() - started
         logger.info(
             "fetched %d of %d shards of step %d for rank %d in %.3fs",
             len(ranks) - len(errors),
             len(ranks),
             step,
             rank,
-            time.monotonic() - started,
+            seconds,
+        )
+        emit(
+            "shard_request",
+            rank=rank,
+            step=step,
+            shards=len(ranks),
+            failed=len(errors),
+            seconds=round(seconds, 6),
         )
         answer = response_path(directory, rank)
         with open(answer + ".tmp", "w") as handle:
@@ -143,36 +159,88 @@ class PeerFetcher:
         os.replace(answer + ".tmp", answer)
 
     def _fetch(self, context: FetchContext, shard: ShardId, target_path: str) -> str | None:
-        """Put an intact copy of `shard` at target_path; None, or why none could be had."""
-        holders = sorted(context.holders.get(shard, []), key=lambda n: n != context.node_rank)
-        if not holders:
-            return f"no node holds {shard}"
-        problems = []
-        for holder in holders:
-            try:
-                if holder == context.node_rank:
-                    self._copy_local(shard, target_path)
-                else:
-                    _copy_remote(context, holder, shard, target_path)
+        """Put an intact copy of `shard` at target_path; None, or why none could be had.
+        A copy prefetched before the workers started is linked, not fetched again."""
+        with self._lock:
+            prefetched = self._prefetched.get(shard)
+        if prefetched is not None:
+            with contextlib.suppress(OSError):
+                os.link(prefetched, target_path)
                 return None
-            except (OSError, ShardError, KeyError) as exc:
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(target_path)
-                problems.append(f"node {holder}: {exc}")
-                logger.warning("copy of %s on node %d is unusable (%s)", shard, holder, exc)
-        return "; ".join(problems)
+        return fetch_shard(self._store, context, shard, target_path)[1]
 
-    def _copy_local(self, shard: ShardId, target_path: str) -> None:
-        """A hard link to the local copy, verified: no copy. Nothing writes a previous
-        generation's slot or replica file again (the store frees it two generations on),
-        and the worker maps it privately."""
-        found = self._store.open_shard(shard)
-        if found is None:
-            raise ShardError("the local copy is gone")
-        buffer, size, crcs = found
-        if not verify(buffer, size, crcs):
-            raise ShardError("the local copy failed its checksum")
-        self._store.link_shard(shard, target_path)
+    def prefetch(self) -> Prefetched | None:
+        """Fetch the shards this node's new workers' resharding load is expected to read,
+        before they start (prefetch.py); what it did, or None (nothing to prefetch)."""
+        with self._lock:
+            context = self._context
+        if context is None:
+            return None
+        done = prefetch(self._store, context, fetch_shard)
+        if done is not None:
+            with self._lock:
+                self._prefetched = dict(done.files)
+                self._prefetched_step = done.step
+        return done
+
+    def committed(self, step: int) -> None:
+        """A local worker committed `step`: the prefetched shards of an older step are
+        read (the load came before it) and their files go."""
+        with self._lock:
+            if self._prefetched_step is None or step <= self._prefetched_step:
+                return
+            files, self._prefetched, self._prefetched_step = self._prefetched, {}, None
+        for path in files.values():
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+
+
+def fetch_shard(
+    store: ShardStore, context: FetchContext, shard: ShardId, target_path: str
+) -> tuple[int | None, str | None]:
+    """Put an intact copy of `shard` at target_path, checked as a worker will read it:
+    (the node whose copy it is, None) or (None, why none could be had)."""
+    holders = sorted(context.holders.get(shard, []), key=lambda n: n != context.node_rank)
+    if not holders:
+        return None, f"no node holds {shard}"
+    problems = []
+    for holder in holders:
+        try:
+            if holder == context.node_rank:
+                _copy_local(store, shard, target_path)
+            else:
+                _copy_remote(context, holder, shard, target_path)
+            _check(target_path)
+            return holder, None
+        except (OSError, ShardError, SnapshotError, KeyError) as exc:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(target_path)
+            problems.append(f"node {holder}: {exc}")
+            logger.warning("copy of %s on node %d is unusable (%s)", shard, holder, exc)
+    return None, "; ".join(problems)
+
+
+def _copy_local(store: ShardStore, shard: ShardId, target_path: str) -> None:
+    """A hard link to the local copy, verified: no copy. Nothing writes a previous
+    generation's slot or replica file again (the store frees it two generations on),
+    and the worker maps it privately."""
+    found = store.open_shard(shard)
+    if found is None:
+        raise ShardError("the local copy is gone")
+    buffer, size, crcs = found
+    if not verify(buffer, size, crcs):
+        raise ShardError("the local copy failed its checksum")
+    store.link_shard(shard, target_path)
+
+
+def _check(path: str) -> None:
+    """SnapshotError unless the file is a shard a worker can read (check_shard)."""
+    with open(path, "rb") as handle:
+        buffer = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        check_shard(buffer)
+    finally:
+        buffer.close()
 
 
 def _copy_remote(context: FetchContext, holder: int, shard: ShardId, target_path: str) -> None:

@@ -25,6 +25,7 @@ from ...snapshots.format import SnapshotError
 from ...snapshots.skeleton import TORCH_DTYPES
 
 FORMAT = "rtrain-dcp-1"
+MARK = "rtrain.dcp"  # the key that tells a DCP shard from a snapshot() one
 KINDS = ("t", "s", "b")
 MAX_ITEMS = 1 << 22
 MAX_DIMS = 64
@@ -88,6 +89,21 @@ class SaveIndex:
             },
             separators=(",", ":"),
         )
+
+
+def dcp_mark(skeleton: Any) -> tuple[int, SaveIndex] | None:
+    """(writer, index) of a shard's checked skeleton written by SnapshotWriter; None
+    for a snapshot() shard; SnapshotError for a mark that does not fit its index."""
+    mark = skeleton.get(MARK) if isinstance(skeleton, dict) else None
+    if mark is None:
+        return None
+    if not (isinstance(mark, dict) and isinstance(skeleton.get("items"), dict)):
+        raise SnapshotError("a DCP shard without its index or items")
+    index = parse_index(mark.get("index"))
+    writer: Any = mark.get("writer")
+    if not (_count(writer) and writer < index.writers):
+        raise SnapshotError("a DCP shard whose writer is not in its index")
+    return writer, index
 
 
 def parse_index(text: Any) -> SaveIndex:

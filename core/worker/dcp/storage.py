@@ -54,10 +54,9 @@ from torch.futures import Future
 from ...snapshots.format import SnapshotError
 from ..peer_shards import FETCH_TIMEOUT_S, fetch_previous_shards
 from ..snapshots import restore, snapshot, snapshots_kept
-from .index import Item, Location, SaveIndex, parse_index
+from .index import MARK, Item, Location, SaveIndex, parse_index
 
 KIND = {WriteItemType.TENSOR: "t", WriteItemType.SHARD: "s", WriteItemType.BYTE_IO: "b"}
-MARK = "rtrain.dcp"  # the key that tells a DCP shard from a snapshot() one
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,167 @@
+"""The shards a resharding load will read, fetched before the workers start.
+
+After the restore put each new worker's own shard in its slot, the agent reads the DCP
+save's index from those shards (every shard carries it: core/worker/dcp/index.py),
+predicts which other writers' shards each of its new ranks will read in the new world
+(core/worker/dcp/reads.py) and fetches them, all at once: a local copy is hard-linked,
+a peer's received over TCP, each verified against its checksums and checked as the
+worker will read it, and left in the generation's snapshot folder as
+prefetched-r<R>-s<S>.shard (core/worker/peer_shards.py), where the workers' load finds
+them with no request. A shard that could not be had (its holders gone) is left out:
+the load asks for it on demand, as it would without the prefetch, and gets the same
+copy or the same error. Nothing here is unpickled: the index is JSON in a checked
+skeleton.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import mmap
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ....core.snapshots.format import SnapshotError, check_shard
+from ....core.snapshots.restore_plan import ShardId
+from ....core.worker.dcp.index import SaveIndex, dcp_mark
+from ....core.worker.dcp.reads import writers_read
+from ....core.worker.peer_shards import prefetched_name
+from ...observe.events import emit
+from ..shard_store import ShardStore
+
+if TYPE_CHECKING:
+    from .fetcher import FetchContext
+
+logger = logging.getLogger(__name__)
+
+MAX_PARALLEL = 4  # transfers at once: a handful of peers' shards per node
+Fetch = Callable[[ShardStore, "FetchContext", ShardId, str], tuple[int | None, str | None]]
+
+
+@dataclass
+class Prefetched:
+    """What a prefetch did: the files it left (shard -> path), how many shards it
+    linked from local memory, received from peers, or could not have."""
+
+    step: int
+    files: dict[ShardId, str] = field(default_factory=dict)
+    local: int = 0
+    fetched: int = 0
+    failed: int = 0
+    seconds: float = 0.0
+
+
+def planned(store: ShardStore, context: FetchContext) -> tuple[int, dict[ShardId, str]] | None:
+    """(the step, shard -> the file to leave it in) for the shards this node's new ranks
+    are expected to read beyond their own; None when they restored no DCP save."""
+    if context.world_size <= 0 or not context.local_ranks:
+        return None
+    directory = store.snap_dir(context.generation)
+    step, save_id, wanted = None, None, set()
+    for rank in context.local_ranks:
+        found = _restored(os.path.join(directory, f"rank{rank}.slot0"))
+        if found is None:
+            return None
+        own, index = found
+        if save_id not in (None, index.save_id):
+            logger.warning("this node's ranks restored shards of two saves: no prefetch")
+            return None
+        step, save_id = index.step, index.save_id
+        wanted |= writers_read(index, rank, context.world_size) - {own}
+    if step is None:
+        return None
+    generation = context.written_in(step)
+    return step, {
+        ShardId(generation, writer, step): os.path.join(directory, prefetched_name(writer, step))
+        for writer in sorted(wanted)
+    }
+
+
+def _restored(path: str) -> tuple[int, SaveIndex] | None:
+    """(writer, index) of the DCP shard restored into a new worker's slot, or None."""
+    try:
+        with open(path, "rb") as handle:
+            buffer = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        return None
+    try:
+        header, skeleton = check_shard(buffer)
+        found = dcp_mark(skeleton)
+    except SnapshotError as exc:
+        logger.warning("no prefetch: the restored shard %s is refused (%s)", path, exc)
+        return None
+    finally:
+        buffer.close()
+    if found is None or found[1].step != header.step:
+        return None
+    return found
+
+
+def prefetch(store: ShardStore, context: FetchContext, fetch: Fetch) -> Prefetched | None:
+    """Fetch the shards planned() names, MAX_PARALLEL at a time; a `prefetch` event
+    says what it did. fetch: fetcher.fetch_shard (holders in turn, verified)."""
+    began = time.monotonic()
+    plan = planned(store, context)
+    if plan is None:
+        return None
+    step, files = plan
+    done = Prefetched(step)
+    if not files:
+        return done
+    lock, slots = threading.Lock(), threading.Semaphore(MAX_PARALLEL)
+
+    def one(shard: ShardId, path: str) -> None:
+        with slots:
+            part = f"{path}.part"
+            try:
+                holder, why = fetch(store, context, shard, part)
+                if holder is not None:
+                    os.replace(part, path)
+            except Exception as exc:  # a prefetch only: the load asks again on demand
+                logger.exception("prefetching %s", shard)
+                holder, why = None, f"{type(exc).__name__}: {exc}"
+            if holder is None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(part)
+                logger.warning("could not prefetch %s (%s): the load asks for it", shard, why)
+        with lock:
+            if holder is None:
+                done.failed += 1
+            else:
+                done.files[shard] = path
+                done.local += holder == context.node_rank
+                done.fetched += holder != context.node_rank
+
+    threads = [
+        threading.Thread(target=one, args=item, name=f"rtrain-prefetch-{item[0].rank}")
+        for item in files.items()
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    done.seconds = time.monotonic() - began
+    logger.info(
+        "prefetched %d of %d shards of step %d for the resharding load (%d local, %d from "
+        "peers) in %.3fs",
+        len(done.files),
+        len(files),
+        step,
+        done.local,
+        done.fetched,
+        done.seconds,
+    )
+    emit(
+        "prefetch",
+        step=step,
+        shards=len(files),
+        local=done.local,
+        fetched=done.fetched,
+        failed=done.failed,
+        seconds=round(done.seconds, 6),
+    )
+    return done
