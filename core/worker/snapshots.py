@@ -196,6 +196,14 @@ class _Slots:
             os.close(self._wake)
             self._wake = None
 
+    def close(self) -> None:
+        """Done with these slots (a repaired worker's next generation has its own): the
+        wake FIFO's descriptor closed, or a worker repaired in place kept one a generation."""
+        if self._wake is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._wake)
+            self._wake = None
+
     def newest(self) -> _Slot | None:
         """The slot of the newest committed step (the first such slot on a tie)."""
         best: tuple[int, _Slot] | None = None
@@ -226,6 +234,8 @@ def _my_slots() -> _Slots | None:
         return None
     rank = int(os.environ.get("RANK", "0"))
     if _slots is None or _slots.key != (directory, rank):
+        if _slots is not None:
+            _slots.close()
         _slots = _Slots(directory, rank)
     return _slots
 
