@@ -85,6 +85,7 @@ class GenerationStarter:
         # The last generation this node joined, even one that ended before it started.
         self.joined: Joined | None = None
         self._worker_store_handle: Any = None  # the TCPStore this node hosts for its workers
+        self._hangs: HangWatch | None = None  # the last generation's (its heartbeat files)
 
     def start(
         self,
@@ -167,7 +168,10 @@ class GenerationStarter:
         """The generation's heartbeat files, in memory-backed storage where there is some."""
         beat_dir = os.path.join(self._runtime_dir, f"gen{generation}")
         make_folder(beat_dir, "this generation's heartbeat files")
-        return HangWatch(self.spec.faults.hang_timeout, beat_dir, self._clock.now)
+        if self._hangs is not None:  # its workers are gone: its files are closed here
+            self._hangs.close()
+        self._hangs = HangWatch(self.spec.faults.hang_timeout, beat_dir, self._clock.now)
+        return self._hangs
 
     def _worker_store(
         self, rdzv: JobRendezvous, generation: int, node_rank: int, watch: Callable[[], bool]

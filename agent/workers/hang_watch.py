@@ -1,9 +1,13 @@
 """Hang detection: workers' heartbeat files, and the stack of a worker that stopped.
 
 Each worker gets a small file that rtrain.core.heartbeat() bumps through a shared
-mapping; the agent reads it twice a second. A worker whose count has not moved
-for --hang-timeout after its first heartbeat is hung, whether it is deadlocked, stuck
-in a collective, or stopped by SIGSTOP. A worker whose process is held (state T:
+mapping; the agent reads it twice a second, through a descriptor it opened when it made
+the file: a runtime folder removed under a running job (a neighbour's sweep, an admin's
+rm) takes the name, not the file, so the agent still sees every heartbeat. (Read by its
+name, a worker whose first heartbeat the agent had not read yet when the folder went
+was never armed: never hung, the job stalled for good.) A worker whose count has not
+moved for --hang-timeout after its first heartbeat is hung, whether it is deadlocked,
+stuck in a collective, or stopped by SIGSTOP. A worker whose process is held (state T:
 SIGSTOP, a debugger; or D: uninterruptible sleep) for the whole --hang-timeout is hung
 too, whatever its heartbeat (a thread of its own may bump it) says; a slow step in a
 process that runs is not, until the timeout. Before it is killed its Python stack is
@@ -27,6 +31,7 @@ import struct
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -68,7 +73,10 @@ class HangWatch:
         self._tracker: StalenessTracker[int] = StalenessTracker(
             timeout, armed_by_first_change=True, initial=0
         )
-        self._files: dict[int, str] = {}
+        # local rank -> a descriptor of its heartbeat file, opened when it was made: read
+        # by it, not by name, the file outlives its folder (closed with the watch)
+        self._beats: dict[int, int] = {}
+        self._closer = weakref.finalize(self, _close_all, self._beats)
         self._stacks: dict[int, str] = {}
         self._clock = clock
         self.timeout = timeout
@@ -84,7 +92,10 @@ class HangWatch:
         """
         path = os.path.join(self._beat_dir, f"rank{local_rank}.beat")
         write_small_file(path, b"\0" * HEARTBEAT_SIZE, f"local rank {local_rank}'s heartbeat file")
-        self._files[local_rank] = path
+        old = self._beats.pop(local_rank, None)
+        if old is not None:
+            os.close(old)
+        self._beats[local_rank] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         self._stacks[local_rank] = os.path.join(log_dir, "stack.txt")
         return {HEARTBEAT_FILE: path, STACK_FILE: self._stacks[local_rank]}
 
@@ -127,10 +138,10 @@ class HangWatch:
         return state in STOPPED_STATES or (state in HELD_STATES and local_rank in self._held_since)
 
     def read(self, local_rank: int) -> tuple[int, int] | None:
-        """(count, step) of the worker's last heartbeat, or None if the file is unreadable."""
+        """(count, step) of the worker's last heartbeat, or None if it has no file here
+        (or it cannot be read). Its name may be gone: the file is read by descriptor."""
         try:
-            with open(self._files[local_rank], "rb") as handle:
-                data = handle.read(HEARTBEAT_SIZE)
+            data = os.pread(self._beats[local_rank], HEARTBEAT_SIZE, 0)
         except (KeyError, OSError):
             return None
         if len(data) != HEARTBEAT_SIZE:
@@ -140,6 +151,17 @@ class HangWatch:
 
     def silent_for(self, local_rank: int) -> float:
         return self._tracker.silent_for(local_rank, self._clock())
+
+    def close(self) -> None:
+        """Close the heartbeat files (the generation is over); read() says None after."""
+        self._closer()
+
+
+def _close_all(descriptors: dict[int, int]) -> None:
+    """Close a watch's heartbeat descriptors (at close(), or when it is collected)."""
+    while descriptors:
+        _, fd = descriptors.popitem()
+        os.close(fd)
 
 
 def process_state(pid: int) -> str | None:

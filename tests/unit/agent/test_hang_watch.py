@@ -4,6 +4,7 @@ wrote a collective error and hangs on its way out), on a fake clock."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import psutil
 import pytest
 from rtrain.agent.workers.hang_watch import HangWatch, inspect_hang, process_state
 from rtrain.core.clock import wait_until
+from rtrain.core.config.worker_env import HEARTBEAT_FILE
 from rtrain.core.rendezvous.failures import error_file_payload
 
 TIMEOUT = 2.0
@@ -94,6 +96,41 @@ def test_a_rank_exiting_after_a_collective_error_is_a_victim(tmp_path, sleeper):
     error_file.write_text(error_file_payload("ValueError: bad batch", "", 0.0))
     found = inspect_hang(_watch(tmp_path, now), 0, sleeper.pid, str(error_file))
     assert not found.victim and "exiting after its error: ValueError" in found.message
+
+
+def test_a_worker_is_watched_after_its_heartbeat_folder_is_removed(tmp_path, monkeypatch):
+    """The runtime folder removed under a running job (as a neighbour's sweep did): a
+    worker that beat before it went, the agent not having read that yet, is still
+    watched, and hung once it stops. Read by name, it was never armed, never hung."""
+    from rtrain.core.worker.api import heartbeat
+
+    folder = tmp_path / "gen0"
+    folder.mkdir()
+    now = [0.0]
+    watch = HangWatch(TIMEOUT, str(folder), clock=lambda: now[0])
+    env = watch.worker_env(0, str(tmp_path))
+    assert watch.hung([0]) == []  # read before the worker's first heartbeat
+    monkeypatch.setenv(HEARTBEAT_FILE, env[HEARTBEAT_FILE])
+    for step in range(6):
+        heartbeat(step)  # the worker's own call: its mapping of the file
+    shutil.rmtree(folder)
+    now[0] = 1.0
+    assert watch.read(0) == (6, 5)
+    assert watch.hung([0]) == []  # it beat a second ago
+    now[0] = 1.1 + TIMEOUT
+    assert watch.hung([0]) == [0]
+
+
+def test_closing_a_watch_closes_its_heartbeat_files(tmp_path):
+    before = len(os.listdir("/proc/self/fd"))
+    watch = HangWatch(TIMEOUT, str(tmp_path))
+    for local_rank in range(4):
+        watch.worker_env(local_rank, str(tmp_path))
+    assert len(os.listdir("/proc/self/fd")) == before + 4
+    watch.close()
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert watch.read(0) is None
+    watch.close()  # twice is harmless
 
 
 EXITING = """
