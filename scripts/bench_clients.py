@@ -12,7 +12,13 @@ Then the crash cases: rank 1 exits with os._exit(3) mid-run with --max-restarts=
 Lightning (resume from last.ckpt) and in the DCP script (resume from the newest DCP
 checkpoint), --crash-runs times under each launcher.
 
-Results go to docs/benchmarks.md between the bench_clients markers.
+--clients runs only those clients (comma-separated names); --crash-runs 0 skips the
+crash cases. The clients that mark their steps (accelerate, pipelining) add a table of
+their first steps, CPU per step and the load average (bench_clients_steps.py), and each
+alternating pair's steps/s ratio.
+
+Results go to docs/benchmarks.md between the bench_clients markers, after a run of every
+client with the crash cases; a partial run writes the doc only when --doc names one.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
+from bench_clients_steps import STEP_COLUMNS, paired_ratios, step_rows  # noqa: E402
 from bench_launch import write_doc  # noqa: E402
 
 from tests.clients.clients import CLIENTS, LAUNCH, Client, results  # noqa: E402
@@ -56,6 +63,7 @@ class Run:
     wall_s: float
     results: dict[int, dict[str, Any]]
     stderr: str = ""
+    load: float = 0.0  # the machine's one-minute load average as the run ended
 
 
 @dataclass
@@ -119,16 +127,17 @@ def launch(
         wall = time.monotonic() - started
         errors.seek(0)
         text = errors.read()
-    return Run(code, wall, results(out), text[-20000:])
+    return Run(code, wall, results(out), text[-20000:], os.getloadavg()[0])
 
 
 def measure_clients(
-    runs: int, timeout: float, tmp: Path, scale: int
+    runs: int, timeout: float, tmp: Path, scale: int, names: list[str]
 ) -> dict[str, dict[str, Tally]]:
-    tallies = {name: {launcher: Tally() for launcher in LAUNCHERS} for name in CLIENTS}
+    tallies = {name: {launcher: Tally() for launcher in LAUNCHERS} for name in names}
     with Progress(console=Console(stderr=True)) as progress:
-        task = progress.add_task("clients", total=len(CLIENTS) * runs * len(LAUNCHERS))
-        for name, client in CLIENTS.items():
+        task = progress.add_task("clients", total=len(names) * runs * len(LAUNCHERS))
+        for name in names:
+            client = CLIENTS[name]
             for attempt in range(runs):
                 for launcher in LAUNCHERS:  # alternating, so drift hits both alike
                     out = tmp / name / f"{launcher}{attempt}"
@@ -160,7 +169,9 @@ def _why_failed(run: Run) -> str:
 def measure_crashes(crash_runs: int, timeout: float, tmp: Path) -> list[CrashRow]:
     """Each crash case under both launchers; the weights are compared with a run of the
     same client without the crash (under torchrun)."""
-    rows = []
+    rows: list[CrashRow] = []
+    if crash_runs <= 0:
+        return rows
     with Progress(console=Console(stderr=True)) as progress:
         task = progress.add_task("crashes", total=len(CRASHES) * crash_runs * len(LAUNCHERS))
         for name, step in CRASHES.items():
@@ -286,36 +297,87 @@ def render(
     return "\n".join(lines)
 
 
+def _clients(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()] if text else list(CLIENTS)
+    unknown = [n for n in names if n not in CLIENTS]
+    if unknown or not names:
+        print(
+            f"bench_clients: unknown client {', '.join(unknown) or '(none)'}; "
+            f"known: {', '.join(CLIENTS)}",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+    return names
+
+
+def print_tables(tallies: dict[str, dict[str, Tally]], crashes: list[CrashRow]) -> list[list[str]]:
+    """The console's tables; the client rows, for the doc."""
+    rows = client_rows(tallies)
+    console = Console(width=200)
+    tables: list[tuple[str, tuple[str, ...], list[list[str]]]] = [
+        ("real clients: rtrain vs torchrun", CLIENT_COLUMNS, rows)
+    ]
+    if crashes:
+        crash_rows = [crash_cells(c) for c in crashes]
+        tables.append(
+            ("a crash, resumed from the framework's checkpoint", CRASH_COLUMNS, crash_rows)
+        )
+    steps = {
+        name: {launcher: [(r.results[0], r.load) for r in t.done] for launcher, t in by.items()}
+        for name, by in tallies.items()
+    }
+    marked = step_rows(steps)
+    if marked:
+        tables.append(("first steps (rank 0): median [min-max] over runs", STEP_COLUMNS, marked))
+    for title, columns, cells in tables:
+        table = Table(title=escape(title))
+        for column in columns:
+            table.add_column(column)
+        for row in cells:
+            table.add_row(*(escape(cell) for cell in row))
+        console.print(table)
+    for name, by in tallies.items():
+        pairs = [
+            (ours, theirs)
+            for ours, theirs in zip(by["rtrain"].runs, by["torchrun"].runs, strict=False)
+            if ours in by["rtrain"].done and theirs in by["torchrun"].done
+        ]
+        ratio = paired_ratios(
+            [Tally([o]).median_steps_per_s() or 0.0 for o, _ in pairs],
+            [Tally([t]).median_steps_per_s() or 0.0 for _, t in pairs],
+        )
+        console.print(f"{name}: steps/s rtrain/torchrun, pair by pair: {ratio}")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
-    parser.add_argument("--crash-runs", type=int, default=3)
+    parser.add_argument("--crash-runs", type=int, default=3, help="0: no crash cases")
     parser.add_argument(
         "--scale", type=int, default=3, help="train each client this many times longer"
     )
     parser.add_argument("--timeout", type=float, default=180.0)
-    parser.add_argument("--doc", default=str(ROOT / "docs" / "benchmarks.md"))
+    parser.add_argument(
+        "--clients", default="", help=f"comma-separated, of: {', '.join(CLIENTS)} (default: all)"
+    )
+    parser.add_argument(
+        "--doc", default=None, help="default: docs/benchmarks.md after a full run, else none"
+    )
     args = parser.parse_args()
+    names = _clients(args.clients)
     command = "python scripts/bench_clients.py " + " ".join(sys.argv[1:])
     with tempfile.TemporaryDirectory(prefix="bench_clients_") as tmp:
-        tallies = measure_clients(args.runs, args.timeout, Path(tmp), args.scale)
+        tallies = measure_clients(args.runs, args.timeout, Path(tmp), args.scale, names)
         crashes = measure_crashes(args.crash_runs, args.timeout, Path(tmp))
-    rows = client_rows(tallies)
-    console = Console(width=200)
-    table = Table(title="real clients: rtrain vs torchrun")
-    for column in CLIENT_COLUMNS:
-        table.add_column(column)
-    for row in rows:
-        table.add_row(*row)
-    console.print(table)
-    crash_table = Table(title="a crash, resumed from the framework's checkpoint")
-    for column in CRASH_COLUMNS:
-        crash_table.add_column(column)
-    for crash in crashes:
-        crash_table.add_row(*(escape(cell) for cell in crash_cells(crash)))
-    console.print(crash_table)
-    section = render(rows, crashes, command.strip(), args.runs, args.scale)
-    write_doc(section, Path(args.doc), MARK_BEGIN, MARK_END)
+    rows = print_tables(tallies, crashes)
+    full = names == list(CLIENTS) and args.crash_runs > 0
+    doc = (
+        args.doc if args.doc is not None else (str(ROOT / "docs" / "benchmarks.md") if full else "")
+    )
+    if doc:
+        section = render(rows, crashes, command.strip(), args.runs, args.scale)
+        write_doc(section, Path(doc), MARK_BEGIN, MARK_END)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,13 @@ import argparse
 import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
-from client_common import synthetic_regression, training_started, weights_digest, write_result
+from client_common import (
+    step_done,
+    synthetic_regression,
+    training_started,
+    weights_digest,
+    write_result,
+)
 
 
 def main() -> None:
@@ -28,6 +34,7 @@ def main() -> None:
             accelerator.backward(loss)
             optimizer.step()
             steps += 1
+            step_done()
     accelerator.wait_for_everyone()
     state = accelerator.unwrap_model(model).state_dict()
     write_result(

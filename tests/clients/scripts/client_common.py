@@ -9,8 +9,10 @@ with os._exit(3) at that step while TORCHELASTIC_RESTART_COUNT is 0.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
+import resource
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -19,13 +21,35 @@ import torch
 
 STARTED = time.monotonic()
 _training_started: float | None = None
+_step_ends: list[float] = []
+_usage_at_start: tuple[float, int, int] = (0.0, 0, 0)
+
+
+def _usage() -> tuple[float, int, int]:
+    """This process's CPU seconds, minor and major page faults so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime, usage.ru_minflt, usage.ru_majflt
 
 
 def training_started() -> None:
     """Mark the first training step: steps/s counts from here (not start-up)."""
-    global _training_started
+    global _training_started, _usage_at_start
     if _training_started is None:
+        _usage_at_start = _usage()
         _training_started = time.monotonic()
+
+
+def step_done() -> None:
+    """Mark the end of a training step: the result lists each step's seconds."""
+    _step_ends.append(time.monotonic())
+
+
+def step_seconds() -> list[float]:
+    """Each marked step's duration (the first counted from training_started)."""
+    if _training_started is None:
+        return []
+    ends = [_training_started, *_step_ends]
+    return [round(b - a, 6) for a, b in itertools.pairwise(ends)]
 
 
 def weights_digest(state: Mapping[str, Any]) -> str:
@@ -41,6 +65,7 @@ def weights_digest(state: Mapping[str, Any]) -> str:
 
 def write_result(out: str, steps: int, **fields: Any) -> None:
     now = time.monotonic()
+    cpu, minor, major = (b - a for a, b in zip(_usage_at_start, _usage(), strict=True))
     training = now - (_training_started if _training_started is not None else STARTED)
     rank = int(os.environ.get("RANK", "0"))
     record = {
@@ -49,6 +74,11 @@ def write_result(out: str, steps: int, **fields: Any) -> None:
         "wall_s": now - STARTED,
         "train_s": training,
         "steps_per_s": steps / training if training > 0 else None,
+        "step_s": step_seconds(),
+        "training_started": _training_started,  # time.monotonic(): the machine's clock
+        "train_cpu_s": cpu,  # CPU seconds and page faults from training_started on
+        "train_minor_faults": minor,
+        "train_major_faults": major,
         **fields,
     }
     os.makedirs(out, exist_ok=True)

@@ -5,7 +5,7 @@ import argparse
 
 import torch
 import torch.distributed as dist
-from client_common import training_started, weights_digest, write_result
+from client_common import step_done, training_started, weights_digest, write_result
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
@@ -47,6 +47,7 @@ def main() -> None:
             losses = []
             schedule.step(target=y, losses=losses)
         optimizer.step()
+        step_done()
     loss = float(torch.stack(losses).mean()) if losses else None
     write_result(args.out, args.steps, weights=weights_digest(module.state_dict()), loss=loss)
     dist.destroy_process_group()
