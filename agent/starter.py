@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -170,6 +171,10 @@ class GenerationStarter:
         make_folder(beat_dir, "this generation's heartbeat files")
         if self._hangs is not None:  # its workers are gone: its files are closed here
             self._hangs.close()
+            # and its folder goes: one a generation stayed to the job's end (a worker
+            # kept by a repair in place maps its old file by inode, not by name)
+            if self._hangs.beat_dir != beat_dir:
+                shutil.rmtree(self._hangs.beat_dir, ignore_errors=True)
         self._hangs = HangWatch(self.spec.faults.hang_timeout, beat_dir, self._clock.now)
         return self._hangs
 

@@ -152,6 +152,10 @@ class HangWatch:
     def silent_for(self, local_rank: int) -> float:
         return self._tracker.silent_for(local_rank, self._clock())
 
+    @property
+    def beat_dir(self) -> str:
+        return self._beat_dir
+
     def close(self) -> None:
         """Close the heartbeat files (the generation is over); read() says None after."""
         self._closer()

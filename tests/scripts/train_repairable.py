@@ -18,8 +18,8 @@ once its collective breaks, never leaves the function (a survivor that ignores t
 repair request; its replacement ignores the next one too).
 A step of -1 is the function's entry (its group open, before the first step).
 PROBE_DIE_ON_BREAK=R, PROBE_DIE_PARKED=R: a second fault during generation 0's repair
-(second_fault). PROBE_NO_REPAIR=1: the same job without opting in (every fault
-restarts every worker).
+(second_fault). PROBE_USAGE=1: each entry records the process's resources (usage).
+PROBE_NO_REPAIR=1: the same job without opting in (every fault restarts every worker).
 """
 
 import contextlib
@@ -120,6 +120,24 @@ def second_fault(rank: int, generation: int) -> None:
         threading.Thread(target=die_once_parked, daemon=True).start()
 
 
+def usage() -> dict:
+    """This process's resources now: descriptors, threads, resident KiB, mappings of
+    shared memory, and process groups torch holds."""
+    from torch.distributed import distributed_c10d
+
+    with open("/proc/self/status") as status:
+        fields = dict(line.split(":", 1) for line in status.read().splitlines())
+    with open("/proc/self/maps") as maps:
+        shm = sum("/dev/shm/" in line for line in maps)
+    return {
+        "fds": len(os.listdir("/proc/self/fd")),
+        "threads": int(fields["Threads"]),
+        "rss_kib": int(fields["VmRSS"].split()[0]),
+        "shm_maps": shm,
+        "groups": len(distributed_c10d._world.pg_map),
+    }
+
+
 def created() -> float:
     """When this process was forked, on the wall clock (to 10 ms): its age from /proc
     (psutil's create_time counts from the boot time, which /proc gives in whole seconds)."""
@@ -135,6 +153,8 @@ def train() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     generation = rtrain.topology().generation
     entered = {"pid": os.getpid(), "repairs": rtrain.repairs(), "created": created()}
+    if os.environ.get("PROBE_USAGE"):
+        entered.update(usage())
     write(f"enter_gen{generation}_rank{rank}.json", entered)
     model = DDP(MODEL)  # re-wrapped on this generation's group
     model.register_comm_hook(None, ordered_mean)
