@@ -335,6 +335,7 @@ class Agent:
             check_stop=self._check_signal,
             expected=self._policy.survivors(last),
             last_seen=self._policy.last_seen(last),
+            on_standby=lambda: self._pool.standby([str(i) for i in range(self.nproc)]),
         )
 
     def _stop_workers(self) -> None:

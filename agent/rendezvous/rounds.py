@@ -122,12 +122,15 @@ class Rounds:
         check_stop: Callable[[], None] | None = None,
         expected: Callable[[], set[str]] | None = None,
         last_seen: Callable[[str], float | None] | None = None,
+        on_standby: Callable[[], None] | None = None,
     ) -> Membership:
         """Block until a generation closes with this node in it; raise on timeout or abort.
 
         expected: the node ids known to be coming (the previous generation's survivors),
         asked on every pass so that a peer found dead meanwhile stops being waited for.
         last_seen: seconds since a node id was last seen alive, for the progress lines.
+        on_standby: called when this node waits in the round after a running generation
+        (a hot spare, beyond max_nodes: it gets ready to take over a lost node's ranks).
         """
         self._last_seen = last_seen
         deadline = self._clock.now() + self._part.join_timeout
@@ -140,6 +143,8 @@ class Rounds:
             spare = target > current
             if spare:
                 running = self._announce_waiting(current)
+                if on_standby is not None:
+                    on_standby()
                 self._wait_as_spare(current, running, deadline, check_stop)
             membership = self._await_close(
                 target, slot, member, deadline, check_stop, expected, spare

@@ -203,6 +203,14 @@ class WorkerPool:
             self._send({"op": "prefork", "id": worker_id})
             self._spares = True
 
+    def standby(self, worker_ids: list[str]) -> None:
+        """This node waits as a standby: the zygote warms up now, at the normal priority,
+        and then forks a spare for each of these worker ids, which a takeover's spawns
+        hand their requests (spare.py). Not waited for."""
+        if self.running:
+            self._send({"op": "standby", "ids": worker_ids})
+            self._spares = True
+
     def drop_spares(self) -> None:
         """Kill the spares no spawn took (after a generation's spawns)."""
         if self._spares and self.running:

@@ -48,14 +48,22 @@ def _warm_at_idle_priority(modules: list[str]) -> None:
 
 
 class WarmUp:
-    def __init__(self, modules: list[str]) -> None:
-        self._thread = threading.Thread(target=_warm_at_idle_priority, args=(modules,), daemon=True)
+    def __init__(self, modules: list[str], idle: bool = True) -> None:
+        """idle: at SCHED_IDLE (beside this node's running workers); False: at the
+        normal priority (a standby node: no workers of its own to slow down, and a
+        warm-up starved by a loaded machine left its takeover a fresh interpreter)."""
+        target = _warm_at_idle_priority if idle else preload
+        self._thread = threading.Thread(target=target, args=(modules,), daemon=True)
         self._thread.start()
         self._gave_up = -float("inf")
 
     @property
     def running(self) -> bool:
         return self._thread.is_alive()
+
+    def hurry(self) -> None:
+        """Go on at the normal priority, where the system allows (a standby node)."""
+        self._set_policy("SCHED_OTHER")
 
     def finish(self) -> bool:
         """Wait for the warm-up while it progresses, up to WAIT_S; whether it is done.

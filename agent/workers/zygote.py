@@ -10,6 +10,9 @@ The agent talks to the zygote over a socketpair, one JSON object per line:
                     {"op": "prefork", "id": ...}   (fork a spare for that worker id now;
                                                     its spawn hands the spare the request)
                     {"op": "drop_spares"}   (kill the spares no spawn took)
+                    {"op": "standby", "ids": [...]}   (a standby node: warm up now, at
+                                                       the normal priority, then fork a
+                                                       spare for each worker id)
   zygote -> agent   {"ev": "ready", "preload_errors": {...}}
                     {"ev": "started", "id": ..., "pid": N, "fresh": why or ""}
                     {"ev": "refused", "id": ..., "error": ...}   (CUDA initialized here)
@@ -26,7 +29,10 @@ agent's socket closes, it kills every worker before exiting.
 A spare (prefork) is a child forked ahead of its spawn, blocked on a pipe until the
 spawn's request arrives: a repair in place forks the failed worker's replacement as soon
 as the fault is seen, while the survivors park and the next round closes, so the fork
-(and a wait for the warm-up's imports) is off the critical path (spare.py).
+(and a wait for the warm-up's imports) is off the critical path (spare.py). A standby
+node (a hot spare beyond --nnodes' max) warms up as soon as it waits, and forks its
+workers' spares once the warm-up is done: its takeover of a lost node's ranks hands
+them their requests, never a fresh interpreter for a warm-up starved on a busy machine.
 """
 
 from __future__ import annotations
@@ -86,6 +92,7 @@ class Zygote:
         os.set_blocking(self._wake_w, False)
         os.set_blocking(self._wake_r, False)
         self._spares = Spares()
+        self._standby: list[str] = []  # worker ids to fork spares for once warm
 
     def send(self, message: dict[str, Any]) -> None:
         self._queued.append((json.dumps(message) + "\n").encode())
@@ -108,7 +115,7 @@ class Zygote:
         signal.set_wakeup_fd(self._wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: self._reap())
         while True:
-            idle_s = min(0.2, self.warm_after) if self.warm_later else 1.0
+            idle_s = min(0.2, self.warm_after) if self.warm_later or self._standby else 1.0
             watched: list[Any] = [self._sock, self._wake_r]
             readable, _, _ = select.select(watched, [], [], idle_s)
             quiet = time.monotonic() - self._last_message >= self.warm_after
@@ -117,6 +124,10 @@ class Zygote:
                 # restarted workers skip it, without making the first start wait for it.
                 self._warmer = WarmUp(self.warm_later)
                 self.warm_later = []
+            if self._standby and (self._warmer is None or not self._warmer.running):
+                for worker_id in self._standby:
+                    self._prefork(worker_id)
+                self._standby = []
             if self._wake_r in readable:
                 try:
                     while os.read(self._wake_r, 512):
@@ -147,10 +158,22 @@ class Zygote:
             self._prefork(str(message["id"]))
         elif op == "drop_spares":
             self._spares.drop()
+        elif op == "standby":
+            self._become_standby([str(i) for i in message.get("ids") or []])
         elif op == "exit":
             self._signal_all(signal.SIGKILL)
             self._spares.drop()
             raise SystemExit(0)
+
+    def _become_standby(self, worker_ids: list[str]) -> None:
+        """A standby node: its warm-up starts now at the normal priority (or goes on at
+        it), and its workers' spares are forked once it is done (serve's loop)."""
+        if self.warm_later and self._warmer is None:
+            self._warmer = WarmUp(self.warm_later, idle=False)
+            self.warm_later = []
+        elif self._warmer is not None:
+            self._warmer.hurry()
+        self._standby = worker_ids
 
     def _warm_done(self) -> bool:
         """Whether a Python worker may be forked now (no warm-up inside an import)."""

@@ -85,3 +85,31 @@ def test_spares_no_spawn_took_are_dropped_without_an_exit(tmp_path: Path) -> Non
     assert pid in [s.pid for s in spares]
     assert [(e.worker_id, e.exitcode) for e in exits] == [("w0", 0)]
     assert left == []
+
+
+def test_a_standby_pool_warms_up_at_once_then_forks_its_spares(tmp_path: Path) -> None:
+    # the warm-up's module takes a second to import and says when it finished; an idle
+    # pool would not start it before a minute of quiet
+    (tmp_path / "slow_warm.py").write_text(
+        "import time\ntime.sleep(1)\nopen(__file__ + '.done', 'w').close()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    pool = WorkerPool((), env, warm_later=("slow_warm",), warm_after=60.0)
+    pool.start()
+    try:
+        pool.wait_ready(30)
+        asked = time.time()
+        pool.standby(["w0", "w1"])
+        spares = _children(pool, 2)
+        warm_before_fork = (tmp_path / "slow_warm.py.done").exists()
+        pid = pool.spawn(_request("w0", tmp_path, "exit 0"))
+        pool.drop_spares()
+        exits = _exits(pool, 1)
+    finally:
+        pool.close()
+    # warmed up at once (not after a minute of quiet), and only then the spares forked
+    # (a fork must not cut into an import); the spawn took its spare
+    assert warm_before_fork
+    assert (tmp_path / "slow_warm.py.done").stat().st_mtime < asked + 30
+    assert pid in [s.pid for s in spares]
+    assert [(e.worker_id, e.exitcode) for e in exits] == [("w0", 0)]
