@@ -1,18 +1,21 @@
-"""A read-only client of torch's TCPStore that does not import torch: for `rtrain status`.
+"""TCPStore's wire protocol without torch: the connection, and `rtrain status`'s reader.
 
 `import torch` takes 1.5-2 s, most of a status command's time over TCPStore (etcd's
 answers in 0.4 s), so the reader speaks TCPStore's wire protocol itself for the four
-reads it makes. That protocol is torch's private interface (c10d's TCPStore.cpp and
-its two server backends), so everything that knows it is in this module:
+reads it makes; the agents reach the job's store the same way (tcpstore_client.py, on
+TCPStoreConnection below), so that only the store's host imports torch to start.
+That protocol is torch's private interface (c10d's TCPStore.cpp and its two server
+backends), so everything that knows it is in this module and tcpstore_client.py:
 
 - it is used only when the installed torch is a version it was written against
   (TESTED_TORCH; read from the package metadata, not by importing torch), and the
   server answers the handshake (a validation word, then a ping whose nonce must come
   back); otherwise `rtrain status` uses torch's own client;
-- tests/unit/agent/test_tcpstore_wire.py runs it against the installed torch's real
-  TCPStore, both server backends, and fails when torch changes what it answers.
+- tests/unit/agent/test_tcpstore_wire.py and test_tcpstore_client.py run them against
+  the installed torch's real TCPStore, both server backends, and fail when torch
+  changes what it answers.
 
-What it sends: a one-byte query type, then its arguments; a string or a value is a
+What the reader sends: a one-byte query type, then its arguments; a string or a value is a
 little-endian uint64 length and the bytes, as TCPStore's client writes them. Keys get
 TCPStore's "/" prefix. It never writes, and it never wakes an agent: a key is checked
 before it is read, and read (a multi-get) only once it is set, since the server would
@@ -49,6 +52,7 @@ KEY_PREFIX = b"/"
 MAX_VALUE = 64 << 20  # the largest answer accepted (a 2,048-node membership is 18 KB)
 MAX_KEYS = 1 << 16
 T = TypeVar("T")
+C = TypeVar("C", bound="TCPStoreConnection")
 
 
 class WireUnsupported(Exception):
@@ -67,8 +71,8 @@ def torch_version_supported(version: Callable[[str], str] = metadata.version) ->
     return TESTED_TORCH[0] <= minor <= TESTED_TORCH[1]
 
 
-class TCPStoreReader:
-    """get, exists, counter and multi_get (the KeyValueStore reads) over one connection.
+class TCPStoreConnection:
+    """One client connection to a TCPStore, past its handshake; the queries' wire.
 
     connect() raises StoreUnavailable when nothing answers within deadline_s, and
     WireUnsupported when something answers but not as TCPStore does."""
@@ -79,7 +83,7 @@ class TCPStoreReader:
         self._broken: str | None = None
 
     @classmethod
-    def connect(cls, host: str, port: int, deadline_s: float) -> TCPStoreReader:
+    def connect(cls: type[C], host: str, port: int, deadline_s: float) -> C:
         endpoint = f"{host}:{port}"
         deadline = time.monotonic() + deadline_s
         while True:
@@ -96,6 +100,8 @@ class TCPStoreReader:
                     ) from None
                 time.sleep(0.1)
         sock.settimeout(deadline_s)
+        # Queries are small and some get no answer (a set): no wait for the last ACK.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         reader = cls(sock, endpoint)
         nonce = int(time.monotonic_ns() & 0xFFFFFFFF)
         try:
@@ -118,33 +124,10 @@ class TCPStoreReader:
     def close(self) -> None:
         self._sock.close()
 
-    # -- the KeyValueStore reads ------------------------------------------------------
-
-    def get(self, key: str) -> bytes | None:
-        if not self._check([key]):
-            return None
-        return self._multi_get([key])[0]
-
-    def exists(self, key: str) -> bool:
-        return self._check([key])
-
-    def counter(self, key: str) -> int:
-        return decode_counter(self.get(key), key)
-
-    def multi_get(self, keys: Sequence[str]) -> list[bytes | None]:
-        listed = list(keys)
-        if not listed:
-            return []
-        if len(listed) > MAX_KEYS:
-            raise RendezvousError(f"multi_get of {len(listed)} keys (at most {MAX_KEYS})")
-        if not self._check(listed):
-            return [self.get(key) for key in listed]
-        return self._multi_get(listed)
-
     # -- the wire -----------------------------------------------------------------------
 
-    def _multi_get(self, keys: list[str]) -> list[bytes | None]:
-        """Keys checked set (rtrain deletes none of a job's keys over TCPStore)."""
+    def _multi_get(self, keys: list[str]) -> list[bytes]:
+        """Keys checked set (the server waits on a missing one)."""
         query = bytes([MULTI_GET]) + struct.pack("<Q", len(keys))
         query += b"".join(_string(_key(k)) for k in keys)
         return self._ask(query, lambda: [self._value() for _ in keys])
@@ -159,7 +142,7 @@ class TCPStoreReader:
 
     def _ask(self, query: bytes, answer: Callable[[], T]) -> T:
         if self._broken is not None:
-            raise StoreUnavailable(self._broken)
+            raise self._lost(self._broken)
         try:
             self._sock.sendall(query)
             return answer()
@@ -186,11 +169,40 @@ class TCPStoreReader:
             left -= len(chunk)
         return b"".join(chunks)
 
-    def _fail(self, what: str) -> StoreUnavailable:
+    def _fail(self, what: str) -> Exception:
         # A connection left mid-answer cannot be trusted for the next query.
-        self._broken = f"the rendezvous store at {self.endpoint} {what}"
+        self._broken = what
         self._sock.close()
-        return StoreUnavailable(self._broken)
+        return self._lost(what)
+
+    def _lost(self, what: str) -> Exception:
+        """The error of a call on a connection that failed (what: how)."""
+        return StoreUnavailable(f"the rendezvous store at {self.endpoint} {what}")
+
+
+class TCPStoreReader(TCPStoreConnection):
+    """get, exists, counter and multi_get (the KeyValueStore reads) over one connection."""
+
+    def get(self, key: str) -> bytes | None:
+        if not self._check([key]):
+            return None
+        return self._multi_get([key])[0]
+
+    def exists(self, key: str) -> bool:
+        return self._check([key])
+
+    def counter(self, key: str) -> int:
+        return decode_counter(self.get(key), key)
+
+    def multi_get(self, keys: Sequence[str]) -> list[bytes | None]:
+        listed = list(keys)
+        if not listed:
+            return []
+        if len(listed) > MAX_KEYS:
+            raise RendezvousError(f"multi_get of {len(listed)} keys (at most {MAX_KEYS})")
+        if not self._check(listed):
+            return [self.get(key) for key in listed]
+        return list(self._multi_get(listed))
 
 
 def _key(key: str) -> bytes:
