@@ -112,6 +112,25 @@ def cpu_seconds(procs: list[psutil.Process]) -> list[float]:
     return seconds
 
 
+def start_cpu(procs: list[subprocess.Popen[bytes]]) -> dict[str, float]:
+    """Where the startup goes: the CPU seconds each agent's process tree (the agent, its
+    pool, its worker) used until every worker ran; node 0's (the store's host under
+    TCPStore and torchrun) apart from the median of the others'. N agents on C cores
+    take at least N x that / C to start."""
+    used = []
+    for proc in procs:
+        try:
+            root = psutil.Process(proc.pid)
+            used.append(sum(cpu_seconds([root, *root.children(recursive=True)])))
+        except psutil.Error:
+            used.append(0.0)
+    others = sorted(used[1:]) or [0.0]
+    return {
+        "start_cpu_s_node0": round(used[0], 2),
+        "start_cpu_s_agent": round(others[len(others) // 2], 2),
+    }
+
+
 def etcd_requests(cluster: EtcdCluster) -> float:
     """Requests and stream messages the members' gRPC servers received, all methods."""
     import urllib.request
@@ -161,6 +180,7 @@ def real_run(backend: str, nodes: int, etcd: EtcdCluster | None) -> dict[str, ob
             result["error"] = f"only {len(running(out, 0))} of {nodes} workers ran: {tail}"
             return result
         result["startup_s"] = round(max(running(out, 0).values()) - last_start, 3)
+        result.update(start_cpu(procs))
         time.sleep(2.0)  # past the start's own burst
         agents = [psutil.Process(p.pid) for p in procs]
         before = cpu_seconds(agents)

@@ -48,9 +48,10 @@ def _spare_table(rows: list[dict[str, object]]) -> list[str]:
 def report(data: dict[str, list[dict[str, object]]]) -> str:
     """docs/bench_scale.json as the Markdown tables of docs/benchmarks.md."""
     lines = [
-        "| agents | launcher | startup | idle agent CPU | store host CPU | store requests "
-        "/ agent / s | silent loss: detected | committed after declared | workers running |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| agents | launcher | startup | CPU to start: node 0 / an agent | idle agent CPU "
+        "| store host CPU | store requests / agent / s | silent loss: detected "
+        "| committed after declared | workers running |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in sorted(data.get("real", []), key=lambda r: (r["nodes"], str(r["backend"]))):
         name = {"c10d": "rtrain, TCPStore", "etcd": "rtrain, etcd"}.get(
@@ -58,6 +59,7 @@ def report(data: dict[str, list[dict[str, object]]]) -> str:
         )
         lines.append(
             f"| {r['nodes']} | {name} | {_cell(r, 'startup_s', ' s')} | "
+            f"{_cell(r, 'start_cpu_s_node0', ' s')} / {_cell(r, 'start_cpu_s_agent', ' s')} | "
             f"{_cell(r, 'idle_agent_cpu_pct', ' %')} | {_cell(r, 'store_host_cpu_pct', ' %')} | "
             f"{_cell(r, 'store_requests_per_agent_s')} | {_cell(r, 'detect_s', ' s')} | "
             f"{_cell(r, 'commit_after_declared_s', ' s')} | "

@@ -79,3 +79,12 @@ def test_the_hot_spares_figures_have_a_table() -> None:
 
 def test_no_spare_runs_no_spare_table() -> None:
     assert "spare requests" not in report({"sim": [PLAIN], "real": []})
+
+
+def test_the_real_table_says_what_each_agent_spent_to_start() -> None:
+    """Where a start's time goes: the CPU seconds of node 0's process tree and of the
+    median agent's, until every worker ran."""
+    real = {"backend": "c10d", "nodes": 64, "startup_s": 20.5}
+    text = report({"real": [{**real, "start_cpu_s_node0": 2.1, "start_cpu_s_agent": 0.45}]})
+    [row] = _rows(text, "| agents | launcher |")
+    assert row[:4] == ["64", "rtrain, TCPStore", "20.5 s", "2.1 s / 0.45 s"]
