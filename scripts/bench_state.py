@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -149,10 +150,12 @@ def replication_bytes(delta: str, state_mb: int, steps: int) -> float:
         return float(found[2]) / int(found[1])
 
 
-def resharding_restore(state_mb: int) -> dict[str, float]:
-    """FSDP2 over 3 nodes, node 2 killed; the survivors' load times."""
+def resharding_restore(state_mb: int, keep: str = "") -> dict[str, Any]:
+    """FSDP2 over 3 nodes, node 2 killed; the survivors' load times. keep: a folder to
+    leave the nodes' logs in."""
     with tempfile.TemporaryDirectory() as folder:
-        out = Path(folder)
+        out = Path(keep or folder)
+        out.mkdir(parents=True, exist_ok=True)
         disk = out / "disk"
         procs = start_nodes(
             out,
@@ -256,12 +259,13 @@ def main() -> None:
     parser.add_argument(
         "--restore-only", action="store_true", help="the resharding restore alone, printed"
     )
+    parser.add_argument("--keep", default="", help="leave the restore run's logs in this folder")
     args = parser.parse_args()
     if args.free_core:
         CORES["BENCH_CORES"] = "0"
     console = Console()
     if args.restore_only:
-        restore = resharding_restore(args.restore_mb)
+        restore = resharding_restore(args.restore_mb, args.keep)
         console.print(f"restore: {restore}")
         console.print("\n".join(restore_rows(args.restore_mb, restore, None)))
         return

@@ -65,6 +65,24 @@ def evict(directory: str) -> None:
 
 
 def _load(source: str, disk: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """BENCH_PROFILE=source,...: the profile of those loads in $BENCH_OUT."""
+    if source not in os.environ.get("BENCH_PROFILE", "").split(","):
+        return _timed_load(source, disk, model, optimizer)
+    import cProfile
+    import pstats
+
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        return _timed_load(source, disk, model, optimizer)
+    finally:
+        profile.disable()
+        path = os.path.join(os.environ["BENCH_OUT"], f"{source}_rank{dist.get_rank()}.txt")
+        with open(path, "w") as handle:
+            pstats.Stats(profile, stream=handle).sort_stats("tottime").print_stats(30)
+
+
+def _timed_load(source: str, disk: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     """One dcp.load, timed: (name -> seconds) of dcp.load alone and with set_state_dict.
     source: memory (SnapshotReader) or disk (FileSystemReader, its files evicted first);
     'tiny' in it loads the data position alone (DCP's fixed cost: the planning

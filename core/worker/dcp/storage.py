@@ -176,6 +176,7 @@ class SnapshotReader(StorageReader):
         super().__init__()
         self.timeout = timeout
         self._index: SaveIndex | None = None
+        self._index_text = ""
         self._shards: dict[int, dict[int, Any]] = {}  # writer -> its items
         self._locations: dict[MetadataIndex, Location] = {}
 
@@ -197,6 +198,7 @@ class SnapshotReader(StorageReader):
         state, step = restored
         writer, index, items = _dcp_shard(state, step, "this rank's restored shard")
         self._index, self._shards = index, {writer: items}
+        self._index_text = state[MARK]["index"]
         metadata, self._locations = _metadata(index)
         return metadata
 
@@ -218,7 +220,8 @@ class SnapshotReader(StorageReader):
         if missing:
             fetched = fetch_previous_shards(self._index.step, missing, self.timeout)
             for writer, (state, step) in fetched.items():
-                theirs, index, items = _dcp_shard(state, step, f"rank {writer}'s shard")
+                known = (self._index_text, self._index)
+                theirs, index, items = _dcp_shard(state, step, f"rank {writer}'s shard", known)
                 if theirs != writer or index.save_id != self._index.save_id:
                     raise SnapshotError(
                         f"the shard held as rank {writer}'s of step {step} belongs to "
@@ -332,11 +335,18 @@ def _metadata(index: SaveIndex) -> tuple[Metadata, dict[MetadataIndex, Location]
     return metadata, locations
 
 
-def _dcp_shard(state: Any, step: int, what: str) -> tuple[int, SaveIndex, dict[int, Any]]:
+def _dcp_shard(
+    state: Any, step: int, what: str, known: tuple[str, SaveIndex] | None = None
+) -> tuple[int, SaveIndex, dict[int, Any]]:
+    """(writer, index, items) of a DCP shard; known: (text, index) of an index already
+    read, taken as it is when this shard carries the same text (every shard of a save
+    does: one parse per load, not one per shard read)."""
     mark = state.get(MARK) if isinstance(state, dict) else None
     if not isinstance(mark, dict) or not isinstance(state.get("items"), dict):
         raise SnapshotError(f"{what} of step {step} was not written by SnapshotWriter")
-    index = parse_index(mark.get("index"))
+    text = mark.get("index")
+    same = known is not None and isinstance(text, str) and text == known[0]
+    index = known[1] if known is not None and same else parse_index(text)
     writer = mark.get("writer")
     if not (isinstance(writer, int) and 0 <= writer < index.writers and index.step == step):
         raise SnapshotError(f"{what} of step {step} does not match its own index")
