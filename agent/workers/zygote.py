@@ -171,7 +171,7 @@ class Zygote:
         if self.warm_later and self._warmer is None:
             self._warmer = WarmUp(self.warm_later, idle=False)
             self.warm_later = []
-        elif self._warmer is not None:
+        elif self._warmer is not None and self._warmer.running:
             self._warmer.hurry()
         self._standby = worker_ids
 
