@@ -305,7 +305,7 @@ class Agent:
         if action is Next.LEAVE:
             assert ended.fault is not None
             return self._leave(rdzv, end, ended.fault)
-        if ended.fault is not None or not self._repair.park(gen):
+        if ended.fault is not None or not self._repair.park(gen, rdzv):
             self._stop_workers()
         if action is Next.REJOIN:  # ours may have failed as the job moved on
             self._policy.record_failures(gen)

@@ -7,9 +7,10 @@ process group, leaves the training function and says "parked". Those that say so
 within ACK_S are kept, alive; the rest (no answer, an abort that hangs, a worker that
 never opted in) are stopped the old way, alone. In the next generation a kept worker
 is handed the new environment (resume) instead of a fork from the pool; the others
-start fresh from the pool, as every worker does today. After FALLBACK_AFTER repairs
-in which some worker had to be stopped, this node stops repairing for the rest of the
-job. A GPU fault never parks (its workers must not stay on that GPU).
+start fresh from the pool, as every worker does today. After FALLBACK_AFTER failed
+repairs (generations in which some node had to stop a worker it asked to park), the
+whole job stops repairing (fallback.py: one record on the rendezvous store, read at
+each generation's end). A GPU fault never parks (its workers must not stay on that GPU).
 """
 
 from __future__ import annotations
@@ -21,18 +22,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ...core.clock import wait_until
+from ...core.errors import RendezvousError
 from ...core.worker.repair_wire import PARKED, REPAIR_DIR, REPAIR_WAIT, RESUME_WAIT, RUNNING
 from ..generation import Generation
 from ..observe.events import emit
+from ..rendezvous.job import JobRendezvous
 from ..runtime_dir import make_folder
 from ..workers.group import Worker
 from ..workers.hang_watch import STOPPED_STATES, HangFinding, process_state
 from .control import WorkerControl
+from .fallback import Fallback, JobFallback
 
 logger = logging.getLogger(__name__)
 
 ACK_S = 5.0  # a survivor asked to park must say so within this
-FALLBACK_AFTER = 2  # repairs that had to stop someone before this node stops repairing
 WORKER_WAIT_S = 30.0  # a worker whose collective broke waits this long to be asked
 # A victim of a hung peer (silent, waiting in a collective, not held) is left to the
 # repair for this many hang timeouts of silence: the culprit's node kills the culprit
@@ -52,13 +55,53 @@ class RepairCoordinator:
         self._root = os.path.join(runtime_dir, "repair")
         self._resume_wait_s = resume_wait_s
         self._ack_s = ack_s
-        self._failed_repairs = 0
+        self._fallback: Fallback | None = None  # the job stopped repairing
         self._parked: Parked | None = None
         make_folder(self._root, "the workers' repair folders")
 
     @property
     def enabled(self) -> bool:
-        return self._failed_repairs < FALLBACK_AFTER
+        return self._fallback is None
+
+    def _still_on(self, job: JobFallback, generation: int) -> bool:
+        """Whether the job still repairs in place (one store read per generation's end;
+        an unreadable store: not this time, the workers restart as today)."""
+        if self._fallback is None:
+            try:
+                found = job.read()
+            except RendezvousError as exc:
+                logger.warning("repair in place skipped: the store did not answer (%s)", exc)
+                return False
+            if found is not None:
+                self._turn_off(found, generation)
+        return self._fallback is None
+
+    def _turn_off(self, found: Fallback, generation: int) -> None:
+        self._fallback = found
+        logger.warning(
+            "repair in place is off for the job: repairs of generations %s failed; "
+            "restarting workers from now on",
+            ", ".join(str(g) for g in found.failed) or "?",
+        )
+        emit(
+            "repair_fallback",
+            at_generation=generation,
+            from_generation=found.generation,
+            by_node=found.node_rank,
+            failed_generations=list(found.failed),
+        )
+
+    def _count_failure(self, job: JobFallback, gen: Generation) -> bool:
+        """Count this generation's repair as failed for the job; True when this node's
+        count turned repair off for the job."""
+        try:
+            written = job.failed(gen.number, gen.node_rank)
+        except RendezvousError as exc:
+            logger.warning("repair in place: could not count a failed repair (%s)", exc)
+            return False
+        if written is not None:
+            self._turn_off(written, gen.number)
+        return written is not None
 
     def control(self, local_rank: int) -> WorkerControl:
         return WorkerControl(self._root, local_rank)
@@ -72,13 +115,16 @@ class RepairCoordinator:
             and state.state == RUNNING
         )
 
-    def park(self, gen: Generation) -> bool:
+    def park(self, gen: Generation, rdzv: JobRendezvous) -> bool:
         """Ask this generation's running workers to park; True when some were kept (the
         rest are stopped), False when none was (the caller stops the group as today)."""
         self._parked = None
         group = gen.group
         running = group.running
-        if not self.enabled or not running or not any(self._opted_in(gen, w) for w in running):
+        if not running or not any(self._opted_in(gen, w) for w in running):
+            return False
+        job = JobFallback(rdzv.store, rdzv.keys)
+        if not self._still_on(job, gen.number):
             return False
         started, fault_seen = time.monotonic(), time.time()
         # The failed workers' replacements fork now, while the survivors park and the
@@ -111,15 +157,9 @@ class RepairCoordinator:
             group.leave_out(left)
             group.prefork(left)
             spawn_started = spawn_started or time.time()
-        if not kept:
-            self._failed_repairs += 1
+        job_fallback = self._count_failure(job, gen) if left or not kept else False
+        if not kept and not job_fallback:
             return False
-        if left:
-            self._failed_repairs += 1
-            if not self.enabled:
-                logger.warning(
-                    "repair in place failed %d times: restarting from now on", FALLBACK_AFTER
-                )
         self._parked = Parked(
             gen.number,
             {w.local_rank: w.pid for w in kept},
@@ -132,6 +172,7 @@ class RepairCoordinator:
             kept=sorted(self._parked.ranks.values()),
             restarted=sorted(restarted),
             fallback=sorted(w.rank for w in group.workers if w.left_out),
+            job_fallback=job_fallback,
             seconds=round(time.monotonic() - started, 6),
             # wall clock: the replacements' fork began before the survivors were parked
             fault_seen=round(fault_seen, 6),
@@ -143,7 +184,9 @@ class RepairCoordinator:
             sorted(self._parked.ranks.values()),
             sorted(restarted),
         )
-        return True
+        if not kept:  # the event said so; nothing to hand over
+            self._parked = None
+        return bool(kept)
 
     def hand_over(self, gen: Generation) -> None:
         """Give the new generation's group this node's parked workers and the variables."""

@@ -87,6 +87,13 @@ SCHEMA: dict[str, tuple[tuple[str, ...], str]] = {
         "nothing to replace) and parked: when (unix seconds) the agent saw the fault, "
         "began forking the replacements and had its survivors parked",
     ),
+    "repair_fallback": (
+        ("from_generation", "at_generation", "by_node", "failed_generations"),
+        "this node stops repairing in place for the rest of the job: the job's repairs of "
+        "failed_generations failed (a worker asked to park was stopped), the last of "
+        "from_generation, counted by node by_node; read when at_generation ended (its "
+        "workers restart as without repair in place from then on)",
+    ),
     "replication": (
         ("replicas", "sent_bytes", "full_bytes", "seconds"),
         "replicas this node sent to peers since the last such event: count, bytes sent, "
@@ -155,6 +162,9 @@ FIELD_TYPES: dict[str, tuple[str, bool]] = {  # field -> (type, may be null)
     "kept": (LIST, False),
     "restarted": (LIST, False),
     "fallback": (LIST, False),
+    "at_generation": (INTEGER, False),
+    "by_node": (INTEGER, False),
+    "failed_generations": (LIST, False),
     "exit_code": (INTEGER, False),
     "why": (TEXT, False),
     "failures": (INTEGER, False),

@@ -22,15 +22,20 @@ class RepairNote:
     restarted: tuple[int, ...]  # ranks started afresh from the pool
     fallback: tuple[int, ...]  # of those, asked to repair but stopped: no park in time
     seconds: float  # how long the parking took (the slowest node's)
+    # this repair was the job's FALLBACK_AFTER-th failed one: no repair in place after it
+    job_fallback: bool = False
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        found: dict[str, Any] = {
             "from_generation": self.from_generation,
             "kept": list(self.kept),
             "restarted": list(self.restarted),
             "fallback": list(self.fallback),
             "seconds": round(self.seconds, 3),
         }
+        if self.job_fallback:
+            found["job_fallback"] = True
+        return found
 
     @classmethod
     def from_fields(cls, data: Mapping[str, Any]) -> RepairNote:
@@ -46,14 +51,20 @@ class RepairNote:
             _ranks(data.get("restarted"), "restarted"),
         )
         fallback = _ranks(data.get("fallback"), "fallback")
-        return cls(int(generation), kept, restarted, fallback, float(seconds))
+        job_fallback = data.get("job_fallback", False)
+        if not isinstance(job_fallback, bool):
+            raise RepairError("job_fallback must be true or false")
+        return cls(int(generation), kept, restarted, fallback, float(seconds), job_fallback)
 
     def describe(self) -> str:
         """'kept ranks 0 2 3, restarted 1 (fallback 2), parked in 0.41 s'."""
         text = f"kept ranks {_listed(self.kept)}, restarted {_listed(self.restarted)}"
         if self.fallback:
             text += f" (fallback: {_listed(self.fallback)} did not park)"
-        return f"{text}, parked in {self.seconds:.2f} s"
+        text = f"{text}, parked in {self.seconds:.2f} s"
+        if self.job_fallback:
+            text += "; repair in place off for the job from here (too many failed)"
+        return text
 
 
 def merge(notes: Iterable[RepairNote]) -> dict[int, RepairNote]:
@@ -69,6 +80,7 @@ def merge(notes: Iterable[RepairNote]) -> dict[int, RepairNote]:
                 tuple(sorted(set(was.restarted) | set(note.restarted))),
                 tuple(sorted(set(was.fallback) | set(note.fallback))),
                 max(was.seconds, note.seconds),
+                was.job_fallback or note.job_fallback,
             )
         merged[note.from_generation] = note
     return merged

@@ -24,6 +24,12 @@ A job's keys live under /rtrain/<run_id>/. Generations are rounds:
   r<g>/charge/<addr>       the claim of the one charge <addr> may take for <g>
   node_failures/<addr>     counter of failures charged to the node at <addr> (flapping)
   node_charges/<addr>/<n>  what its n-th charge was for ("lost in generation 3")
+  r<g>/repair_failed       counter: the first node whose repair in place of <g> failed
+                           takes 1 and counts it (once per generation, not per node)
+  repair_failures          counter of the job's failed repairs in place
+  repair_failures/<n>      the generation of the n-th
+  repair_fallback          written by the node that counted the FALLBACK_AFTER-th: no
+                           node repairs in place from then on (agent/repair/)
   abort                    an AbortRecord: the whole job stops
   abort_acks               counter of agents that read the abort record
 """
@@ -82,6 +88,20 @@ class StoreKeys:
 
     def exited(self, generation: int) -> str:
         return f"{self.prefix}/r{generation}/exited"
+
+    def repair_failed(self, generation: int) -> str:
+        return f"{self.prefix}/r{generation}/repair_failed"
+
+    @property
+    def repair_failures(self) -> str:
+        return f"{self.prefix}/repair_failures"
+
+    def repair_failure(self, index: int) -> str:
+        return f"{self.prefix}/repair_failures/{index}"
+
+    @property
+    def repair_fallback(self) -> str:
+        return f"{self.prefix}/repair_fallback"
 
     @property
     def abort_acks(self) -> str:

@@ -110,6 +110,34 @@ def test_a_hung_worker_is_replaced_alone_and_the_survivors_blocked_on_it_go_on(
     assert hang["rank"] == 1
 
 
+def test_a_repair_that_fails_twice_falls_back_for_the_whole_job(
+    tmp_path: Path, reference: dict[int, str]
+) -> None:
+    # Rank 1 is killed in generations 0, 1 and 2; rank 2 (node 1) ignores every repair
+    # request, so node 1's repairs of generations 0 and 1 fail. Node 0's never do: with
+    # the fallback counted per node it went on repairing in generation 2.
+    faults = ";".join(f"rank=1,step={s},action=kill,gen={g}" for g, s in enumerate((8, 16, 24)))
+    cluster = _run(tmp_path, PROBE_FAULT=faults, PROBE_IGNORE="2")
+    finals = _finals(cluster)
+    assert {rank: rec["digest"] for rank, rec in finals.items()} == reference
+    repairs = [(e.node, e.fields) for e in cluster.events("repair")]
+    assert sorted((node, f["from_generation"]) for node, f in repairs) == [
+        (0, 0),
+        (0, 1),
+        (1, 0),
+        (1, 1),
+    ]
+    (last,) = [f for node, f in repairs if node == 1 and f["from_generation"] == 1]
+    assert last["job_fallback"] and last["fallback"] == [2]
+    # every node says when it stopped repairing: node 1 at once, node 0 at generation 2
+    offs = {e.node: e.fields for e in cluster.events("repair_fallback")}
+    assert offs[1]["at_generation"] == 1 and offs[0]["at_generation"] == 2
+    assert all(f["failed_generations"] == [0, 1] and f["by_node"] == 1 for f in offs.values())
+    # rank 0 was kept through generations 0-2 and restarted at the third fault
+    assert _entered(cluster, 2, 0)["pid"] == _entered(cluster, 0, 0)["pid"]
+    assert finals[0]["pid"] == _entered(cluster, 3, 0)["pid"] != _entered(cluster, 2, 0)["pid"]
+
+
 def _pids(cluster: LocalCluster, generation: int) -> dict[int, int]:
     return {rank: _entered(cluster, generation, rank)["pid"] for rank in range(4)}
 

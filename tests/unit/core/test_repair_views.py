@@ -165,3 +165,23 @@ def test_the_agents_status_record_carries_its_last_repair_event(tmp_path) -> Non
         observer.close()
     record = NodeStatus.decode(store.get(keys.status(1, 0)))
     assert record.repair == RepairNote(0, (0,), (1,), (), 0.25)
+
+
+def test_the_repair_that_turned_repair_off_for_the_job_says_so() -> None:
+    note = RepairNote.from_fields(
+        {
+            "from_generation": 4,
+            "kept": [3],
+            "restarted": [1, 2],
+            "fallback": [2],
+            "seconds": 5.1,
+            "job_fallback": True,
+        }
+    )
+    assert note.job_fallback
+    assert note.describe().endswith("; repair in place off for the job from here (too many failed)")
+    assert RepairNote.from_fields(note.as_json()) == note
+    plain = RepairNote(4, (3,), (1,), (), 0.5)
+    assert "job_fallback" not in plain.as_json()  # records as before when it is not
+    with pytest.raises(ValueError):
+        RepairNote.from_fields({**note.as_json(), "job_fallback": "yes"})
