@@ -17,6 +17,8 @@ import os
 import threading
 import time
 
+from .autogroup import SessionNice
+
 # The longest a spawn waits for a warm-up that makes progress: a fresh interpreter's
 # `import torch` costs about as much, and it imports torch._dynamo again later.
 WAIT_S = 5.0
@@ -25,6 +27,9 @@ WINDOW_S = 0.25
 MIN_SHARE = 0.2
 # A warm-up given up on is not waited for again this long (a group's other spawns).
 REGIVE_S = 1.0
+# The pool's session's autogroup nice, raised while the idle-priority warm-up runs: a
+# SCHED_IDLE thread is idle only against its own session's threads (autogroup.py).
+_SESSION = SessionNice()
 
 
 def preload(modules: list[str]) -> dict[str, str]:
@@ -44,7 +49,11 @@ def _warm_at_idle_priority(modules: list[str]) -> None:
     from the main thread, whose policy stays as it was."""
     with contextlib.suppress(AttributeError, OSError):
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    preload(modules)
+    _SESSION.quiet()
+    try:
+        preload(modules)
+    finally:
+        _SESSION.normal()
 
 
 class WarmUp:
@@ -88,10 +97,17 @@ class WarmUp:
         if self._thread.is_alive():  # back to idle: the worker that starts now comes first
             self._set_policy("SCHED_IDLE")
             self._gave_up = time.monotonic()
+            if not self._thread.is_alive():  # it ended meanwhile: the session back too
+                _SESSION.normal()
             return False
         return True
 
     def _set_policy(self, name: str) -> None:
+        """The thread's policy, and its session's autogroup nice to match."""
+        if name == "SCHED_IDLE":
+            _SESSION.quiet()
+        else:
+            _SESSION.normal()
         native_id = self._thread.native_id
         if native_id is None:
             return

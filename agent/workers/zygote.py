@@ -48,6 +48,7 @@ import sys
 import time
 from typing import Any
 
+from .autogroup import lead_own_session
 from .boot import boot, fresh_interpreter, set_parent_death_signal
 from .spare import Spares
 from .warm_up import WarmUp, preload
@@ -277,6 +278,9 @@ def main(argv: list[str] | None = None) -> None:
     set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != parent:
         return
+    # A session of its own: where the kernel groups CPU time by session (autogroup), the
+    # warm-up's idle priority then counts against the workers' sessions (autogroup.py).
+    lead_own_session()
     # Ctrl-C reaches the whole foreground group, and Slurm signals every process of a
     # step (--signal=USR1@T, the time limit's SIGTERM): the agent decides what the
     # workers get, and the pool lives exactly as long as the agent (parent-death signal).
