@@ -20,7 +20,7 @@ from tests.integration.cluster import LocalCluster
 from tests.integration.helpers import ROOT
 
 SCRIPT = str(ROOT / "tests" / "scripts" / "train_repairable.py")
-STEPS = "100"
+STEPS = "200"  # long enough for the standby to warm up before the fault
 NNODES = "2:3"  # three active nodes; a fourth waits as a standby
 FLAGS = [
     "--nproc-per-node=1",
