@@ -10,14 +10,14 @@ backends), so everything that knows it is in this module and tcpstore_client.py:
 - it is used only when the installed torch is a version it was written against
   (TESTED_TORCH; read from the package metadata, not by importing torch), and the
   server answers the handshake (a validation word, then a ping whose nonce must come
-  back); otherwise `rtrain status` uses torch's own client;
+  back); otherwise `rtrain status` and the agents use torch's own client;
 - tests/unit/agent/test_tcpstore_wire.py and test_tcpstore_client.py run them against
   the installed torch's real TCPStore, both server backends, and fail when torch
   changes what it answers.
 
-What the reader sends: a one-byte query type, then its arguments; a string or a value is a
+What is sent: a one-byte query type, then its arguments; a string or a value is a
 little-endian uint64 length and the bytes, as TCPStore's client writes them. Keys get
-TCPStore's "/" prefix. It never writes, and it never wakes an agent: a key is checked
+TCPStore's "/" prefix. The reader never writes, and it never wakes an agent: a key is checked
 before it is read, and read (a multi-get) only once it is set, since the server would
 wait on a missing one. It sends no compare-and-set, not even the agents' read with a
 sentinel that writes nothing: torch's server wakes every client waiting on a key when
