@@ -160,10 +160,10 @@ def order_members(
     possible and join order for the rest.
 
     survivors: the node ids of the last generation still in it, when the closer knows
-    them. Only their previous ranks are kept then: a node back from an older generation
-    (a hot spare that was once a member) still says the rank it held there, and must not
-    take it from the survivor that holds it now (whose kept workers would otherwise
-    resume on other ranks, and the grid's positions move)."""
+    them. Where two claim the same previous rank, a survivor's claim wins: a node back
+    from an older generation (a hot spare that was once a member) still says the rank
+    it held there, and must not take it from the survivor that holds it now (whose kept
+    workers would otherwise resume on other ranks, and the grid's positions move)."""
     if len({m.node_id for m in joined}) != len(joined):
         raise ProtocolError("the same node joined twice")
     if static:
@@ -182,15 +182,12 @@ def order_members(
     # state each worker continues, stay put. Past the end (the job shrank), the rest
     # close up, previous ranks first. Newcomers go by address, then join order, so a
     # job's first ranks do not depend on which agent started fastest.
-    def prev_rank(member: MemberInfo) -> int | None:
-        kept = not survivors or member.node_id in survivors
-        return member.prev_rank if kept else None
-
     order = sorted(
         range(len(joined)),
         key=lambda i: (
-            prev_rank(joined[i]) is None,
-            prev_rank(joined[i]) or 0,
+            joined[i].prev_rank is None,
+            joined[i].prev_rank or 0,
+            bool(survivors) and joined[i].node_id not in survivors,
             _address_key(joined[i].addr),
             i,
         ),
@@ -198,7 +195,7 @@ def order_members(
     slots: list[MemberInfo | None] = [None] * len(joined)
     rest = []
     for i in order:
-        prev = prev_rank(joined[i])
+        prev = joined[i].prev_rank
         if prev is not None and prev < len(slots) and slots[prev] is None:
             slots[prev] = joined[i]
         else:

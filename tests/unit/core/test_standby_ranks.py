@@ -62,3 +62,11 @@ def test_without_known_survivors_every_previous_rank_counts() -> None:
     joined = [node("a", 2, 1), node("b", 3, 0), node("c", 4)]
     ordered = closing_order(joined, 3, frozenset(), static=False)
     assert [m.node_id for m in ordered] == ["b", "a", "c"]
+
+
+def test_a_previous_rank_nobody_else_claims_is_kept_by_any_node() -> None:
+    # a closer from an older generation knows only n0 for a survivor: n2's rank, which
+    # nobody else claims, is still n2's; the standby takes the free one
+    joined = [node("spare", 9), node("n2", 3, 2), node("n0", 1, 0)]
+    ordered = closing_order(joined, 3, {"n0"}, static=False)
+    assert [m.node_id for m in ordered] == ["n0", "spare", "n2"]
