@@ -14,10 +14,11 @@ The agent picks the request up on its replicator's next pass (a few ms; 0.25 s w
 this generation has written no snapshot). The shards themselves are read like any
 other: a checked skeleton, no pickle.
 
-Before the workers start, the agent fetches the shards it expects the load to read
+As the workers start, the agent fetches the shards it expects the load to read
 (agent/snapshots/peers/prefetch.py) and leaves each, verified, in the snapshot folder
-as prefetched-r<R>-s<S>.shard: those are read from there, with no request and no wait;
-only the others are asked for. The agent removes them once a newer step is committed.
+as prefetched-r<R>-s<S>.shard: those are read from there, with no request (one still
+marked .pending is on its way: waited for); only the others are asked for. The agent
+removes them once a newer step is committed.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import os
 import re
 import secrets
 import time
+from functools import partial
 from typing import Any
 
 from ..clock import wait_until
@@ -61,20 +63,26 @@ def fetch_previous_shards(
     directory = os.environ.get(SNAPSHOT_DIR)
     if not directory:
         raise SnapshotError("peers' shards can only be read under rtrain launch")
-    found = _prefetched(directory, step, ranks)
+    found = _prefetched(directory, step, ranks, timeout)
     asked = sorted(set(ranks) - set(found))
     if asked:
         found.update(_ask(directory, step, asked, timeout))
     return found
 
 
-def _prefetched(directory: str, step: int, ranks: list[int]) -> dict[int, Any]:
-    """The shards of these ranks the agent fetched before the workers started."""
+def _prefetched(directory: str, step: int, ranks: list[int], timeout: float) -> dict[int, Any]:
+    """The shards of these ranks the agent prefetched; one still on its way (its
+    `.pending` marker is there) is waited for."""
     found: dict[int, Any] = {}
     for rank in sorted(set(ranks)):
+        path = os.path.join(directory, prefetched_name(rank, step))
+        if not wait_until(
+            partial(_gone, f"{path}.pending"), timeout, 0.005, time.monotonic, time.sleep
+        ):
+            raise SnapshotError(f"the agent did not prefetch rank {rank}'s shard in {timeout:g}s")
         try:
-            found[rank] = _read(os.path.join(directory, prefetched_name(rank, step)))
-        except FileNotFoundError:  # not expected, or removed since: asked for
+            found[rank] = _read(path)
+        except FileNotFoundError:  # not expected, could not be had, or removed: asked for
             continue
     return found
 
@@ -125,6 +133,10 @@ def _ask(directory: str, step: int, ranks: list[int], timeout: float) -> dict[in
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(os.path.join(directory, name))
     return found
+
+
+def _gone(path: str) -> bool:
+    return not os.path.exists(path)
 
 
 def _read(path: str) -> Any:

@@ -61,6 +61,7 @@ class CountingProxy:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.up = True
+        self.hold: threading.Event | None = None  # set: connections wait for it
         self.connections = 0
         self._target = port
         threading.Thread(target=self._accept, daemon=True).start()
@@ -73,9 +74,14 @@ class CountingProxy:
                 if not self.up:
                     client.close()
                     continue
-                server = socket.create_connection(("127.0.0.1", self._target))
-                for a, b in ((client, server), (server, client)):
-                    threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
+                threading.Thread(target=self._forward, args=(client,), daemon=True).start()
+
+    def _forward(self, client: socket.socket) -> None:
+        if self.hold is not None:
+            self.hold.wait(30)
+        server = socket.create_connection(("127.0.0.1", self._target))
+        for a, b in ((client, server), (server, client)):
+            threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
 
     def close(self) -> None:
         self.listener.close()
@@ -143,7 +149,8 @@ def test_the_predicted_writers_are_fsdps_rows_and_the_values_writer() -> None:
 def test_after_the_prefetch_the_load_reads_local_memory_with_no_peer_fetch(setup) -> None:
     fetcher, proxy, directory = setup
     done = fetcher.prefetch()
-    assert done is not None and (done.fetched, done.failed) == (2, 0)
+    assert done is not None and done.finished.wait(30)
+    assert (done.fetched, done.failed) == (2, 0)
     assert sorted(s.rank for s in done.files) == [1, 2]
     before = proxy.connections
     # No replicator passes: a request to the agent would never be answered.
@@ -160,7 +167,8 @@ def test_a_prefetch_whose_peer_is_gone_falls_back_to_the_on_demand_fetch(setup) 
     fetcher, proxy, directory = setup
     proxy.up = False  # the peer is gone while the prefetch runs
     done = fetcher.prefetch()
-    assert done is not None and (done.fetched, done.failed) == (0, 2)
+    assert done is not None and done.finished.wait(30)
+    assert (done.fetched, done.failed) == (0, 2)
     assert not any(n.startswith("prefetched-") for n in os.listdir(directory))
     proxy.up = True
     before = proxy.connections
@@ -178,3 +186,24 @@ def test_a_prefetch_whose_peer_is_gone_falls_back_to_the_on_demand_fetch(setup) 
         stop.set()
     assert proxy.connections - before == 2  # both fetched on demand, during the load
     assert torch.equal(loaded(found), whole()[:17])  # the same result
+
+
+def test_a_load_that_starts_while_the_prefetch_runs_waits_for_it(setup) -> None:
+    # The workers start while the transfers run: a load that wants a shard still on
+    # its way waits for its file instead of asking for it (no replicator passes here:
+    # a request would never be answered). The peer answers once the load is waiting.
+    fetcher, proxy, directory = setup
+    proxy.hold = threading.Event()
+    done = fetcher.prefetch()
+    assert done is not None and not done.finished.is_set()
+    assert os.path.exists(os.path.join(directory, prefetched_name(1, STEP) + ".pending"))
+    got: dict = {}
+    loading = threading.Thread(
+        target=lambda: got.update(fetch_previous_shards(STEP, [1, 2], timeout=30))
+    )
+    loading.start()
+    proxy.hold.set()
+    loading.join(60)
+    assert done.finished.is_set() and (done.fetched, done.failed) == (2, 0)
+    assert got, "the load did not get its shards"
+    assert torch.equal(loaded(got), whole()[:17])

@@ -35,7 +35,7 @@ from ..checksums import verify
 from ..shard_store import ShardStore, allocate
 from .client import ShardClient
 from .prefetch import Prefetched, prefetch
-from .wire import ShardError
+from .wire import IO_TIMEOUT_S, ShardError
 
 logger = logging.getLogger(__name__)
 
@@ -78,8 +78,7 @@ class PeerFetcher:
         self._store = store
         self._context: FetchContext | None = None
         self._lock = threading.Lock()
-        self._prefetched: dict[ShardId, str] = {}  # the files prefetch() left
-        self._prefetched_step: int | None = None
+        self._prefetched: Prefetched | None = None  # the last prefetch() started
 
     def follow(self, context: FetchContext | None) -> None:
         with self._lock:
@@ -160,37 +159,39 @@ class PeerFetcher:
 
     def _fetch(self, context: FetchContext, shard: ShardId, target_path: str) -> str | None:
         """Put an intact copy of `shard` at target_path; None, or why none could be had.
-        A copy prefetched before the workers started is linked, not fetched again."""
+        A copy prefetched for the workers is linked, not fetched again (one on its way
+        is waited for)."""
         with self._lock:
-            prefetched = self._prefetched.get(shard)
-        if prefetched is not None:
+            prefetched = self._prefetched
+        if prefetched is not None and shard in prefetched.wanted:
+            prefetched.finished.wait(IO_TIMEOUT_S)
             with contextlib.suppress(OSError):
-                os.link(prefetched, target_path)
+                os.link(prefetched.wanted[shard], target_path)
                 return None
         return fetch_shard(self._store, context, shard, target_path)[1]
 
     def prefetch(self) -> Prefetched | None:
-        """Fetch the shards this node's new workers' resharding load is expected to read,
-        before they start (prefetch.py); what it did, or None (nothing to prefetch)."""
+        """Start fetching the shards this node's new workers' resharding load is
+        expected to read (prefetch.py); what it does, or None (nothing to prefetch)."""
         with self._lock:
             context = self._context
         if context is None:
             return None
         done = prefetch(self._store, context, fetch_shard)
-        if done is not None:
-            with self._lock:
-                self._prefetched = dict(done.files)
-                self._prefetched_step = done.step
+        with self._lock:
+            self._prefetched = done
         return done
 
     def committed(self, step: int) -> None:
         """A local worker committed `step`: the prefetched shards of an older step are
         read (the load came before it) and their files go."""
         with self._lock:
-            if self._prefetched_step is None or step <= self._prefetched_step:
+            done = self._prefetched
+            if done is None or step <= done.step:
                 return
-            files, self._prefetched, self._prefetched_step = self._prefetched, {}, None
-        for path in files.values():
+            self._prefetched = None
+        done.finished.wait(IO_TIMEOUT_S)
+        for path in done.wanted.values():
             with contextlib.suppress(FileNotFoundError):
                 os.remove(path)
 

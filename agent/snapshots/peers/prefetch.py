@@ -9,7 +9,8 @@ worker will read it, and left in the generation's snapshot folder as
 prefetched-r<R>-s<S>.shard (core/worker/peer_shards.py), where the workers' load finds
 them with no request. A shard that could not be had (its holders gone) is left out:
 the load asks for it on demand, as it would without the prefetch, and gets the same
-copy or the same error. Nothing here is unpickled: the index is JSON in a checked
+copy or the same error. The transfers run beside the workers' start (a worker waits
+for a file still marked pending). Nothing here is unpickled: the index is JSON in a checked
 skeleton.
 """
 
@@ -45,14 +46,17 @@ Fetch = Callable[[ShardStore, "FetchContext", ShardId, str], tuple[int | None, s
 @dataclass
 class Prefetched:
     """What a prefetch did: the files it left (shard -> path), how many shards it
-    linked from local memory, received from peers, or could not have."""
+    linked from local memory, received from peers, or could not have; finished is set
+    once every transfer ended."""
 
     step: int
-    files: dict[ShardId, str] = field(default_factory=dict)
+    wanted: dict[ShardId, str] = field(default_factory=dict)  # what it fetches, where to
+    files: dict[ShardId, str] = field(default_factory=dict)  # the files it left
     local: int = 0
     fetched: int = 0
     failed: int = 0
     seconds: float = 0.0
+    finished: threading.Event = field(default_factory=threading.Event)
 
 
 def planned(store: ShardStore, context: FetchContext) -> tuple[int, dict[ShardId, str]] | None:
@@ -102,32 +106,45 @@ def _restored(path: str) -> tuple[int, SaveIndex] | None:
 
 
 def prefetch(store: ShardStore, context: FetchContext, fetch: Fetch) -> Prefetched | None:
-    """Fetch the shards planned() names, MAX_PARALLEL at a time; a `prefetch` event
-    says what it did. fetch: fetcher.fetch_shard (holders in turn, verified)."""
+    """Start fetching the shards planned() names, MAX_PARALLEL at a time, and return:
+    the workers start meanwhile (their imports, their process group and their model take
+    longer than the transfers), and a worker that wants a shard still on its way waits
+    for it (each file has a `.pending` marker, made here, until its transfer ends). A
+    `prefetch` event says what it did. fetch: fetcher.fetch_shard (holders in turn,
+    verified)."""
     began = time.monotonic()
     plan = planned(store, context)
     if plan is None:
         return None
     step, files = plan
-    done = Prefetched(step)
+    done = Prefetched(step, dict(files))
     if not files:
+        done.finished.set()
         return done
+    for path in files.values():
+        with open(pending(path), "wb"):
+            pass
     lock, slots = threading.Lock(), threading.Semaphore(MAX_PARALLEL)
 
     def one(shard: ShardId, path: str) -> None:
-        with slots:
-            part = f"{path}.part"
-            try:
-                holder, why = fetch(store, context, shard, part)
+        holder: int | None = None
+        why: str | None = "not fetched"
+        try:
+            with slots:
+                holder, why = fetch(store, context, shard, f"{path}.part")
                 if holder is not None:
-                    os.replace(part, path)
-            except Exception as exc:  # a prefetch only: the load asks again on demand
-                logger.exception("prefetching %s", shard)
-                holder, why = None, f"{type(exc).__name__}: {exc}"
+                    os.replace(f"{path}.part", path)
+        except Exception as exc:  # a prefetch only: the load asks again on demand
+            logger.exception("prefetching %s", shard)
+            holder, why = None, f"{type(exc).__name__}: {exc}"
+        finally:
             if holder is None:
                 with contextlib.suppress(FileNotFoundError):
-                    os.remove(part)
-                logger.warning("could not prefetch %s (%s): the load asks for it", shard, why)
+                    os.remove(f"{path}.part")
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(pending(path))  # after the file: a worker then finds it or not
+        if holder is None:
+            logger.warning("could not prefetch %s (%s): the load asks for it", shard, why)
         with lock:
             if holder is None:
                 done.failed += 1
@@ -136,32 +153,41 @@ def prefetch(store: ShardStore, context: FetchContext, fetch: Fetch) -> Prefetch
                 done.local += holder == context.node_rank
                 done.fetched += holder != context.node_rank
 
-    threads = [
-        threading.Thread(target=one, args=item, name=f"rtrain-prefetch-{item[0].rank}")
-        for item in files.items()
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    done.seconds = time.monotonic() - began
-    logger.info(
-        "prefetched %d of %d shards of step %d for the resharding load (%d local, %d from "
-        "peers) in %.3fs",
-        len(done.files),
-        len(files),
-        step,
-        done.local,
-        done.fetched,
-        done.seconds,
-    )
-    emit(
-        "prefetch",
-        step=step,
-        shards=len(files),
-        local=done.local,
-        fetched=done.fetched,
-        failed=done.failed,
-        seconds=round(done.seconds, 6),
-    )
+    def run() -> None:
+        threads = [
+            threading.Thread(target=one, args=item, name=f"rtrain-prefetch-{item[0].rank}")
+            for item in files.items()
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        done.seconds = time.monotonic() - began
+        done.finished.set()
+        logger.info(
+            "prefetched %d of %d shards of step %d for the resharding load (%d local, %d "
+            "from peers) in %.3fs",
+            len(done.files),
+            len(files),
+            step,
+            done.local,
+            done.fetched,
+            done.seconds,
+        )
+        emit(
+            "prefetch",
+            step=step,
+            shards=len(files),
+            local=done.local,
+            fetched=done.fetched,
+            failed=done.failed,
+            seconds=round(done.seconds, 6),
+        )
+
+    threading.Thread(target=run, name="rtrain-prefetch", daemon=True).start()
     return done
+
+
+def pending(path: str) -> str:
+    """The marker a prefetched file has while its transfer runs."""
+    return f"{path}.pending"
