@@ -6,9 +6,12 @@
   bytes      replication bytes per step with DP=2 over 2 nodes (DDP), replicas sent
              whole (--snapshot-dp-delta off) and against the DP twin (on)
   restore    FSDP2 on 3 nodes loses one: the 2 survivors reshard the last step from
-             peers' memory through dcp.load (SnapshotReader), then load a disk copy of
-             a step of the same size with DCP's FileSystemReader, its files evicted
-             from the page cache; against one loopback TCP stream
+             peers' memory through dcp.load (SnapshotReader), reading the shards their
+             agents prefetched, then the same fetched on demand during the load, and
+             load a disk copy of a step of the same size with DCP's FileSystemReader,
+             its files evicted from the page cache; DCP's fixed cost (a load of the
+             data position alone) apart; against one loopback TCP stream.
+             --restore-only runs this alone and prints the table
 
 The job is scripts/bench_state_worker.py. Results go to docs/benchmarks.md.
 
@@ -229,7 +232,7 @@ def restore_rows(state_mb: int, restore: dict, loopback: float | None) -> list[s
         f"| DCP's fixed cost: a load of the data position alone | memory {fixed_memory:.3f} s, "
         f"disk {fixed_disk:.3f} s | | |",
         "",
-        f"The agents' prefetch before the workers started (per survivor): {prefetch}; "
+        f"The agents' prefetch, beside their workers' start (per survivor): {prefetch}; "
         f"{restore['prefetched_files']} prefetched files on node 0.",
     ]
     if loopback is not None:
