@@ -87,6 +87,7 @@ class GenerationStarter:
         self.joined: Joined | None = None
         self._worker_store_handle: Any = None  # the TCPStore this node hosts for its workers
         self._hangs: HangWatch | None = None  # the last generation's (its heartbeat files)
+        self._old_beats: str | None = None  # the heartbeat folder of the generation before
 
     def start(
         self,
@@ -169,12 +170,17 @@ class GenerationStarter:
         """The generation's heartbeat files, in memory-backed storage where there is some."""
         beat_dir = os.path.join(self._runtime_dir, f"gen{generation}")
         make_folder(beat_dir, "this generation's heartbeat files")
-        if self._hangs is not None:  # its workers are gone: its files are closed here
-            self._hangs.close()
-            # and its folder goes: one a generation stayed to the job's end (a worker
-            # kept by a repair in place maps its old file by inode, not by name)
-            if self._hangs.beat_dir != beat_dir:
-                shutil.rmtree(self._hangs.beat_dir, ignore_errors=True)
+        last, self._hangs = self._hangs, None
+        if last is not None:  # its workers are gone: its files are closed here
+            last.close()
+        # and the folder of the generation before it goes: one a generation stayed to the
+        # job's end (a worker kept by a repair in place maps its old file by inode, not by
+        # name). Not the last one's yet: this generation's files must find room of their
+        # own, so a full runtime folder at a restart stays one clear error, not two freed
+        # pages and then every worker's snapshot failing (test_audit_faults).
+        if self._old_beats is not None and self._old_beats != beat_dir:
+            shutil.rmtree(self._old_beats, ignore_errors=True)
+        self._old_beats = last.beat_dir if last is not None and last.beat_dir != beat_dir else None
         self._hangs = HangWatch(self.spec.faults.hang_timeout, beat_dir, self._clock.now)
         return self._hangs
 
