@@ -98,6 +98,8 @@ def test_repairs_in_a_row_leak_nothing(tmp_path: Path) -> None:
         assert after["threads"] <= before["threads"] + 1, (node, before, after)
         assert after["children"] <= before["children"], (node, before, after)
         # the generation's shards and replicas replace the last ones'; before, each
-        # generation's heartbeat folder stayed (2 files a generation)
-        assert after["shm_files"] <= before["shm_files"] + 2, (node, before, after, new)
+        # generation's heartbeat folder stayed (2 files a generation: 16 more from the
+        # second repair to the tenth). The slack is what one moment holds in flight (a
+        # replica on its way, the folder of the generation before the last)
+        assert after["shm_files"] <= before["shm_files"] + 4, (node, before, after, new)
         assert after["shm_bytes"] < before["shm_bytes"] + (1 << 20), (node, before, after)
