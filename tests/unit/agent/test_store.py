@@ -17,6 +17,12 @@ from .fakes import FaultyStore, memory_store
 def test_the_torch_store_keeps_the_contract() -> None:
     store = memory_store()
     assert isinstance(store, KeyValueStore)
+    keeps_the_contract(store)
+
+
+def keeps_the_contract(store: KeyValueStore) -> None:
+    """The seam's calls on a fresh store, each answered as the seam promises (also run
+    over rtrain's TCPStore wire client, test_tcpstore_client)."""
     assert store.get("k") is None and not store.exists("k")
     store.set("k", "v")
     assert store.get("k") == b"v" and store.exists("k")

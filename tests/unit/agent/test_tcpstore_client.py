@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 import torch.distributed as dist
-from rtrain.agent.store.kv import increment, wrote
 from rtrain.agent.store.tcpstore_client import StoreLost, StoreWaitTimeout, TCPStoreClient
 from rtrain.agent.store.torch_notices import KeyNotices
 from rtrain.agent.store.torch_store import UNSET, TorchKeyValueStore
 from rtrain.core.errors import StoreUnavailable
+
+from .test_store import keeps_the_contract
 
 SECOND = datetime.timedelta(seconds=1)
 
@@ -113,18 +114,7 @@ def test_a_wait_returns_when_the_key_is_set_and_times_out_cancelled(server: Any)
 
 def test_the_store_seam_keeps_its_contract_over_the_wire(server: Any) -> None:
     store = TorchKeyValueStore(_wire(server), "wire", 5.0, connect=lambda: _wire(server))
-    assert store.get("k") is None and not store.exists("k")
-    store.set("k", "v")
-    assert store.get("k") == b"v" and store.exists("k")
-    assert store.set_once("once", "a") == b"a" and store.set_once("once", "b") == b"a"
-    assert wrote(store, "w", "x") and not wrote(store, "w", "y")
-    assert store.compare_set("k", "v", "v2") == b"v2"
-    assert store.add("n", 3) == 3 and increment(store, "n") == 4 and store.counter("n") == 4
-    assert store.counter("unset") == 0
-    assert store.multi_get(["k", "n", "missing"]) == [b"v2", b"4", None]
-    assert store.multi_get(["k", "n"]) == [b"v2", b"4"]
-    assert store.wait(["k"], 0.0) and not store.wait(["missing"], 0.0)
-    assert store.delete("k") and store.get("k") is None
+    keeps_the_contract(store)
     notice = store.notice("closed")
     assert not notice()
     _torch(server).set("closed", "members")
