@@ -198,10 +198,14 @@ def inspect_hang(
     error = None if held else _error_text(error_file)
     # A worker past its error (or held) may not answer faulthandler: py-spy only.
     stack = capture_stack(pid, hangs.stack_file(local_rank), held=held or error is not None)
-    if not held and error is None and _exiting(stack):
-        # On its way out, its error being written (a peer's failure broke its collective
-        # as its hang check fired): what it failed of says whether it is a victim.
-        SYSTEM_CLOCK.wait_until(lambda: _error_text(error_file) is not None, EXIT_WAIT_S, 0.02)
+    if not held and error is None:
+        if _exiting(stack):
+            # On its way out, its error being written (a peer's failure broke its
+            # collective as its hang check fired): what it failed of says whether it is
+            # a victim.
+            SYSTEM_CLOCK.wait_until(lambda: _error_text(error_file) is not None, EXIT_WAIT_S, 0.02)
+        # read again in any case: taking the stack takes time (py-spy under load), and
+        # the worker may have written its error and gone on to its exit meanwhile
         error = _error_text(error_file)
     if held:
         victim = False
@@ -230,9 +234,12 @@ def inspect_hang(
 
 
 def _exiting(stack: str) -> bool:
-    """The stack is the worker writing its error file (agent/workers/boot.py), on its
-    way out after an exception."""
-    return any("boot.py" in ln and "_write_error_file" in ln for ln in stack.splitlines())
+    """The stack is the worker writing its error file or past it, in its exit
+    (agent/workers/boot.py's _write_error_file and _finish), after an exception."""
+    return any(
+        "boot.py" in ln and ("_write_error_file" in ln or "_finish" in ln)
+        for ln in stack.splitlines()
+    )
 
 
 def _error_text(error_file: str) -> str | None:

@@ -175,3 +175,58 @@ def test_a_rank_found_writing_its_collective_error_is_a_victim(tmp_path, monkeyp
         proc.wait()
     assert found.victim and not found.held, found.message
     assert "exiting after a collective error" in found.message
+
+
+WRITTEN_DURING_THE_STACK = """
+import faulthandler, signal, sys, time
+
+stack_file, error_file, payload, sig = sys.argv[1:]
+open(stack_file, "a").close()  # made at start, as a worker's faulthandler file is
+
+
+def written(signum, frame):  # its error lands while the agent takes its stack
+    with open(error_file, "w") as handle:
+        handle.write(payload)
+    with open(stack_file, "a") as handle:
+        faulthandler.dump_traceback(handle, all_threads=True)
+
+
+signal.signal(int(sig), written)
+
+
+def _finish():  # boot.py's: the interpreter's exit, after the error file
+    print("ready", flush=True)
+    while True:
+        time.sleep(0.05)
+
+
+_finish()
+"""
+
+
+def test_a_rank_whose_error_is_written_while_its_stack_is_taken_is_a_victim(tmp_path, monkeypatch):
+    """The error file was not there when the check began and is there once the stack
+    is taken (py-spy under load takes a while), the worker already in its exit: a
+    victim (test_hang_charge under RTRAIN_TEST_LOAD charged node 0's healthy rank)."""
+    from rtrain.agent.workers.hang_watch import STACK_SIGNAL
+
+    monkeypatch.setenv("RTRAIN_STACK_TOOL", "faulthandler")
+    (tmp_path / "boot.py").write_text(WRITTEN_DURING_THE_STACK)
+    error_file = tmp_path / "error.json"
+    error = "RuntimeError: [third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error"
+    watch = _watch(tmp_path, [0.0])
+    args = [watch.stack_file(0), str(error_file), error_file_payload(error, "", 0.0)]
+    proc = subprocess.Popen(
+        [sys.executable, str(tmp_path / "boot.py"), *args, str(int(STACK_SIGNAL))],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        assert not error_file.exists()
+        found = inspect_hang(watch, 0, proc.pid, str(error_file))
+    finally:
+        proc.kill()
+        proc.wait()
+    assert "_finish" in found.stack
+    assert found.victim and not found.held, found.message
