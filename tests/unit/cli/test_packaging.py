@@ -42,7 +42,15 @@ def test_py_typed_is_in_the_package_and_shipped() -> None:
 
 def test_the_shell_completes_rtrains_commands() -> None:
     assert "--install-completion" in run_module("--help", COLUMNS="200").stdout
-    script = run_module("--show-completion", "bash").stdout
+    # typer names the shell from the process tree (shellingham): run it from bash, or a
+    # test run under `sh -c` gets sh's script, which is none ('; true': no exec)
+    shown = subprocess.run(
+        ["bash", "-c", f"{sys.executable} -m rtrain --show-completion; true"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    script = shown.stdout
     assert "_RTRAIN_COMPLETE" in script and "complete " in script
     # what bash asks of the script it installed, as it asks it
     asked = run_module(_RTRAIN_COMPLETE="complete_bash", COMP_WORDS="rtrain re", COMP_CWORD="1")
