@@ -24,9 +24,13 @@ TIMEOUT = 2.0
 
 @pytest.fixture
 def sleeper() -> Iterator[subprocess.Popen[bytes]]:
-    """A process that runs (sleeping) and never heartbeats, as a slow first step does."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    """A process that runs (sleeping) and never heartbeats, as a slow first step does.
+    Yielded once it sleeps: an interpreter still starting reads its files in state D,
+    and seen in D at two checks 10 fake seconds apart it is held (a flake under load)."""
+    code = "import time; print('ready', flush=True); time.sleep(120)"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
         yield proc
     finally:
         os.kill(proc.pid, signal.SIGKILL)
