@@ -17,6 +17,7 @@ from ..core.rendezvous.decisions import Outcome
 from .faults import FaultPolicy, kill_hung
 from .generation import Generation
 from .health.guard import HealthGuard
+from .net.descriptors import raise_if_ran_out_in_thread
 from .observe.observer import Observer
 from .rendezvous.generation_watch import GenerationWatch
 from .rendezvous.job import JobRendezvous
@@ -70,6 +71,7 @@ class GenerationMonitor:
         next_store_check = 0.0
         while True:
             self._check_signal()
+            raise_if_ran_out_in_thread()  # the agent's _generations restarts this part
             group.poll(self._part.monitor_interval)
             # A signal for the whole step (Slurm's) reaches the workers too: act on it
             # before their deaths look like a failure.

@@ -15,6 +15,7 @@ import errno
 import logging
 import os
 import resource
+import threading
 from collections.abc import Callable
 
 from ...core.clock import Clock
@@ -28,6 +29,29 @@ MAX_IN_A_ROW = 5
 # descriptors to be free: acting takes some, and without them it would fail again.
 SPARE_NEEDED = 8
 SPARE_POLL_S = 0.2
+
+
+# EMFILE met in one of the agent's threads (a server's handler, the replicator), for the
+# generation loop to act on: the descriptor table is the process's, so a shortage is the
+# node's whichever thread met it, and only the loop can restart the node's part.
+_met_in_thread: list[OSError] = []
+_met_lock = threading.Lock()
+
+
+def ran_out_in_thread(exc: OSError) -> None:
+    """A thread of the agent ran out of descriptors: the generation loop raises it
+    (raise_if_ran_out_in_thread) at its next pass, once however many threads met it."""
+    with _met_lock:
+        if not _met_in_thread:
+            _met_in_thread.append(exc)
+
+
+def raise_if_ran_out_in_thread() -> None:
+    """The OSError a thread met since the last call, raised here, in the loop's thread."""
+    with _met_lock:
+        exc = _met_in_thread.pop() if _met_in_thread else None
+    if exc is not None:
+        raise OSError(exc.errno, exc.strerror)
 
 
 class OutOfDescriptors(RtrainError):

@@ -27,6 +27,7 @@ from ....core.errors import RtrainError
 from ....core.snapshots.admission import Admission, superseded_by
 from ....core.snapshots.format import HEADER_SIZE
 from ....core.snapshots.restore_plan import ShardId
+from ...net.descriptors import is_out_of_descriptors, ran_out_in_thread
 from ...net.limits import ConnectionPlaces, RateLimitedLog
 from ..shard_store import ShardStore
 from ..slot_check import fitting_header
@@ -72,6 +73,8 @@ class _Handler(socketserver.BaseRequestHandler):
                 if not self._serve(sock, request, peer):
                     return
         except (OSError, RtrainError) as exc:  # ShardError, a full /dev/shm: the peer retries
+            if is_out_of_descriptors(exc):  # the node's, not this connection's
+                ran_out_in_thread(exc)  # type: ignore[arg-type]
             line = f"failed/{type(exc).__name__}"
             self.server.refuse(
                 "failed", "shard connection from %s failed: %s", peer, exc, line=line
