@@ -73,8 +73,8 @@ class _Handler(socketserver.BaseRequestHandler):
                 if not self._serve(sock, request, peer):
                     return
         except (OSError, RtrainError) as exc:  # ShardError, a full /dev/shm: the peer retries
-            if is_out_of_descriptors(exc):  # the node's, not this connection's
-                ran_out_in_thread(exc)  # type: ignore[arg-type]
+            if isinstance(exc, OSError) and is_out_of_descriptors(exc):  # the node's
+                ran_out_in_thread(exc)
             line = f"failed/{type(exc).__name__}"
             self.server.refuse(
                 "failed", "shard connection from %s failed: %s", peer, exc, line=line
