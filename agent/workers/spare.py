@@ -67,13 +67,15 @@ class Spares:
 
     def drop(self) -> None:
         """Kill every spare no spawn took; their exits are not reported."""
-        for spare in self._waiting.values():
+        # The SIGCHLD handler reaps (`reaped`) between any two bytecodes of this loop:
+        # the spares leave `_waiting`, and each pid is marked dropped, before its kill.
+        waiting, self._waiting = self._waiting, {}
+        for spare in waiting.values():
+            self._dropped.add(spare.pid)
             with contextlib.suppress(OSError):
                 os.close(spare.fd)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(spare.pid, signal.SIGKILL)
-            self._dropped.add(spare.pid)
-        self._waiting.clear()
 
     def ignore(self, pid: int) -> None:
         """A spare taken that was gone: its exit is not a worker's."""

@@ -199,15 +199,19 @@ class Zygote:
             return
         spare = self._spares.take(request["id"])
         if spare is not None:
-            self._children[spare.pid] = request["id"]
+            # The SIGCHLD handler may reap the spare at any point here: until it is in
+            # _children its exit waits in _early_exits, as a fresh fork's does.
             if spare.hand(request):
+                self._children[spare.pid] = request["id"]
                 self.send({"ev": "started", "id": request["id"], "pid": spare.pid, "fresh": ""})
                 early = self._early_exits.pop(spare.pid, None)
                 if early is not None:
                     self._report_exit(spare.pid, *early)
                 return
-            del self._children[spare.pid]  # it died waiting: fork one as before
+            # It died waiting: its exit is nobody's, and a worker is forked as before.
             self._spares.ignore(spare.pid)
+            if self._early_exits.pop(spare.pid, None) is not None:  # reaped already
+                self._spares.reaped(spare.pid)
         fresh = ""
         if request["kind"] != "exec" and not self._warm_done():
             # A Python worker forked while the warm-up thread is inside an import would

@@ -87,6 +87,24 @@ def test_spares_no_spawn_took_are_dropped_without_an_exit(tmp_path: Path) -> Non
     assert left == []
 
 
+def test_a_spare_killed_while_it_waits_is_replaced_by_a_fresh_fork(tmp_path: Path) -> None:
+    pool = WorkerPool((), dict(os.environ), warm_later=())
+    pool.start()
+    try:
+        pool.wait_ready(30)
+        pool.prefork("w0")
+        (spare,) = _children(pool, 1)
+        spare.kill()
+        spare.wait(30)
+        pid = pool.spawn(_request("w0", tmp_path, "echo $$ > pid; exit 3"))
+        exits = _exits(pool, 1)
+        exits += pool.poll_exits(0.5)  # the dead spare's exit would come by now
+    finally:
+        pool.close()
+    assert pid != spare.pid and pid == int((tmp_path / "pid").read_text())
+    assert [(e.worker_id, e.pid, e.exitcode) for e in exits] == [("w0", pid, 3)]
+
+
 def test_a_standby_pool_warms_up_at_once_then_forks_its_spares(tmp_path: Path) -> None:
     # the warm-up's module takes a second to import and says when it finished; an idle
     # pool would not start it before a minute of quiet
