@@ -19,6 +19,9 @@ A job's keys live under /rtrain/<run_id>/. Generations are rounds:
   r<g>/shards/<node>       host:port of <node>'s shard server
   r<g>/restored/<a>/<node> attempt <a> of the restore: complete or not, bad copies
   r<g>/status/<node>       the node's status record for `rtrain status` (core/observe)
+  r<g>/snap_want/<node>    the snapshot interval <node> wants (the adapt policy; once a
+                           change, core/snapshots/interval.py)
+  r<g>/snap_interval       the job's snapshot interval schedule (JSON), compare-and-set
   secret                   the job's shard secret, when none was given to the agents
   r<g>/charged             the claim of <g>'s one root-cause charge (its closer, a token)
   r<g>/charge/<addr>       the claim of the one charge <addr> may take for <g>
@@ -136,6 +139,12 @@ class StoreKeys:
 
     def status(self, generation: int, node_rank: int) -> str:
         return f"{self.prefix}/r{generation}/status/{node_rank}"
+
+    def snapshot_want(self, generation: int, node_rank: int) -> str:
+        return f"{self.prefix}/r{generation}/snap_want/{node_rank}"
+
+    def snapshot_schedule(self, generation: int) -> str:
+        return f"{self.prefix}/r{generation}/snap_interval"
 
     @property
     def secret(self) -> str:
