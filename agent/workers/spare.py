@@ -51,7 +51,8 @@ class Spares:
     @property
     def fds(self) -> list[int]:
         """The write ends the zygote holds (a child it forks closes them)."""
-        return [spare.fd for spare in self._waiting.values()]
+        # list() copies in one step: the SIGCHLD handler may reap a spare mid-loop.
+        return [spare.fd for spare in list(self._waiting.values())]
 
     def fork(self, worker_id: str, zygote_pid: int, inherited_fds: Sequence[int]) -> None:
         read_fd, write_fd = os.pipe()
