@@ -30,6 +30,7 @@ from ...core.snapshots.format import (
     replicated_step,
     set_replicate_time,
     set_replicated,
+    shard_gap,
     shard_interval,
 )
 from ...core.snapshots.restore_plan import ShardId
@@ -95,12 +96,17 @@ class Replicator:
         source: str | None = None,
         on_local_step: Callable[[int, int], None] | None = None,
         on_pass: Callable[[], None] | None = None,
+        on_interval: Callable[[int, int, int, int, float], None] | None = None,
     ) -> None:
         """source: this node's job address (peers accept replicas from it only);
         on_local_step: told (rank, step) of every snapshot this node's own workers commit;
         on_pass: called after every pass (the workers' shard requests are looked for
-        there, so that they cost no wakeups of their own)."""
+        there, so that they cost no wakeups of their own); on_interval: told (rank, step,
+        wanted interval, step gap, the rank's last replica's seconds) of every shard, for
+        the job-wide interval (agent/snapshots/interval.py), which then says when it
+        changes instead of this."""
         self._store = store
+        self._on_interval = on_interval
         self._on_pass = on_pass
         self._secret = secret
         self._source = source
@@ -273,7 +279,7 @@ class Replicator:
             match = SLOT.search(path)
             assert match is not None
             shard = ShardId(generation, int(match[2]), header.step)
-            self._note_interval(shard, shard_interval(head))
+            self._note_interval(shard, shard_interval(head), shard_gap(head))
             began = time.monotonic()
             crcs = checksums(buffer, header.size)
             if bytes(buffer[:HEADER_SIZE]) != head:
@@ -319,11 +325,15 @@ class Replicator:
                 return f"{peer[0]}:{peer[1]}: {exc}"
         return None
 
-    def _note_interval(self, shard: ShardId, interval: int) -> None:
+    def _note_interval(self, shard: ShardId, interval: int, gap: int) -> None:
         """A `snapshot_interval` event when a rank's interval differs from its last."""
         if interval <= 0:
             return  # not written by a worker that keeps one
         previous, took = self._intervals.get(shard.rank, (1, 0.0))
+        if self._on_interval is not None:
+            self._on_interval(shard.rank, shard.step, interval, gap, took)
+            self._intervals[shard.rank] = (interval, took)
+            return
         if interval != previous:
             logger.info(
                 "rank %d keeps one step in %d from step %d (its last replica took %.3f s)",

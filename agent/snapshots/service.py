@@ -33,6 +33,7 @@ from ..rendezvous.job import JobRendezvous
 from ..waiting import SYSTEM_CLOCK
 from .disk_checkpoints import DiskCheckpointer, open_checkpoint_dir
 from .disk_save import save_slots
+from .interval import JobInterval
 from .peers.fetcher import FetchContext, PeerFetcher, holders_of
 from .peers.server import ShardServer
 from .replicator import Replicator
@@ -81,6 +82,7 @@ class SnapshotService:
         self._local_steps: dict[int, int] = {}  # this generation's ranks: newest committed
         self._server: ShardServer | None = None
         self._replicator: Replicator | None = None
+        self._interval: JobInterval | None = None  # the adapt policy's job-wide interval
         self._restorer: Restorer | None = None
         self._rdzv: JobRendezvous | None = None  # the rendezvous the restorer reads
         self._fetcher = PeerFetcher(self.store)
@@ -112,6 +114,7 @@ class SnapshotService:
         self._restorer = Restorer(
             rdzv, self.store, self._secret, self._host, self._checkpoint_dir, self._clock
         )
+        self._interval = JobInterval(rdzv.store, rdzv.keys)
         self._replicator = Replicator(
             self.store,
             self._secret,
@@ -119,6 +122,7 @@ class SnapshotService:
             source=self._host,
             on_local_step=self._on_local_step,
             on_pass=self._fetcher.poll,
+            on_interval=self._interval.note if self._interval.active else None,
         )
 
     def _on_local_step(self, rank: int, step: int) -> None:
@@ -188,6 +192,8 @@ class SnapshotService:
         elif rdzv is not self._rdzv and self._secret is not None:
             # the job's store carried over to a new one (agent/kube/store_return.py)
             self._rdzv = rdzv
+            if self._interval is not None:
+                self._interval.use_store(rdzv.store)
             self._restorer = Restorer(
                 rdzv, self.store, self._secret, self._host, self._checkpoint_dir, self._clock
             )
@@ -218,6 +224,8 @@ class SnapshotService:
         counted, no fetches for its workers; serve the new one's members."""
         assert self._replicator is not None
         self._replicator.pause()
+        if self._interval is not None:
+            self._interval.pause()
         self._catch_up()
         self._fetcher.follow(None)
         self._generation, self._world_size = round_.generation, round_.topology.world_size
@@ -295,6 +303,9 @@ class SnapshotService:
         self._replicator.follow(
             round_.generation, targets, topology.world_size, local_world_size, twins
         )
+        if self._interval is not None:
+            folder = self.store.snap_dir(round_.generation)
+            self._interval.follow(round_.generation, node_rank, count, folder, self._local_ranks)
 
     def _admit(self, membership: Membership, node_rank: int) -> None:
         """From now on serve this generation: replicas from the nodes placement sends
@@ -324,6 +335,8 @@ class SnapshotService:
 
     def close(self) -> None:
         self._spares.close()
+        if self._interval is not None:
+            self._interval.close()
         if self._replicator is not None:
             self._replicator.close()
         if self._server is not None:

@@ -45,11 +45,13 @@ from .header import (  # noqa: F401  (re-exported: the shard's layout is read fr
     WRITING,
     ShardHeader,
     header_misfit,
+    interval_field,
     read_header,
     replicate_time,
     replicated_step,
     set_replicate_time,
     set_replicated,
+    shard_gap,
     shard_interval,
     write_header,
 )

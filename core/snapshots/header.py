@@ -21,9 +21,11 @@ VERSION = 3  # 2: XXH3-64 chunk digests instead of CRC-32; 3: a JSON skeleton, n
 EMPTY, WRITING, COMMITTED = 0, 1, 2
 STATE_OFFSET = 12  # where the 4-byte state field sits, for the final commit write
 REPLICATED_OFFSET = 40  # the step the agent last replicated (written by the agent)
-# Past the checked header, read by no check: the snapshot interval the worker was keeping
-# when it wrote the shard (core/worker/cadence.py), and the microseconds the agent took
-# to checksum and replicate it (written with the replicated mark). Zero: not known.
+# Past the checked header, read by no check: the snapshot interval the worker wants
+# (core/worker/cadence.py; its low 32 bits) and the gap between its snapshot() calls'
+# steps (the high 32 bits: step // gap is the step index, core/snapshots/interval.py),
+# and the microseconds the agent took to checksum and replicate it (written with the
+# replicated mark). Zero: not known.
 INTERVAL_OFFSET = 48
 REPLICATE_US_OFFSET = 56
 
@@ -90,7 +92,17 @@ def replicated_step(buffer: Any) -> int:
 
 def shard_interval(buffer: Any) -> int:
     """The snapshot interval the worker wrote with the shard (0: not known)."""
-    return struct.unpack_from("<q", buffer, INTERVAL_OFFSET)[0]
+    return struct.unpack_from("<q", buffer, INTERVAL_OFFSET)[0] & 0xFFFFFFFF
+
+
+def shard_gap(buffer: Any) -> int:
+    """The gap between the worker's snapshot() steps written with the shard (0: not known)."""
+    return (struct.unpack_from("<q", buffer, INTERVAL_OFFSET)[0] >> 32) & 0x7FFFFFFF
+
+
+def interval_field(interval: int, gap: int = 0) -> int:
+    """The INTERVAL_OFFSET field: interval in the low 32 bits, gap in the high ones."""
+    return (min(max(gap, 0), 0x7FFFFFFF) << 32) | (interval & 0xFFFFFFFF)
 
 
 def set_replicate_time(buffer: Any, seconds: float) -> None:

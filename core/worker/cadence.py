@@ -19,12 +19,23 @@ needs):
 
 The agent reads k from each shard's header and says when it changes
 (a `snapshot_interval` event, agent/snapshots/replicator.py).
+
+Under rtrain's agent that k is only what the rank wants: the agents agree on one k for
+the whole job (core/snapshots/interval.py) and hand it to their workers as a schedule
+(JobSchedule, a file in the slot folder), and every rank keeps the steps it says. A
+due step that finds the last snapshot unreplicated then waits for it, as under the
+wait policy, and asks for a larger k: skipping it would leave this rank without a
+step the others keep. Without a schedule (no agent that writes one) each rank keeps
+its own k, as described above.
 """
 
 from __future__ import annotations
 
+import os
+
+from ..snapshots.interval import INTERVAL_FILE, MAX_ENCODED, MAX_INTERVAL, Schedule
+
 MARGIN = 1.25
-MAX_INTERVAL = 1024
 SMOOTHING = 0.2  # the weight of the newest step time in the running mean
 
 
@@ -47,10 +58,18 @@ class Cadence:
                 self.step_s += SMOOTHING * (per_index - self.step_s)
         self._last = (step, now)
 
+    @property
+    def gap(self) -> int:
+        """The smallest gap between two snapshot() steps seen (0: not known yet)."""
+        return self._gap or 0
+
+    def index(self, step: int) -> int:
+        """The step's index: step // gap."""
+        return step // self._gap if self._gap else step
+
     def due(self, step: int) -> bool:
         """Whether `step` is one to keep."""
-        index = step // self._gap if self._gap else step
-        return index % self.interval == 0
+        return self.index(step) % self.interval == 0
 
     def behind(self, pending_s: float) -> None:
         """A due step found the newest snapshot unreplicated after pending_s seconds."""
@@ -71,3 +90,35 @@ class Cadence:
         while interval < steps and interval < MAX_INTERVAL:
             interval *= 2
         return interval
+
+
+class JobSchedule:
+    """The job's schedule as this node's agent hands it over (INTERVAL_FILE in the slot
+    folder, replaced whole at each change): read again only when the file changed, so
+    a step pays one stat."""
+
+    def __init__(self, directory: str) -> None:
+        self.path = os.path.join(directory, INTERVAL_FILE)
+        self.schedule: Schedule | None = None
+        self._seen: tuple[int, int, int] | None = None
+
+    def read(self) -> tuple[Schedule | None, bool]:
+        """(the schedule, or None without one; whether it changed since the last read)."""
+        try:
+            found = os.stat(self.path)
+        except OSError:
+            return self.schedule, False
+        identity = (found.st_ino, found.st_mtime_ns, found.st_size)
+        if identity == self._seen:
+            return self.schedule, False
+        self._seen = identity
+        try:
+            with open(self.path, "rb") as handle:
+                payload = handle.read(MAX_ENCODED + 1)
+        except OSError:
+            return self.schedule, False
+        schedule = Schedule.decode(payload)
+        if schedule is None or schedule == self.schedule:
+            return self.schedule, False
+        self.schedule = schedule
+        return schedule, True

@@ -13,15 +13,15 @@ When a snapshot comes while the previous one is still replicating, the policy
 
 - **wait** (the default): the step waits for it, so every rank keeps every step and
   the ranks always share a step they can all restore;
-- **adapt**: the step does not wait: snapshot() skips it and keeps every k-th step from
-  then on, k chosen from what replication measurably costs (core/worker/cadence.py),
-  and the agent says so (a `snapshot_interval` event). Each rank chooses its own k,
-  with no agreement between ranks: k is a power of two and the kept steps are
-  aligned, but a rank whose replication alone falls behind keeps steps the others'
-  three slots may have moved past, and a failure then restores an older step every
-  rank holds (or the disk checkpoint). Measured: a 2-node job whose first replicas
-  were refused as 'beyond' for a quarter second kept one step in 8 and, killed at
-  step 6, restored step 0.
+- **adapt**: the job keeps every k-th step, k chosen from what replication measurably
+  costs (core/worker/cadence.py): each rank says the k it wants in its shards' header,
+  the agents agree on one k for the whole job through the rendezvous store and hand
+  it over as a schedule aligned on step numbers (core/snapshots/interval.py), so every
+  rank keeps the same steps, and a failure restores the step it would under wait. A
+  due step still waits for the last one's replication (and asks for a larger k); the
+  steps between due ones pay nothing. Without the agent's schedule each rank keeps
+  its own k and skips a due step its replication is behind on (the old behaviour: a
+  failure may then restore an older step every rank holds).
 
 Why three slots and not two: core/snapshots/format.py, SLOTS_PER_RANK.
 
@@ -58,6 +58,7 @@ from ..snapshots.format import (
     SnapshotError,
     check_shard,
     header_misfit,
+    interval_field,
     plan_shard,
     read_header,
     read_shard,
@@ -65,13 +66,13 @@ from ..snapshots.format import (
     replicated_step,
     write_shard,
 )
-from .cadence import Cadence
+from ..snapshots.interval import DEFAULT_POLICY, POLICIES, POLICY_VARIABLE, Schedule
+from .cadence import Cadence, JobSchedule
 from .device_copy import DeviceCopier
 from .stateful import dtensor_builder, load_into, meshes_in, state_of
 
 WAIT_LIMIT_S = 300.0
-SNAPSHOT_POLICY = "RTRAIN_SNAPSHOT_POLICY"  # wait (the default) or adapt
-POLICIES = ("wait", "adapt")
+SNAPSHOT_POLICY = POLICY_VARIABLE  # wait or adapt (DEFAULT_POLICY)
 
 __all__ = ["SNAPSHOT_BUDGET", "SNAPSHOT_DIR", "SnapshotError", "restore", "slot_paths", "snapshot"]
 
@@ -166,13 +167,14 @@ class _Slots:
         for slot in self.slots:
             slot.open_existing()
         self.cadence = Cadence()
-        policy = os.environ.get(SNAPSHOT_POLICY, "wait") or "wait"
+        policy = os.environ.get(SNAPSHOT_POLICY, DEFAULT_POLICY) or DEFAULT_POLICY
         if policy not in POLICIES:
             raise SnapshotError(
                 f"{SNAPSHOT_POLICY}={policy[:40]!r}: the snapshot policy is one of "
                 f"{', '.join(POLICIES)}"
             )
         self.adapt = policy == "adapt"
+        self.job = JobSchedule(directory)  # the job's k, handed over by the agent
         self.layout: ShardLayout | None = None  # the last snapshot's, reused if it fits
         self.committed_at = 0.0  # when the newest snapshot was written (monotonic)
         self._wake: int | None = None  # the agent's wake FIFO, open for writing
@@ -203,6 +205,14 @@ class _Slots:
             with contextlib.suppress(OSError):
                 os.close(self._wake)
             self._wake = None
+
+    def drop_unshared(self, schedule: Schedule, cadence: Cadence) -> None:
+        """A change learned after its start: the steps kept since that the job does not
+        keep are dropped, so they push no step every rank keeps out of the slots."""
+        for slot in self.slots:
+            step = slot.header_step()
+            if step is not None and not schedule.due(cadence.index(step)):
+                slot.discard()
 
     def newest(self) -> _Slot | None:
         """The slot of the newest committed step (the first such slot on a tie)."""
@@ -256,10 +266,18 @@ def snapshot(state: Any, step: int) -> bool:
         return False
     now = time.monotonic()
     cadence = slots.cadence
+    schedule: Schedule | None = None
     if slots.adapt:
         cadence.observe(step, now)
-        if not cadence.due(step):
-            return False
+        schedule, changed = slots.job.read()
+        if schedule is None:
+            if not cadence.due(step):
+                return False
+        else:
+            if changed:
+                slots.drop_unshared(schedule, cadence)
+            if not schedule.due(cadence.index(step)):
+                return False
     layout = plan_shard(state_of(state), slots.layout)
     budget = int(os.environ.get(SNAPSHOT_BUDGET, "0") or 0)
     if budget and layout.size > budget:
@@ -273,14 +291,16 @@ def snapshot(state: Any, step: int) -> bool:
         if replicated_step(newest.map) < (newest.header_step() or 0):
             if slots.adapt:
                 cadence.behind(now - slots.committed_at if slots.committed_at else 0.0)
-                return False
-            _wait_replicated(newest)
+                if schedule is None:
+                    return False  # this rank's own k: skipped
+            _wait_replicated(newest)  # a step every rank keeps: waited for
         if slots.adapt:
             cadence.replicated(replicate_time(newest.map))
     target = slots.next_target(newest)
     target.reserve(layout.size)
     assert target.map is not None
-    write_shard(target.map, layout, step, cadence.interval, target.views, target.copier)
+    wants = interval_field(cadence.interval, cadence.gap)
+    write_shard(target.map, layout, step, wants, target.views, target.copier)
     slots.layout, slots.committed_at = layout, time.monotonic()
     slots.wake_agent()
     return True
