@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..config.worker_env import RECYCLE_PLAN_FILE
@@ -32,6 +32,9 @@ class WorkerPlan:
     # Whether every worker receives its peers' messages in the order they send them
     # (core.planner.report.disordered_pairs): what a backend without tags needs.
     messages_in_order: bool = True
+    # The generation the agent planned it for (recycle_worker_plan()); None: a plan made
+    # otherwise (worker_plan() of a test's or a benchmark's own failure set).
+    generation: int | None = None
 
     @property
     def stage(self) -> int | None:
@@ -72,13 +75,15 @@ def worker_plan(data: Mapping[str, Any], rank: int) -> WorkerPlan:
 
 def recycle_worker_plan() -> WorkerPlan | None:
     """This worker's part of the generation's plan, or None (no --recycle-profile, or no
-    plan could absorb the loss)."""
+    plan could absorb the loss). Read at each call: under rtrain.repairable, call it
+    inside the repairable function, once per generation."""
     path = os.environ.get(RECYCLE_PLAN_FILE)
     if not path:
         return None
     with open(path) as handle:
         data = json.load(handle)
-    return worker_plan(data, int(os.environ.get("RANK", "0")))
+    plan = worker_plan(data, int(os.environ.get("RANK", "0")))
+    return replace(plan, generation=int(data["generation"]))
 
 
 def recycle_actions() -> list[dict[str, Any]] | None:

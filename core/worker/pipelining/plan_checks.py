@@ -4,10 +4,13 @@ messages."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage
 
+from ...config.worker_env import RTRAIN_GENERATION
 from ..recycle import WorkerPlan, recycle_worker_plan
 from . import reduction
 
@@ -16,12 +19,34 @@ class PlanMismatch(ValueError):
     """The plan and the stage or the schedule's arguments disagree."""
 
 
+REBUILD = (
+    "under rtrain.repairable, read the plan (recycle_worker_plan()) and build the stage "
+    "and the ScheduleReCycle inside the repairable function, anew in each generation"
+)
+
+
+def current_generation() -> int | None:
+    """The generation this process runs in under rtrain (a kept worker's changes at each
+    repair in place); None elsewhere."""
+    found = os.environ.get(RTRAIN_GENERATION, "")
+    return int(found) if found.isdigit() else None
+
+
+def check_generation(made: int | None, what: str) -> None:
+    """PlanMismatch if `what` (a plan, a schedule) was made for another generation than
+    this one: its plan's positions and its groups are the old generation's."""
+    now = current_generation()
+    if made is not None and now is not None and made != now:
+        raise PlanMismatch(f"{what} generation {made}'s; this is generation {now}: {REBUILD}")
+
+
 def plan_or_file(plan: WorkerPlan | None) -> WorkerPlan:
     found = plan if plan is not None else recycle_worker_plan()
     if found is None:
         raise PlanMismatch(
             "no ReCycle plan: run under rtrain launch --pp=N --recycle-profile=FILE, or pass plan="
         )
+    check_generation(found.generation, "this ReCycle plan is")
     return found
 
 

@@ -42,7 +42,13 @@ from torch.distributed.pipelining.microbatch import split_args_kwargs_into_chunk
 
 from ..recycle import WorkerPlan
 from . import reduction, wire
-from .plan_checks import PlanMismatch, check_schedule, plan_or_file
+from .plan_checks import (
+    PlanMismatch,
+    check_generation,
+    check_schedule,
+    current_generation,
+    plan_or_file,
+)
 
 Key = tuple[int, int]  # (replica, micro-batch)
 Batch = tuple[tuple[Any, ...], torch.Tensor | None]  # (stage-0 inputs, target)
@@ -155,6 +161,7 @@ class ScheduleReCycle:
         self._pending: dict[Key, torch.Tensor] = {}  # "exact": W's gradients until OPT
         self._sum: torch.Tensor | None = None  # "sum": their running sum
         self._step_count = 0
+        self._generation = current_generation()  # its groups are this generation's
         self.record_timings = record_timings
         self.timings: list[list[OpTiming]] = []
 
@@ -174,6 +181,7 @@ class ScheduleReCycle:
         and its micro-batches' losses appended to `losses`."""
         if self._loss_fn is not None and not torch.is_grad_enabled():
             raise RuntimeError("step() computes gradients: it cannot run under torch.no_grad()")
+        check_generation(self._generation, "this ScheduleReCycle is")
         state = _Step()
         self._split(state, args, target, batch_of)
         timings: list[OpTiming] = []
