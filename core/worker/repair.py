@@ -34,6 +34,7 @@ from typing import Any, TypeVar, overload
 
 from ..clock import wait_until
 from ..config.worker_env import RTRAIN_GENERATION
+from .mesh_caches import forget_meshes
 from .repair_group import TrainingGroup
 from .repair_wire import (
     PARKED,
@@ -214,9 +215,11 @@ def _run(
             return result
         group.close()
         control.say(PARKED, generation)
-        # The old generation's wrappers (DDP) and their hooks go now, while the agent
-        # meets the others (a full collection took 0.76 s on a loaded 2-core machine:
-        # not before the answer).
+        # The old generation's wrappers (DDP, FSDP2) and their hooks go now, while the
+        # agent meets the others (a full collection took 0.76 s on a loaded 2-core
+        # machine: not before the answer), and with them its meshes, once DTensor's
+        # caches forget them (core/worker/mesh_caches.py).
+        forget_meshes()
         gc.collect()
         resume = control.wait_resume(generation)
         if resume is None:
