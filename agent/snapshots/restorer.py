@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...core.clock import Clock
 from ...core.errors import RendezvousError, RtrainError
-from ...core.layout.topology import Topology
+from ...core.layout.topology import NodeSlot, Topology, build_grid, recompute_topology
 from ...core.rendezvous.protocol import Membership, ProtocolError, decode_master, encode_master
+from ...core.snapshots.carry_over import carried_ranks, carry_over
 from ...core.snapshots.restore_plan import (
     Lineage,
     Reached,
@@ -172,8 +173,16 @@ class Restorer:
         peers = Peers(self._secret, self._host, pooled.servers)
         unusable: set[tuple[ShardId, int]] = set()
         ceiling = job_ceiling(pooled.reached.values())
+        inventory, real = self._carried(round_, pooled)
+        names: dict[ShardId, list[ShardId]] = {}
+        for name, shard in real.items():
+            names.setdefault(shard, []).append(name)
         for attempt in range(MAX_ATTEMPTS):
-            plan = plan_restore(topology, pooled.inventory, ceiling, unusable, round_.lineage)
+            refused = {(n, node) for s, node in unusable for n in names.get(s, [s])}
+            plan = plan_restore(topology, inventory, ceiling, refused, round_.lineage)
+            if plan is not None and real:  # the carried names back to the real shards
+                sources = plan[1].items()
+                plan = plan[0], {r: replace(s, shard=real[s.shard]) for r, s in sources}
             if plan is None:
                 result = self._without_a_plan(round_, pooled)
                 break
@@ -196,6 +205,38 @@ class Restorer:
             raise RtrainError(f"no restore plan worked in {MAX_ATTEMPTS} attempts")
         result.seconds = self._clock.now() - started
         return result
+
+    def _carried(
+        self, round_: RestoreRound, pooled: Pooled
+    ) -> tuple[Mapping[int, list[ShardId]], dict[ShardId, ShardId]]:
+        """The pooled inventory as plan_restore reads it, and (when it was carried over
+        generations that restored nothing) each carried name -> its real shard. A
+        generation that ended before its restore relabeled nothing: its successor finds
+        only older shards (core/snapshots/carry_over.py)."""
+        previous = round_.generation - 1
+        generations = {s.generation for shards in pooled.inventory.values() for s in shards}
+        older = [g for g in generations if g < previous]
+        if previous in generations or not older:
+            return pooled.inventory, {}
+        source, layout = max(older), round_.topology.layout
+        grids: list[Topology] = []
+        for generation in range(source, previous + 1):
+            members = self._rdzv.rounds.read_membership(generation).members
+            slots = [NodeSlot(m.node_id, m.local_world_size) for m in members]
+            before = grids[-1] if grids else None
+            grid = build_grid(layout, generation, slots)
+            grids.append(
+                grid if before is None else recompute_topology(layout, generation, slots, before)
+            )
+        skipped = ", ".join(str(g) for g in range(source + 1, previous + 1))
+        logger.warning(
+            "generation %s restored nothing (ended as it started): restoring generation "
+            "%d's shards, carried over to its ranks",
+            skipped,
+            source,
+        )
+        ranks = carried_ranks(grids[1:])
+        return carry_over(pooled.inventory, source, previous, ranks)
 
     def _members(self, round_: RestoreRound) -> range:
         return range(len(round_.membership.members))
