@@ -201,9 +201,10 @@ class SnapshotService:
         round_ = RestoreRound(membership, topology, node_rank, timeout, watch, lineage)
         self._end_generation(round_)
         reached = self._reached()
-        self._local_steps = {}
         server = (self._host, self._server.port)
         pooled, result = self._restorer.restore(round_, server, reached, self._loaded)
+        # only now: a generation that ended in its restore leaves them to the next
+        self._local_steps = {}
         self._restored(result, [c.rank for c in topology.coords if c.node_rank == node_rank])
         self._loaded = self._written(round_.generation, result, pooled)
         self._follow(round_, pooled, local_world_size)
