@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.cluster import LocalCluster
-from tests.integration.helpers import ROOT, RTRAIN, probe_env, run
+from tests.integration.helpers import ROOT, RTRAIN, events_under, probe_env, run
 
 pytestmark = pytest.mark.integration
 
@@ -205,3 +205,40 @@ def test_a_standby_takes_the_lost_position_and_the_survivors_keep_the_full_sched
     finals = _finals(cluster)
     _assert_same_state(finals, reference)
     assert all(finals[where]["pid"] == first[where]["pid"] for where in survivors)
+
+
+def _standalone(tmp: Path, nproc: int, extra: list[str], **env: str) -> dict[Position, dict]:
+    """The job on one agent of `nproc` workers; every position's final record."""
+    cmd = [*RTRAIN, "--standalone", f"--nproc-per-node={nproc}", *PIPELINE, *extra]
+    environment = probe_env(tmp / "out", PROBE_STEPS="16", PROBE_STEP_SLEEP="0.05", **env)
+    done = run([*cmd, f"--log-dir={tmp / 'logs'}", SCRIPT], environment, timeout=150)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = {}
+    for path in (tmp / "out").glob("final_rank*.json"):
+        record = json.loads(path.read_text())
+        found[tuple(record["position"])] = record
+    return found
+
+
+def test_a_worker_hung_in_its_stages_reduction_is_replaced_and_its_stage_peers_are_kept(
+    tmp_path: Path,
+) -> None:
+    # DP=3: the stage's gradients are gathered over a group of three, in which one
+    # survivor waits on the other while that one waits on the stopped worker; both
+    # are freed and kept, the hung one is killed and replaced
+    expected = _standalone(tmp_path / "reference", 6, [])
+    fault = "rank=5,step=6,at=reduce,action=stop"
+    faulted = tmp_path / "faulted"
+    finals = _standalone(faulted, 6, ["--hang-timeout=3"], PROBE_FAULT=fault)
+    assert {p: r["digest"] for p, r in finals.items()} == {
+        p: r["digest"] for p, r in expected.items()
+    }
+    first = {}
+    for path in (faulted / "out").glob("enter_gen0_rank*.json"):
+        record = json.loads(path.read_text())
+        first[tuple(record["position"])] = record["pid"]
+    assert [p for p in first if first[p] != finals[p]["pid"]] == [(2, 1)]
+    (repair,) = events_under(faulted / "logs", "repair")
+    assert repair["kept"] == [0, 1, 2, 3, 4] and repair["restarted"] == [5]
+    (hang,) = [e for e in events_under(faulted / "logs", "fault") if e["kind"] == "hang"]
+    assert hang["rank"] == 5

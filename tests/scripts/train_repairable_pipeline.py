@@ -11,9 +11,10 @@ PipelineStage and the schedule on the new group, restores and trains. Run under
 Writes $PROBE_OUT/enter_gen<G>_rank<R>.json at each entry (pid, repairs so far, plan
 position, micro-batches run per step, the failed positions), final_rank<R>.json (pid,
 generation, stage, digest of the stage's parameters and optimizer state) and, on rank
-0, progress (steps applied). PROBE_FAULT="rank=R,step=S[,gen=G][,at=reduce]": that rank
-SIGKILLs itself before step S of generation G (0 if not given), once; at=reduce: in
-that step's gradient reduction, as its stage peers gather their gradients.
+0, progress (steps applied). PROBE_FAULT="rank=R,step=S[,gen=G][,at=reduce]
+[,action=stop]": that rank SIGKILLs (stop: SIGSTOPs) itself before step S of generation
+G (0 if not given), once; at=reduce: in that step's gradient reduction, as its stage
+peers gather their gradients.
 PROBE_HOLD="gen=G,after=K": in generation G every rank stops after K steps and waits
 in barriers (heartbeating) until the generation ends under it (a node joins, one is
 lost): the generation is sure to be running, and to end mid-run, when the test acts.
@@ -89,7 +90,7 @@ def inject(rank: int, step: int, generation: int, where: str = "step") -> None:
     if os.path.exists(os.path.join(OUT, "fault")):
         return
     write("fault", {"t": time.time()})
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGSTOP if FAULT.get("action") == "stop" else signal.SIGKILL)
 
 
 class Now:
