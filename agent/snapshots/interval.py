@@ -17,8 +17,8 @@ the interval it wants into its shards' header; the replicator hands those here
 What it costs the store: one set per node per change of its want (at most one a
 LOWER_AFTER_S down, and log2(MAX_INTERVAL) up), one compare-and-set per job-wide change
 (plus one multi_get of N keys when a want goes down), and one read of the schedule key
-per node every POLL_S while the job snapshots under adapt (none under wait). Never one
-per step.
+per node every POLL_S once its workers snapshot under adapt (a watch on etcd; nothing
+under wait or in a job that does not snapshot). Never one per step.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from ..store.kv import KeyValueStore
 
 logger = logging.getLogger(__name__)
 
-POLL_S = 0.5
+POLL_S = 0.25  # LEAD_S (core/snapshots/interval.py) covers a few of these
 CHANGE_TRIES = 8  # compare-and-set attempts before the next poll tries again
 
 
@@ -147,15 +147,14 @@ class JobInterval:
         a changed schedule to the workers."""
         with self._lock:
             followed, wants = self._followed, dict(self._wants)
-        if followed is None:
-            return
-        if wants:
-            previous = self._want.published
-            want = self._want.observe(max(wants.values()), time.monotonic())
-            if want is not None:
-                key = self._keys.snapshot_want(followed.generation, followed.node_rank)
-                self._store.set(key, str(want))
-                self._change(followed, want, previous)
+        if followed is None or not wants:
+            return  # nothing asked of the store before this node's workers snapshot
+        previous = self._want.published
+        want = self._want.observe(max(wants.values()), time.monotonic())
+        if want is not None:
+            key = self._keys.snapshot_want(followed.generation, followed.node_rank)
+            self._store.set(key, str(want))
+            self._change(followed, want, previous)
         self._read(followed)
 
     def _change(self, followed: _Followed, want: int, previous: int | None) -> None:

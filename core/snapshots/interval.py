@@ -34,7 +34,7 @@ POLICIES = ("wait", "adapt")
 DEFAULT_POLICY = "wait"
 MAX_INTERVAL = 1024
 LOWER_AFTER_S = 5.0  # a node wants a smaller k only after wanting it this long
-LEAD_S = 2.0  # how far ahead of the appending node's workers a change takes effect
+LEAD_S = 1.0  # how far ahead of the appending node's workers a change takes effect
 DEFAULT_LEAD = 64  # step indices, while no step time is known yet
 MAX_LEAD = 1 << 20
 MAX_ENTRIES = 16  # the schedule keeps its newest changes only
@@ -78,6 +78,14 @@ class Schedule:
     def due(self, index: int) -> bool:
         """Whether step index `index` is one every rank keeps."""
         return index % self.interval_at(index) == 0
+
+    def guard(self) -> int:
+        """After a shrink, the interval before it (else 1): a rank keeps its newest step
+        on that interval out of its slots' rotation, since a rank that learns of the
+        shrink late kept only those steps meanwhile, and the two then still share one."""
+        if len(self.changes) > 1 and self.changes[-2].interval > self.last.interval:
+            return self.changes[-2].interval
+        return 1
 
     def then(self, interval: int, reached: int, lead: int) -> Schedule:
         """This schedule with the job's interval becoming `interval` at the first index

@@ -45,18 +45,21 @@ class Cadence:
         self.step_s: float | None = None  # the mean seconds per step index
         self._gap: int | None = None
         self._last: tuple[int, float] | None = None  # (step, when) of the last call
+        self._waited = 0.0  # seconds the last calls waited for a replication
 
     def observe(self, step: int, now: float) -> None:
         """A snapshot() call for `step` at `now` (monotonic seconds)."""
         if self._last is not None and step > self._last[0]:
             gap = step - self._last[0]
             self._gap = gap if self._gap is None else min(self._gap, gap)
-            per_index = (now - self._last[1]) / (gap / self._gap)
+            # the steps' own time: a wait for replication is what k is to avoid
+            elapsed = max(now - self._last[1] - self._waited, 0.0)
+            per_index = elapsed / (gap / self._gap)
             if self.step_s is None:
                 self.step_s = per_index
             else:
                 self.step_s += SMOOTHING * (per_index - self.step_s)
-        self._last = (step, now)
+        self._last, self._waited = (step, now), 0.0
 
     @property
     def gap(self) -> int:
@@ -70,6 +73,10 @@ class Cadence:
     def due(self, step: int) -> bool:
         """Whether `step` is one to keep."""
         return self.index(step) % self.interval == 0
+
+    def waited(self, seconds: float) -> None:
+        """A snapshot() call waited this long for the last one's replication."""
+        self._waited += seconds
 
     def behind(self, pending_s: float) -> None:
         """A due step found the newest snapshot unreplicated after pending_s seconds."""

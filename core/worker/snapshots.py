@@ -223,15 +223,24 @@ class _Slots:
                 best = (step, slot)
         return None if best is None else best[1]
 
-    def next_target(self, newest: _Slot | None) -> _Slot:
+    def next_target(self, newest: _Slot | None, guard: int = 1) -> _Slot:
         """The slot the next snapshot goes to: one holding no snapshot (never written, or
-        torn), else the one holding the oldest step."""
+        torn), else the one holding the oldest step. guard: after the job's interval
+        shrank, the interval before (Schedule.guard): the newest step on it stays."""
 
         def age(slot: _Slot) -> int:
             step = slot.header_step()
             return -1 if step is None else step
 
-        return min((s for s in self.slots if s is not newest), key=age)
+        candidates = [s for s in self.slots if s is not newest]
+        if guard > 1 and (newest is None or self.cadence.index(age(newest)) % guard):
+            aligned = [
+                s for s in candidates if age(s) >= 0 and self.cadence.index(age(s)) % guard == 0
+            ]
+            if aligned:
+                kept = max(aligned, key=age)
+                candidates = [s for s in candidates if s is not kept]
+        return min(candidates, key=age)
 
 
 _slots: _Slots | None = None
@@ -294,9 +303,10 @@ def snapshot(state: Any, step: int) -> bool:
                 if schedule is None:
                     return False  # this rank's own k: skipped
             _wait_replicated(newest)  # a step every rank keeps: waited for
+            cadence.waited(time.monotonic() - now)
         if slots.adapt:
             cadence.replicated(replicate_time(newest.map))
-    target = slots.next_target(newest)
+    target = slots.next_target(newest, schedule.guard() if schedule else 1)
     target.reserve(layout.size)
     assert target.map is not None
     wants = interval_field(cadence.interval, cadence.gap)

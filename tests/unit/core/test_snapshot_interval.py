@@ -115,6 +115,20 @@ def test_the_lead_is_lead_s_of_steps() -> None:
     assert rate.reached == 8 and rate.seconds == pytest.approx(0.1)
 
 
+def test_a_wait_for_replication_is_not_counted_as_the_steps_time() -> None:
+    """Waiting at a due step made the steps look as slow as the replication, so the
+    rank never wanted a larger k; the wait is left out of the step time now."""
+    from rtrain.core.worker.cadence import Cadence
+
+    cadence = Cadence()
+    cadence.observe(0, 0.0)
+    cadence.waited(0.2)
+    cadence.observe(1, 0.27)
+    assert cadence.step_s == pytest.approx(0.07)
+    cadence.replicated(0.2)  # 0.25 s of steps needed: 4 of 0.07 s
+    assert cadence.interval == 4
+
+
 def _hand_over(directory: str, schedule: Schedule) -> None:
     path = os.path.join(directory, INTERVAL_FILE)
     with open(path + ".tmp", "wb") as handle:
@@ -174,3 +188,38 @@ def _held(directory: str, step: int) -> bool:
         if header is not None and header.state == COMMITTED and header.step == step:
             return True
     return False
+
+
+def _run_rank(
+    folder: str, monkeypatch: pytest.MonkeyPatch, schedules: dict[int, Schedule]
+) -> set[int]:
+    """One rank's steps 0..47 in its own slot folder, handed schedules[s] before step s;
+    the steps its slots hold at the end."""
+    monkeypatch.setenv(snapshot_api.SNAPSHOT_DIR, folder)
+    monkeypatch.setattr(snapshot_api, "_slots", None)
+    for step in range(48):
+        if step in schedules:
+            _hand_over(folder, schedules[step])
+        _mark_replicated(folder)
+        snapshot(_state(step), step)
+    return {s for s in range(48) if _held(folder, s)}
+
+
+def test_a_rank_that_learns_of_a_shrink_late_still_shares_a_step_with_the_others(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """k 4 -> 1 from step 40: one rank hands it over at once, the other's agent never
+    in time. The late rank holds only multiples of 4; the prompt one, which without a
+    guard held 45, 46, 47, keeps its newest multiple of 4 out of the rotation."""
+    monkeypatch.setenv(snapshot_api.SNAPSHOT_POLICY, "adapt")
+    monkeypatch.setenv("RANK", "0")
+    wide = Schedule().then(4, reached=0, lead=4)
+    shrunk = wide.then(1, reached=30, lead=5)
+    assert shrunk.last == Change(40, 1) and shrunk.guard() == 4
+    (tmp_path / "prompt").mkdir()
+    (tmp_path / "late").mkdir()
+    prompt = _run_rank(str(tmp_path / "prompt"), monkeypatch, {0: wide, 30: shrunk})
+    late = _run_rank(str(tmp_path / "late"), monkeypatch, {0: wide})
+    assert late == {36, 40, 44}
+    assert prompt == {44, 46, 47}
+    assert max(prompt & late) == 44
