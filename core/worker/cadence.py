@@ -46,6 +46,7 @@ class Cadence:
         self._gap: int | None = None
         self._last: tuple[int, float] | None = None  # (step, when) of the last call
         self._waited = 0.0  # seconds the last calls waited for a replication
+        self._took = 0.0  # the last replication's seconds
 
     def observe(self, step: int, now: float) -> None:
         """A snapshot() call for `step` at `now` (monotonic seconds)."""
@@ -82,11 +83,15 @@ class Cadence:
         """A due step found the newest snapshot unreplicated after pending_s seconds."""
         self.interval = min(max(self.interval * 2, self.needed(pending_s)), MAX_INTERVAL)
 
-    def replicated(self, took_s: float) -> None:
-        """The newest snapshot was replicated, in took_s seconds (0: not known)."""
+    def replicated(self, took_s: float, steady: bool = False) -> None:
+        """The newest snapshot was replicated, in took_s seconds (0: not known). steady:
+        k from the smaller of this and the last measure, so that one slow replica (a
+        loaded moment) does not raise the whole job's k."""
         if took_s <= 0:
             return
-        self.interval = self.needed(took_s)
+        measured = min(took_s, self._took) if steady and self._took else took_s
+        self._took = took_s
+        self.interval = self.needed(measured)
 
     def needed(self, seconds: float) -> int:
         """The smallest power-of-two interval whose steps outlast `seconds` by MARGIN."""

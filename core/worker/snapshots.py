@@ -305,7 +305,7 @@ def snapshot(state: Any, step: int) -> bool:
             _wait_replicated(newest)  # a step every rank keeps: waited for
             cadence.waited(time.monotonic() - now)
         if slots.adapt:
-            cadence.replicated(replicate_time(newest.map))
+            cadence.replicated(replicate_time(newest.map), steady=schedule is not None)
     target = slots.next_target(newest, schedule.guard() if schedule else 1)
     target.reserve(layout.size)
     assert target.map is not None

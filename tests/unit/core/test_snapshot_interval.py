@@ -223,3 +223,16 @@ def test_a_rank_that_learns_of_a_shrink_late_still_shares_a_step_with_the_others
     assert late == {36, 40, 44}
     assert prompt == {44, 46, 47}
     assert max(prompt & late) == 44
+
+
+def test_under_the_job_schedule_one_slow_replica_does_not_raise_k() -> None:
+    from rtrain.core.worker.cadence import Cadence
+
+    cadence = Cadence()
+    for step in range(3):
+        cadence.observe(step, step * 0.1)
+    cadence.replicated(0.01, steady=True)
+    cadence.replicated(0.5, steady=True)  # one loaded moment
+    assert cadence.interval == 1
+    cadence.replicated(0.5, steady=True)  # two in a row: slow indeed
+    assert cadence.interval == 8
