@@ -133,3 +133,51 @@ def test_a_lost_node_shrinks_the_world_and_the_survivors_reshard_in_place(
     assert restored["digest"] == (reference.out / f"full_step{step}.txt").read_text()
     (repair,) = [e.fields for e in cluster.events("repair")]
     assert repair["kept"] == [0, 1] and repair["restarted"] == [] and repair["fallback"] == []
+
+
+@pytest.fixture(scope="module")
+def hsdp_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
+    """Each rank's final shards of the HSDP job (a 2 x 2 mesh) without a fault."""
+    tmp = tmp_path_factory.mktemp("hsdp_reference")
+    cluster = _cluster(tmp, "2", [], PROBE_STEPS=STEPS, PROBE_MESH="hsdp")
+    try:
+        codes = cluster.wait(180)
+    finally:
+        cluster.close()
+    assert codes == [0, 0], cluster.log(0) + cluster.log(1)
+    return {r: f["digest"] for r, f in _finals(cluster, 4).items()}
+
+
+def test_a_hung_worker_of_an_hsdp_mesh_is_replaced_alone_and_the_job_still_matches(
+    tmp_path: Path, hsdp_reference: dict[int, str]
+) -> None:
+    # HSDP: a 2-D mesh (replicated over 2, sharded within each half), so the survivors
+    # also wait in the sub-groups init_device_mesh made, whose connections the release
+    # of the world group does not shut down. Rank 1 is SIGSTOPped and the hang watch
+    # kills it alone (its connections close with it): every survivor is kept, and the
+    # job ends with the shards of the run without a fault.
+    cluster = _cluster(
+        tmp_path,
+        "2",
+        ["--hang-timeout=5"],
+        PROBE_STEPS=STEPS,
+        PROBE_MESH="hsdp",
+        PROBE_FAULT="rank=1,step=10,action=stop",
+    )
+    try:
+        codes = cluster.wait(180)
+    finally:
+        cluster.close()
+    assert codes == [0, 0], cluster.log(0) + cluster.log(1)
+    finals = _finals(cluster, 4)
+    assert {r: f["digest"] for r, f in finals.items()} == hsdp_reference
+    for rank in (0, 2, 3):
+        assert finals[rank]["pid"] == _pid(cluster, 0, rank) == _pid(cluster, 1, rank)
+        assert _json(cluster, f"first_step_gen1_rank{rank}.json")["on_this_mesh"] is True
+    assert finals[1]["pid"] == _pid(cluster, 1, 1) != _pid(cluster, 0, 1)
+    repairs = {e.node: e.fields for e in cluster.events("repair")}
+    assert repairs[0]["kept"] == [0] and repairs[0]["restarted"] == [1]
+    assert repairs[1]["kept"] == [2, 3] and repairs[1]["restarted"] == []
+    assert all(r["fallback"] == [] for r in repairs.values())
+    (hang,) = [e.fields for e in cluster.events("fault") if e.fields["kind"] == "hang"]
+    assert hang["rank"] == 1

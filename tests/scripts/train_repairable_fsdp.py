@@ -13,12 +13,16 @@ sample), so a run with a fault that keeps the world size ends bitwise equal to o
 without; across world sizes only the state at one step is compared (the float sums'
 order differs), as in train_fsdp2_dcp.py.
 
-Writes $PROBE_OUT/enter_gen<G>_rank<R>.json at each entry (pid, repairs so far, world),
+Writes $PROBE_OUT/enter_gen<G>_rank<R>.json at each entry (pid, repairs so far, world,
+whether the previous generation's process group is still alive),
 restored_gen<G>_rank<R>.json after a load (step, digest of the whole state, world),
+first_step_gen<G>_rank<R>.json after a later generation's first step (whether every
+parameter and optimizer state lives on this generation's mesh object),
 final_rank<R>.json (pid, digest of this rank's shards, digest of the whole state,
 world) and, on rank 0, progress. PROBE_FULL_DIGESTS=1: rank 0 writes full_step<S>.txt,
-the whole state's digest after step S. Faults: PROBE_FAULT as in train_repairable.py;
-its step=1000+S is step S just before its dcp.save.
+the whole state's digest after step S. PROBE_MESH=hsdp: a 2-D mesh (this_mesh).
+Faults: PROBE_FAULT as in train_repairable.py; its step=1000+S is step S just before
+its dcp.save.
 """
 
 import hashlib
@@ -43,6 +47,14 @@ PAUSE = float(os.environ.get("PROBE_STEP_SLEEP", "0.03"))
 GLOBAL_BATCH = 12  # divisible by 4, 3 and 2 ranks
 SAVING = 1000  # PROBE_FAULT's step=1000+S: in step S, just before its dcp.save
 LAST_GROUP: list = []  # a weak reference to the previous generation's process group
+
+
+def this_mesh(world: int) -> object:
+    """This generation's mesh: 1-D over the world (FSDP), or with PROBE_MESH=hsdp 2-D,
+    replicated over 2 and sharded within each half (HSDP: sub-groups of the world)."""
+    if os.environ.get("PROBE_MESH") == "hsdp":
+        return init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+    return init_device_mesh("cpu", (world,))
 
 
 def build(mesh: object) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -98,7 +110,7 @@ def train() -> None:
     LAST_GROUP[:] = [weakref.ref(dist.group.WORLD)]
     entered = {"pid": os.getpid(), "repairs": rtrain.repairs(), "world": world}
     write(f"enter_gen{generation}_rank{rank}.json", {**entered, "old_group": old_group_alive})
-    mesh = init_device_mesh("cpu", (world,))  # this generation's group
+    mesh = this_mesh(world)
     model, optimizer = build(mesh)
     start = 0
     if restored_step() is not None:
