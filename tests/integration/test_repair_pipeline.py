@@ -242,3 +242,35 @@ def test_a_worker_hung_in_its_stages_reduction_is_replaced_and_its_stage_peers_a
     assert repair["kept"] == [0, 1, 2, 3, 4] and repair["restarted"] == [5]
     (hang,) = [e for e in events_under(faulted / "logs", "fault") if e["kind"] == "hang"]
     assert hang["rank"] == 5
+
+
+def test_a_lost_stage_is_taken_over_in_place_by_a_survivor_of_the_other(
+    tmp_path: Path, reference: dict[int, str]
+) -> None:
+    # both workers of one stage go at once: one survivor moves to that stage (its
+    # process builds that stage's module and restores it from the lost ranks' replicas)
+    cluster = _cluster(tmp_path, 4, NNODES, NODE_FLAGS)
+    try:
+        cluster.wait_progress(4)
+        assert cluster.progress() < int(STEPS) - 5  # the fault comes mid-run
+        where = {}
+        for path in cluster.out.glob("enter_gen0_rank*.json"):
+            rank = int(path.stem.rsplit("_rank", 1)[1])
+            where[_node_of(cluster, 0, rank)] = tuple(json.loads(path.read_text())["position"])
+        lost = sorted(i for i, p in where.items() if p[1] != where[0][1])
+        for index in lost:
+            cluster.kill_node(index)
+        kept = sorted(set(where) - set(lost))
+        codes = cluster.wait_some(kept, 180)
+    finally:
+        cluster.close()
+    assert codes == [0, 0], cluster.log(0) + cluster.log(kept[1])
+    first, second = _entries(cluster, 0), _entries(cluster, 1)
+    pids = {r["pid"] for p, r in first.items() if p in (where[i] for i in kept)}
+    assert {r["pid"] for r in second.values()} == pids  # the same two processes
+    assert {p[1] for p in second} == {0, 1}  # both stages held again
+    assert all(len(r["failed"]) == 2 and r["forwards_per_step"] == 8 for r in second.values())
+    finals = _finals(cluster)
+    assert len(finals) == 2 and {r["pid"] for r in finals.values()} == pids
+    for position, record in finals.items():
+        assert record["digest"] == reference[position[1]], (position, record)

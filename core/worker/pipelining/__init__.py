@@ -5,6 +5,12 @@
     schedule.step(x, target=y, batch_of=load_batch_of_replica)
     optimizer.step(); optimizer.zero_grad()
 
+Under rtrain.repairable (repair in place), read the plan and build the stage and the
+schedule inside the repairable function: they hold the generation's plan and groups,
+and one of an earlier generation is refused (PlanMismatch). Keep each stage's module
+and optimizer outside it, by stage: a survivor keeps its position, or moves to a stage
+that lost every worker.
+
 Imports torch (unlike rtrain.core itself): import it from the training script.
 """
 
