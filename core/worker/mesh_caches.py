@@ -13,7 +13,10 @@ fresh process has none, and creates it (synchronised over the new group) at its 
 random DTensor op.
 
 Only what was imported is touched (a DDP worker never imports DTensor), and each cache
-is looked up by name: one a torch release lacks is skipped.
+is looked up by name: one a torch release lacks is skipped. These are torch's private
+caches, and this is the one module that names them: CHECKED_ON is the torch release
+whose caches were read and counted (CACHES), and tests/unit/core/test_mesh_caches.py
+fails on that release if one of them is renamed or gone.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import sys
 from typing import Any
 
 TENSOR = "torch.distributed.tensor"
+CHECKED_ON = (2, 13)  # the torch release (major, minor) whose private caches these are
+CACHES = 6  # how many forget_meshes() clears there once DTensor is fully imported
 
 
 def _clear(owner: Any, *path: str) -> bool:

@@ -108,3 +108,23 @@ def test_the_dtensor_rng_tracker_goes_as_in_a_fresh_process() -> None:
         assert _random._rng_tracker is None
     finally:
         _random._rng_tracker = None
+
+
+def test_on_the_checked_torch_every_named_cache_is_found() -> None:
+    # The caches are torch's private attributes, found by name: a release that renames
+    # one would leave an old mesh cached without a word, so the checked release's count
+    # is pinned here (CI installs it).
+    import torch
+    from rtrain.core.worker import mesh_caches
+
+    release = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    if release != mesh_caches.CHECKED_ON:
+        pytest.skip(
+            f"torch {torch.__version__}: the caches were counted on {mesh_caches.CHECKED_ON}"
+        )
+    code = (
+        "import torch.distributed.tensor._redistribute, torch.distributed.tensor._collective_utils;"
+        "from rtrain.core.worker.mesh_caches import forget_meshes; print(forget_meshes())"
+    )
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert int(found.stdout) == mesh_caches.CACHES
