@@ -81,6 +81,7 @@ class GenerationMonitor:
             if store_due:
                 next_store_check = now + store_every
                 progress = self._snapshots.progress()
+                self._snapshots.agree_interval()  # the adapt policy's job-wide interval
                 beats = gen.beats()
                 self._observer.sample(beats, *progress)
                 self._observer.publish_status(rdzv.store, rdzv.keys, gen.place, beats, *progress)

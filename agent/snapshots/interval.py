@@ -2,7 +2,9 @@
 
 Under the adapt policy (core/snapshots/interval.py has the rules) each worker writes
 the interval it wants into its shards' header; the replicator hands those here
-(note). On its own thread, every POLL_S, this node:
+(note). At each of the generation monitor's store checks (agent/monitor.py, every
+STORE_CHECK_S), on the agent's main loop, so that a store that stops answering is
+met there as by every other read, this node:
 
 - publishes the interval its ranks want (NodeWant) under r<g>/snap_want/<node>, once
   per change;
@@ -17,7 +19,7 @@ the interval it wants into its shards' header; the replicator hands those here
 What it costs the store: one set per node per change of its want (at most one a
 LOWER_AFTER_S down, and log2(MAX_INTERVAL) up), one compare-and-set per job-wide change
 (plus one multi_get of N keys when a want goes down), and one read of the schedule key
-per node every POLL_S once its workers snapshot under adapt (a watch on etcd; nothing
+per node every store check (0.25 s) once its workers snapshot under adapt (a watch on etcd; nothing
 under wait or in a job that does not snapshot). Never one per step.
 """
 
@@ -49,7 +51,6 @@ from ..store.kv import KeyValueStore
 
 logger = logging.getLogger(__name__)
 
-POLL_S = 0.25  # LEAD_S (core/snapshots/interval.py) covers a few of these
 CHANGE_TRIES = 8  # compare-and-set attempts before the next poll tries again
 
 
@@ -68,20 +69,12 @@ class _Followed:
 
 
 class JobInterval:
-    def __init__(
-        self,
-        store: KeyValueStore,
-        keys: StoreKeys,
-        active: bool | None = None,
-        own_thread: bool = True,
-    ) -> None:
-        """active: whether the workers take the adapt policy (default: adapt_policy());
-        own_thread=False: nothing polls but the caller (poll())."""
+    def __init__(self, store: KeyValueStore, keys: StoreKeys, active: bool | None = None) -> None:
+        """active: whether the workers take the adapt policy (default: adapt_policy())."""
         self._store = store
         self._keys = keys
         self.active = adapt_policy() if active is None else active
-        self._lock = threading.Lock()
-        self._closed = threading.Event()
+        self._lock = threading.Lock()  # note() comes from the replicator's thread
         self._followed: _Followed | None = None
         self._wants: dict[int, int] = {}  # local rank -> the interval it wants
         self._ranks: list[int] = []  # this generation's local ranks
@@ -91,10 +84,6 @@ class JobInterval:
         self._want = NodeWant()
         self.schedule = Schedule()
         self._failures = RateLimitedLog(logger)
-        self._thread: threading.Thread | None = None
-        if self.active and own_thread:
-            self._thread = threading.Thread(target=self._run, name="rtrain-interval", daemon=True)
-            self._thread.start()
 
     def follow(
         self, generation: int, node_rank: int, nodes: int, folder: str, ranks: list[int]
@@ -107,7 +96,10 @@ class JobInterval:
             self._followed = None
             if not self.active:
                 return
-            self._hand_over(folder, self.schedule)
+            try:
+                self._hand_over(folder, self.schedule)
+            except OSError as exc:  # the workers then wait at every step, as under wait
+                logger.warning("no snapshot interval for the workers in %s: %s", folder, exc)
             read = self._store.follow(self._keys.snapshot_schedule(generation))
             self._followed = _Followed(generation, node_rank, nodes, folder, read)
 
@@ -120,9 +112,6 @@ class JobInterval:
         with self._lock:
             self._followed = None
 
-    def close(self) -> None:
-        self._closed.set()
-
     def note(self, rank: int, step: int, wanted: int, gap: int, took: float) -> None:
         """A shard of local rank `rank` at `step` wants `wanted` (gap: its snapshot()
         calls' step gap; took: the rank's last replica's seconds). Replicator's thread."""
@@ -134,17 +123,18 @@ class JobInterval:
             self._rate.observe(step // gap, time.monotonic())
             self._took = took
 
-    def _run(self) -> None:
-        while not self._closed.wait(POLL_S):
-            try:
-                self.poll()
-            except (StoreUnavailable, RendezvousError, OSError) as exc:
-                # the generation loop finds a lost store itself; here: try again later
-                self._failures.warn(type(exc).__name__, "snapshot interval: %s", exc)
-
     def poll(self) -> None:
         """Publish this node's want if it changed, change the job's if it must, and hand
-        a changed schedule to the workers."""
+        a changed schedule to the workers. A lost store raises (StoreUnavailable), as
+        at any other read of the generation loop; anything else is said and retried."""
+        try:
+            self._poll()
+        except (StoreUnavailable, RendezvousError):
+            raise
+        except Exception as exc:  # retried at the next check; the workers keep the last
+            self._failures.warn(type(exc).__name__, "snapshot interval: %r", exc)
+
+    def _poll(self) -> None:
         with self._lock:
             followed, wants = self._followed, dict(self._wants)
         if followed is None or not wants:
@@ -187,11 +177,9 @@ class JobInterval:
         if schedule is None or schedule == self.schedule:
             return
         with self._lock:
-            if self._followed is not followed:
-                return
-            before, self.schedule = self.schedule, schedule
             gap, took, ranks = self._gap, self._took, list(self._ranks)
-        self._hand_over(followed.folder, schedule)
+        self._hand_over(followed.folder, schedule)  # an OSError: again at the next poll
+        before, self.schedule = self.schedule, schedule
         known = set(before.changes)
         for change in schedule.changes:
             if change in known:

@@ -163,6 +163,12 @@ class SnapshotService:
         replicated = self._replicator.newest_replicated if self._replicator else None
         return self._admission.ceiling.newest, replicated
 
+    def agree_interval(self) -> None:
+        """The adapt policy's job-wide snapshot interval (agent/snapshots/interval.py):
+        called at the generation monitor's store checks."""
+        if self._interval is not None:
+            self._interval.poll()
+
     def _spare_sizing(self) -> tuple[int, int, int]:
         """The spare slots restores receive into: one per local rank, as large as the
         largest shard they committed, within what the budget leaves free."""
@@ -336,8 +342,6 @@ class SnapshotService:
 
     def close(self) -> None:
         self._spares.close()
-        if self._interval is not None:
-            self._interval.close()
         if self._replicator is not None:
             self._replicator.close()
         if self._server is not None:

@@ -43,7 +43,7 @@ def test_the_nodes_agree_on_the_largest_interval_any_of_them_wants(tmp_path: Pat
     nodes = []
     for rank, folder in enumerate(folders):
         folder.mkdir()
-        node = JobInterval(store, keys, active=True, own_thread=False)
+        node = JobInterval(store, keys, active=True)
         node.follow(3, rank, 3, str(folder), [2 * rank, 2 * rank + 1])
         nodes.append(node)
     # Every node's workers start with the job's first schedule: every step.
@@ -79,7 +79,7 @@ def test_the_nodes_agree_on_the_largest_interval_any_of_them_wants(tmp_path: Pat
 def test_a_node_that_wants_no_more_than_the_job_changes_nothing(tmp_path: Path) -> None:
     store = memory_store()
     keys = StoreKeys("job")
-    node = JobInterval(store, keys, active=True, own_thread=False)
+    node = JobInterval(store, keys, active=True)
     node.follow(0, 0, 1, str(tmp_path), [0])
     node.note(0, 0, 1, 1, 0.0)
     node.poll()
@@ -93,7 +93,7 @@ def test_a_node_that_wants_no_more_than_the_job_changes_nothing(tmp_path: Path) 
 
 def test_under_the_wait_policy_nothing_is_read_or_written(tmp_path: Path) -> None:
     store = CountingStore()
-    node = JobInterval(store, StoreKeys("job"), active=False, own_thread=False)
+    node = JobInterval(store, StoreKeys("job"), active=False)
     node.follow(0, 0, 1, str(tmp_path), [0])
     node.note(0, 0, 8, 1, 0.5)
     node.poll()
