@@ -14,6 +14,18 @@ those connections, so one released survivor frees the others. The listening sock
 is left alone (gloo's listener thread aborts the process on an error there), and a
 descriptor whose socket changed since (closed, its number reused) is skipped.
 
+The limit (gloo in torch 2.4-2.13; tests/integration/test_repair_release_race.py): a
+collective in the middle of a send when the group fails stays blocked until the group's
+timeout. A send that did not fit in the socket at once waits in the pair's own transmit
+queue, and when the pair fails gloo wakes the pending receives and announced sends but
+not the unbound buffer of a queued send (Pair::signalException wakes only op.buf), so
+its UnboundBuffer::waitSend sleeps out the timeout on a pair already closed. Nothing in
+torch reaches that buffer: ProcessGroup and backend abort() and shutdown() left it
+blocked, set_timeout changes only later collectives. It happens when the peer stops or
+goes in the middle of a large send, and to about one release in 30 of small tensors
+(one in 6 of 16 MiB) when both ends are released together; the agent then stops that
+survivor after its ACK_S and restarts it, as without repair.
+
 Backends with an abort of their own (NCCL) get ProcessGroup.abort() as well; that path
 needs a GPU and is checked by scripts/gpu_check.sh, not by the CPU tests.
 """

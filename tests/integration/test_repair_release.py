@@ -32,8 +32,8 @@ PROBE = str(ROOT / "tests" / "scripts" / "repair_probe.py")
 
 
 class Workers:
-    def __init__(self, tmp: Path, world: int, **extra: str) -> None:
-        self.tmp, self.world, self.extra = tmp, world, extra
+    def __init__(self, tmp: Path, world: int, script: str = PROBE, **extra: str) -> None:
+        self.tmp, self.world, self.script, self.extra = tmp, world, script, extra
         self.out = tmp / "out"
         self.out.mkdir()
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
@@ -59,7 +59,7 @@ class Workers:
         env.update({REPAIR_DIR: str(self.folder(rank)), REPAIR_WAIT: "2"})
         log = open(self.tmp / f"rank{rank}.g{generation}.log", "wb")  # noqa: SIM115
         self.procs[rank] = subprocess.Popen(
-            [sys.executable, PROBE], env=env, stdout=log, stderr=subprocess.STDOUT
+            [sys.executable, self.script], env=env, stdout=log, stderr=subprocess.STDOUT
         )
 
     def steps(self, rank: int) -> int:
@@ -157,10 +157,10 @@ def _usage(pid: int) -> tuple[int, int, int]:
 
 
 def test_twenty_repairs_in_a_row_leak_no_threads_descriptors_or_memory(tmp_path: Path) -> None:
-    # A 5 s group timeout: about one repair in 30 here, a gloo collective begun just
-    # after the peer's release closed its connection stays blocked (its socket is gone,
-    # so no shutdown reaches it) until that timeout; the agent would stop it after
-    # ACK_S and restart it, which this test, playing the agent, does not do.
+    # A 5 s group timeout: about one repair in 30 here, a gloo collective whose send
+    # was still queued in gloo's pair when the peer's release closed it stays blocked
+    # until that timeout (core/worker/repair_group.py, "The limit"); the agent would
+    # stop it after ACK_S and restart it, which this test, playing the agent, does not do.
     workers = Workers(tmp_path, 2, PROBE_GROUP_TIMEOUT="5")
     repairs, seen = 20, {}
     try:
