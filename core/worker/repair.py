@@ -35,6 +35,7 @@ from typing import Any, TypeVar, overload
 from ..clock import wait_until
 from ..config.worker_env import RTRAIN_GENERATION
 from .mesh_caches import forget_meshes
+from .repair_asked import ASKED
 from .repair_group import TrainingGroup
 from .repair_wire import (
     PARKED,
@@ -136,6 +137,7 @@ class _Watcher:
         while not self._stop.wait(POLL_S):
             if self._control.requested(self._generation):
                 self.asked.set()
+                ASKED.set()  # a snapshot's wait for its replication ends too
                 self._group.release()
                 return
 
@@ -189,6 +191,7 @@ def _run(
     generation = _generation()
     while True:
         group = TrainingGroup(backend, timeout_s)
+        ASKED.clear()
         control.say(RUNNING, generation)
         watcher = _Watcher(control, generation, group)
         try:
