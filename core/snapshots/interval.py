@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 POLICY_VARIABLE = "RTRAIN_SNAPSHOT_POLICY"  # in rtrain launch's environment, and so the workers'
 POLICIES = ("wait", "adapt")
-DEFAULT_POLICY = "wait"
+DEFAULT_POLICY = "adapt"
 MAX_INTERVAL = 1024
 LOWER_AFTER_S = 5.0  # a node wants a smaller k only after wanting it this long
 LEAD_S = 1.0  # how far ahead of the appending node's workers a change takes effect

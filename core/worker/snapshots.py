@@ -11,17 +11,20 @@ rank always has a replicated snapshot no more than one kept step behind its newe
 When a snapshot comes while the previous one is still replicating, the policy
 (RTRAIN_SNAPSHOT_POLICY in the worker's environment) decides:
 
-- **wait** (the default): the step waits for it, so every rank keeps every step and
-  the ranks always share a step they can all restore;
-- **adapt**: the job keeps every k-th step, k chosen from what replication measurably
-  costs (core/worker/cadence.py): each rank says the k it wants in its shards' header,
-  the agents agree on one k for the whole job through the rendezvous store and hand
-  it over as a schedule aligned on step numbers (core/snapshots/interval.py), so every
-  rank keeps the same steps, and a failure restores the step it would under wait. A
-  due step still waits for the last one's replication (and asks for a larger k); the
-  steps between due ones pay nothing. Without the agent's schedule each rank keeps
-  its own k and skips a due step its replication is behind on (the old behaviour: a
-  failure may then restore an older step every rank holds).
+- **wait**: the step waits for it, so every rank keeps every step and the ranks always
+  share a step they can all restore;
+- **adapt** (the default): the job keeps every k-th step, k chosen from what
+  replication measurably costs (core/worker/cadence.py): each rank says the k it
+  wants in its shards' header, the agents agree on one k for the whole job through the
+  rendezvous store and hand it over as a schedule aligned on step numbers
+  (core/snapshots/interval.py), so every rank keeps the same steps, and a failure
+  restores the newest step every rank kept, as under wait. A due step still waits for
+  the last one's replication (and asks for a larger k); the steps between due ones
+  pay nothing. While replication keeps up, k is 1: the same steps as wait. Without the
+  agent's schedule the default waits as wait does, and RTRAIN_SNAPSHOT_POLICY=adapt
+  set by name has each rank keep its own k and skip a due step its replication is
+  behind on (the old behaviour: a failure may then restore an older step every rank
+  holds).
 
 Why three slots and not two: core/snapshots/format.py, SLOTS_PER_RANK.
 
@@ -69,6 +72,7 @@ from ..snapshots.format import (
 from ..snapshots.interval import DEFAULT_POLICY, POLICIES, POLICY_VARIABLE, Schedule
 from .cadence import Cadence, JobSchedule
 from .device_copy import DeviceCopier
+from .repair_asked import ASKED
 from .stateful import dtensor_builder, load_into, meshes_in, state_of
 
 WAIT_LIMIT_S = 300.0
@@ -174,6 +178,9 @@ class _Slots:
                 f"{', '.join(POLICIES)}"
             )
         self.adapt = policy == "adapt"
+        # adapt without the agents' schedule: each rank its own k only when asked for by
+        # name; by default it then waits, as under wait
+        self.own_k = os.environ.get(SNAPSHOT_POLICY) == "adapt"
         self.job = JobSchedule(directory)  # the job's k, handed over by the agent
         self.layout: ShardLayout | None = None  # the last snapshot's, reused if it fits
         self.committed_at = 0.0  # when the newest snapshot was written (monotonic)
@@ -275,10 +282,10 @@ def snapshot(state: Any, step: int) -> bool:
         return False
     now = time.monotonic()
     cadence = slots.cadence
-    schedule: Schedule | None = None
-    if slots.adapt:
+    schedule, changed = slots.job.read() if slots.adapt else (None, False)
+    adapt = slots.adapt and (schedule is not None or slots.own_k)
+    if adapt:
         cadence.observe(step, now)
-        schedule, changed = slots.job.read()
         if schedule is None:
             if not cadence.due(step):
                 return False
@@ -298,13 +305,13 @@ def snapshot(state: Any, step: int) -> bool:
     if newest is not None:
         assert newest.map is not None
         if replicated_step(newest.map) < (newest.header_step() or 0):
-            if slots.adapt:
+            if adapt:
                 cadence.behind(now - slots.committed_at if slots.committed_at else 0.0)
                 if schedule is None:
                     return False  # this rank's own k: skipped
             _wait_replicated(newest)  # a step every rank keeps: waited for
             cadence.waited(time.monotonic() - now)
-        if slots.adapt:
+        if adapt:
             cadence.replicated(replicate_time(newest.map), steady=schedule is not None)
     target = slots.next_target(newest, schedule.guard() if schedule else 1)
     target.reserve(layout.size)
@@ -319,12 +326,18 @@ def snapshot(state: Any, step: int) -> bool:
 def _wait_replicated(slot: _Slot) -> None:
     assert slot.map is not None
     mapped, step = slot.map, slot.header_step() or 0
+
+    def replicated() -> bool:
+        return replicated_step(mapped) >= step
+
     if not wait_until(
-        lambda: replicated_step(mapped) >= step, WAIT_LIMIT_S, 0.001, time.monotonic, time.sleep
+        lambda: replicated() or ASKED.is_set(), WAIT_LIMIT_S, 0.001, time.monotonic, time.sleep
     ):
         raise SnapshotError(
             f"the snapshot of step {step} was not replicated within {WAIT_LIMIT_S:g}s"
         )
+    if not replicated():  # the agent asked for a repair in place: this worker parks
+        raise SnapshotError(f"a repair came while the snapshot of step {step} replicated")
 
 
 def snapshots_kept() -> bool:

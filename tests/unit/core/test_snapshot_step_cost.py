@@ -164,13 +164,19 @@ def test_a_snapshot_that_finds_the_last_one_unreplicated_skips_the_step(
     assert restored is not None and restored[1] == kept[0]
 
 
-def test_the_wait_policy_is_the_default_and_a_bad_one_is_one_line(
+def test_adapt_is_the_default_and_waits_without_the_agents_schedule_and_a_bad_one_is_one_line(
     slot_dir: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(snapshot_api, "WAIT_LIMIT_S", 0.2)
+    assert snapshot_api._my_slots().adapt  # the default (issue 35): the job-wide k
     assert snapshot(_state(0), 0)
     with pytest.raises(snapshot_api.SnapshotError, match="not replicated within"):
-        snapshot(_state(1), 1)  # waits (every rank keeps every step), then says so
+        snapshot(_state(1), 1)  # no schedule from an agent: waits, as wait does
+    for policy in ("wait", "adapt"):
+        monkeypatch.setattr(snapshot_api, "_slots", None)
+        monkeypatch.setenv(snapshot_api.SNAPSHOT_POLICY, policy)
+        slots = snapshot_api._my_slots()
+        assert slots is not None and slots.adapt is (policy == "adapt")
     monkeypatch.setattr(snapshot_api, "_slots", None)
     monkeypatch.setenv(snapshot_api.SNAPSHOT_POLICY, "skip")
     with pytest.raises(snapshot_api.SnapshotError, match="one of wait, adapt"):
