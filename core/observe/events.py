@@ -101,10 +101,13 @@ SCHEMA: dict[str, tuple[tuple[str, ...], str]] = {
     ),
     "snapshot_interval": (
         ("rank", "step", "interval", "previous", "replicate_s"),
-        "a worker's snapshot interval changed (every interval-th step is kept): its "
-        "replication fell behind (or caught up again), so it keeps fewer (or more) steps "
-        "instead of stalling its step; step: the first shard written at it; replicate_s: "
-        "how long the agent took to replicate the shard before it",
+        "the snapshot interval changed (every interval-th step is kept): replication "
+        "fell behind (or caught up again), so fewer (or more) steps are kept instead of "
+        "stalling each step; with scope job (the agents' agreement), the interval "
+        "every rank keeps from step `step` on (wanted: what this node's ranks want); "
+        "without scope, one rank's own (no agents' schedule), step: the first shard "
+        "written at it; replicate_s: how long the agent took to replicate the shard "
+        "before it",
     ),
     "gpu": (
         ("verdict", "findings"),
