@@ -219,7 +219,9 @@ class SnapshotService:
         # each rank's own slots, and the newest KEEP_STEPS replicas of each of copies-1 peers
         shares = SLOTS_PER_RANK + KEEP_STEPS * (self._copies - 1)
         self._per_slot = per_slot = self._budget // max(local_world_size * shares, 1)
-        if self._snapshotted or self.store.used_bytes():
+        # Shards held, not bytes used: the interval file the workers are handed sits in
+        # their slot folder from the start, snapshots or not.
+        if self._snapshotted or self.store.local_slots() or self.store.replicas():
             self._say_memory()
         return {
             SNAPSHOT_DIR: self.store.snap_dir(round_.generation),
