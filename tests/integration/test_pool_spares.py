@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -46,61 +47,57 @@ def _exits(pool: WorkerPool, count: int) -> list[WorkerExit]:
     return exits
 
 
-def test_a_spawn_takes_the_spare_forked_before_it(tmp_path: Path) -> None:
+@pytest.fixture
+def pool() -> Iterator[WorkerPool]:
+    """A started pool, its zygote ready, closed after the test."""
     pool = WorkerPool((), dict(os.environ), warm_later=())
     pool.start()
     try:
         pool.wait_ready(30)
-        pool.prefork("w0")
-        (spare,) = _children(pool, 1)
-        forked = spare.create_time()
-        asked = time.time()
-        pid = pool.spawn(_request("w0", tmp_path, "echo $$ > pid; exit 4"))
-        exits = _exits(pool, 1)
+        yield pool
     finally:
         pool.close()
+
+
+def test_a_spawn_takes_the_spare_forked_before_it(tmp_path: Path, pool: WorkerPool) -> None:
+    pool.prefork("w0")
+    (spare,) = _children(pool, 1)
+    forked = spare.create_time()
+    asked = time.time()
+    pid = pool.spawn(_request("w0", tmp_path, "echo $$ > pid; exit 4"))
+    exits = _exits(pool, 1)
     # the spare became the worker: same process, forked before the spawn was asked for
     assert pid == spare.pid == int((tmp_path / "pid").read_text())
     assert forked < asked
     assert [(e.worker_id, e.pid, e.exitcode) for e in exits] == [("w0", pid, 4)]
 
 
-def test_spares_no_spawn_took_are_dropped_without_an_exit(tmp_path: Path) -> None:
-    pool = WorkerPool((), dict(os.environ), warm_later=())
-    pool.start()
-    try:
-        pool.wait_ready(30)
-        pool.prefork("w0")
-        pool.prefork("w1")
-        spares = _children(pool, 2)
-        # w0's spawn takes its spare; w1's spare is dropped after the group's spawns
-        pid = pool.spawn(_request("w0", tmp_path, "exit 0"))
-        pool.drop_spares()
-        psutil.wait_procs([s for s in spares if s.pid != pid], timeout=30)
-        exits = _exits(pool, 1)
-        exits += pool.poll_exits(0.5)  # a dropped spare's exit would come by now
-        left = [p.pid for p in psutil.Process(pool.pids[0]).children()]
-    finally:
-        pool.close()
+def test_spares_no_spawn_took_are_dropped_without_an_exit(tmp_path: Path, pool: WorkerPool) -> None:
+    pool.prefork("w0")
+    pool.prefork("w1")
+    spares = _children(pool, 2)
+    # w0's spawn takes its spare; w1's spare is dropped after the group's spawns
+    pid = pool.spawn(_request("w0", tmp_path, "exit 0"))
+    pool.drop_spares()
+    psutil.wait_procs([s for s in spares if s.pid != pid], timeout=30)
+    exits = _exits(pool, 1)
+    exits += pool.poll_exits(0.5)  # a dropped spare's exit would come by now
+    left = [p.pid for p in psutil.Process(pool.pids[0]).children()]
     assert pid in [s.pid for s in spares]
     assert [(e.worker_id, e.exitcode) for e in exits] == [("w0", 0)]
     assert left == []
 
 
-def test_a_spare_killed_while_it_waits_is_replaced_by_a_fresh_fork(tmp_path: Path) -> None:
-    pool = WorkerPool((), dict(os.environ), warm_later=())
-    pool.start()
-    try:
-        pool.wait_ready(30)
-        pool.prefork("w0")
-        (spare,) = _children(pool, 1)
-        spare.kill()
-        spare.wait(30)
-        pid = pool.spawn(_request("w0", tmp_path, "echo $$ > pid; exit 3"))
-        exits = _exits(pool, 1)
-        exits += pool.poll_exits(0.5)  # the dead spare's exit would come by now
-    finally:
-        pool.close()
+def test_a_spare_killed_while_it_waits_is_replaced_by_a_fresh_fork(
+    tmp_path: Path, pool: WorkerPool
+) -> None:
+    pool.prefork("w0")
+    (spare,) = _children(pool, 1)
+    spare.kill()
+    spare.wait(30)
+    pid = pool.spawn(_request("w0", tmp_path, "echo $$ > pid; exit 3"))
+    exits = _exits(pool, 1)
+    exits += pool.poll_exits(0.5)  # the dead spare's exit would come by now
     assert pid != spare.pid and pid == int((tmp_path / "pid").read_text())
     assert [(e.worker_id, e.pid, e.exitcode) for e in exits] == [("w0", pid, 3)]
 
