@@ -31,9 +31,10 @@ its own k, as described above.
 
 from __future__ import annotations
 
+import math
 import os
 
-from ..snapshots.interval import INTERVAL_FILE, MAX_ENCODED, MAX_INTERVAL, Schedule
+from ..snapshots.interval import INTERVAL_FILE, MAX_ENCODED, MAX_INTERVAL, Schedule, power_of_two
 
 MARGIN = 1.25
 SMOOTHING = 0.2  # the weight of the newest step time in the running mean
@@ -98,10 +99,7 @@ class Cadence:
         if not self.step_s or self.step_s <= 0:
             return 1
         steps = seconds * MARGIN / self.step_s
-        interval = 1
-        while interval < steps and interval < MAX_INTERVAL:
-            interval *= 2
-        return interval
+        return power_of_two(math.ceil(min(steps, MAX_INTERVAL)))
 
 
 class JobSchedule:
