@@ -41,6 +41,9 @@ class RestoreResult:
     from_dp_peer: int = 0
     from_disk: str = ""
     seconds: float = 0.0
+    # The generation whose shards were restored, when they were carried over
+    # generations that restored nothing (None: the previous generation's).
+    read_from: int | None = None
 
     def describe(self) -> str:
         if self.step is None:

@@ -204,6 +204,9 @@ class Restorer:
         else:
             raise RtrainError(f"no restore plan worked in {MAX_ATTEMPTS} attempts")
         result.seconds = self._clock.now() - started
+        if real and result.step is not None and not result.from_disk:
+            # a resharding load names the shards it reads by this generation
+            result.read_from = min(shard.generation for shard in real.values())
         return result
 
     def _carried(

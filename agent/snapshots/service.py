@@ -265,7 +265,8 @@ class SnapshotService:
         after a second failure before a save every rank has."""
         if result.step is None or result.from_disk:
             return None
-        written = written_in(generation, result.step, pooled.loaded.values())
+        loaded = pooled.loaded.values()
+        written = written_in(generation, result.step, loaded, result.read_from)
         if written.generation < generation - 1:
             logger.info(
                 "keeping the shards of step %d written in generation %d: no save every "

@@ -130,16 +130,20 @@ class Written(NamedTuple):
     step: int
 
 
-def written_in(generation: int, step: int, loaded: Iterable[Written]) -> Written:
+def written_in(
+    generation: int, step: int, loaded: Iterable[Written], read_from: int | None = None
+) -> Written:
     """Where the shards of `step` that generation `generation` restores were written.
 
-    They are the previous generation's, unless that generation's workers were
-    themselves restored to `step` (a second failure before a save every rank has):
-    then the previous generation's shards of `step` are relabelled copies, and the
-    save is where the nodes that restored it said it was (`loaded`, as each node
-    published it; a new node knows nothing and says nothing)."""
+    They are the generation's the restore read (read_from: older than the previous one
+    when they were carried over generations that restored nothing; by default the
+    previous one), unless that generation's workers were themselves restored to `step`
+    (a second failure before a save every rank has): then its shards of `step` are
+    relabelled copies, and the save is where the nodes that restored it said it was
+    (`loaded`, as each node published it; a new node knows nothing and says nothing)."""
+    read = generation - 1 if read_from is None else read_from
     earlier = [w.generation for w in loaded if w.step == step and w.generation < generation]
-    return Written(min(earlier, default=generation - 1), step)
+    return Written(min(earlier, default=read), step)
 
 
 def job_ceiling(reached: Iterable[Reached]) -> int | None:

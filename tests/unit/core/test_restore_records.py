@@ -98,3 +98,14 @@ def test_a_save_restored_again_is_read_where_it_was_written() -> None:
     assert written_in(1, 5, []) == Written(0, 5)
     # a claim from this generation or later is no earlier save: ignored
     assert written_in(2, 8, [Written(2, 8), Written(5, 8)]) == Written(1, 8)
+
+
+def test_a_save_carried_over_a_generation_that_restored_nothing_is_read_where_written() -> None:
+    # generation 1 ended before its restore: generation 2 restored generation 0's
+    # shards of step 3, carried over (read_from=0); a resharding load names those,
+    # not generation 1's, which nothing holds (before: Written(1, 3))
+    assert written_in(2, 3, [], read_from=0) == Written(0, 3)
+    # generation 1 had itself been restored to step 3 from generation 0 and saved
+    # nothing; generation 2 ended before its restore: generation 3 read generation
+    # 1's relabelled copies, and the nodes say the save is generation 0's
+    assert written_in(3, 3, [Written(0, 3)], read_from=1) == Written(0, 3)
