@@ -117,11 +117,15 @@ class RepairCoordinator:
 
     def park(self, gen: Generation, rdzv: JobRendezvous) -> bool:
         """Ask this generation's running workers to park; True when some were kept (the
-        rest are stopped), False when none was (the caller stops the group as today)."""
+        rest are stopped), False when none was (the caller stops the group as today).
+        A node of opted-in workers writes its `repair` event even when it keeps none
+        (its workers all failed, or none parked): the job's record of the repair names
+        every rank it restarted."""
         self._parked = None
         group = gen.group
         running = group.running
-        if not running or not any(self._opted_in(gen, w) for w in running):
+        # None running: its workers all failed; they opted in if they said "running"
+        if not any(self._opted_in(gen, w) for w in running or group.workers):
             return False
         job = JobFallback(rdzv.store, rdzv.keys)
         if not self._still_on(job, gen.number):
@@ -157,9 +161,10 @@ class RepairCoordinator:
             group.leave_out(left)
             group.prefork(left)
             spawn_started = spawn_started or time.time()
-        job_fallback = self._count_failure(job, gen) if left or not kept else False
-        if not kept and not job_fallback:
-            return False
+        # Failed: a worker asked to park was stopped, or none of those asked was kept.
+        # A node that asked none (its workers all failed) counts nothing.
+        failed = bool(asked) and (bool(left) or not kept)
+        job_fallback = self._count_failure(job, gen) if failed else False
         self._parked = Parked(
             gen.number,
             {w.local_rank: w.pid for w in kept},

@@ -69,7 +69,8 @@ class RepairNote:
 
 def merge(notes: Iterable[RepairNote]) -> dict[int, RepairNote]:
     """The job's repairs by the generation they repaired: every node's ranks together,
-    the slowest node's parking time."""
+    the slowest node's parking time. A generation in which no node kept a process
+    restarted every worker: no repair in place (unless it turned repair off)."""
     merged: dict[int, RepairNote] = {}
     for note in notes:
         was = merged.get(note.from_generation)
@@ -83,7 +84,7 @@ def merge(notes: Iterable[RepairNote]) -> dict[int, RepairNote]:
                 was.job_fallback or note.job_fallback,
             )
         merged[note.from_generation] = note
-    return merged
+    return {g: note for g, note in merged.items() if note.kept or note.job_fallback}
 
 
 def _is_int(value: Any) -> bool:

@@ -157,7 +157,8 @@ def build_report(events: Iterable[Event], bad_lines: int = 0) -> Report:
             except RepairError:  # not what rtrain writes: left out
                 continue
             notes.append(note)
-            line.repairs.append(Mark(t, "repair", note.describe()))
+            if note.kept or note.job_fallback:  # a node that kept none restarted its own
+                line.repairs.append(Mark(t, "repair", note.describe()))
         elif event.name == "replication":
             seconds = float(event["seconds"])
             if seconds > 0:

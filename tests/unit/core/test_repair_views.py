@@ -10,7 +10,7 @@ from rich.console import Console
 from rtrain.cli.render.report import print_report, summary
 from rtrain.cli.render.status import status_view
 from rtrain.core.observe.events import event_line, parse_event
-from rtrain.core.observe.repairs import RepairNote
+from rtrain.core.observe.repairs import RepairNote, merge
 from rtrain.core.observe.report import build_report
 from rtrain.core.observe.status import JobStatus, NodeStatus, node_views
 from rtrain.core.rendezvous.protocol import MemberInfo, Membership, ProtocolError
@@ -92,6 +92,28 @@ def test_a_fallback_is_shown_and_a_garbled_repair_event_is_left_out(capsys) -> N
     garbled.fields["kept"] = [-1]  # not a rank: not what rtrain writes
     (incident,) = build_report(_repaired_run([garbled])).failures
     assert incident.repair is None
+
+
+def test_a_node_that_kept_none_adds_its_restarted_ranks_but_no_ring() -> None:
+    # rank 1 (node a) killed; node b's workers both failed: b keeps none
+    mixed = [_repair(1005.5, "a", [0], [1]), _repair(1005.6, "b", [], [2, 3])]
+    report = build_report(_repaired_run(mixed))
+    (incident,) = report.failures
+    assert incident.repair == RepairNote(0, (0,), (1, 2, 3), (), 0.4)
+    assert [len(n.repairs) for n in report.nodes] == [1, 0]  # b repaired nothing in place
+
+
+def test_a_generation_in_which_no_node_kept_a_process_is_no_repair_in_place() -> None:
+    none_kept = [_repair(1005.5, "a", [], [0, 1]), _repair(1005.6, "b", [], [2, 3], [2, 3])]
+    report = build_report(_repaired_run(none_kept))
+    (incident,) = report.failures
+    assert incident.repair is None and report.repairs == {}
+    assert [len(n.repairs) for n in report.nodes] == [0, 0]
+    assert "repair(s)" not in summary(report)[-1]
+    off = RepairNote(0, (), (2, 3), (2, 3), 5.0, job_fallback=True)  # said, as before
+    assert merge([RepairNote(0, (), (0, 1), (), 0.1), off]) == {
+        0: RepairNote(0, (), (0, 1, 2, 3), (2, 3), 5.0, True)
+    }
 
 
 MEMBERS = Membership(1, [MemberInfo("n0", "10.0.0.0", 2), MemberInfo("n1", "10.0.0.1", 2)])
