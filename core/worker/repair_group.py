@@ -8,7 +8,9 @@ A peer's SIGKILL frees only the ranks connected to it in the running algorithm: 
 ring of 4, a survivor waiting on another survivor stayed blocked 20 s. What works, on
 public interfaces only: shut down (shutdown(2), not close) the connected TCP sockets
 the group opened, told apart from every other socket of the process by taking the
-process's sockets before and after init_process_group. Each blocked gloo read or
+process's sockets before and after init_process_group, and those of every group
+opened since in this generation (new_group's, a 2-D mesh's sub-groups: recorded as
+they are made, core/worker/group_registry.py). Each blocked gloo read or
 write then fails at once ("Connection closed by peer"); so do the peers' reads on
 those connections, so one released survivor frees the others. The listening socket
 is left alone (gloo's listener thread aborts the process on an error there), and a
@@ -26,8 +28,9 @@ goes in the middle of a large send, and to about one release in 30 of small tens
 (one in 6 of 16 MiB) when both ends are released together; the agent then stops that
 survivor after its ACK_S and restarts it, as without repair.
 
-Backends with an abort of their own (NCCL) get ProcessGroup.abort() as well; that path
-needs a GPU and is checked by scripts/gpu_check.sh, not by the CPU tests.
+Backends with an abort of their own (NCCL) get ProcessGroup.abort() as well, on every
+group of the process; that path needs a GPU and is checked by scripts/gpu_check.sh,
+not by the CPU tests.
 """
 
 from __future__ import annotations
@@ -35,54 +38,11 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-import socket
 import threading
 from typing import Any
 
-SOCKET_FOLDER = "/proc/self/fd"
-
-
-def _sockets() -> set[tuple[int, str]]:
-    """(descriptor, 'socket:[inode]') of this process's sockets; empty without /proc."""
-    found: set[tuple[int, str]] = set()
-    try:
-        names = os.listdir(SOCKET_FOLDER)
-    except OSError:
-        return found
-    for name in names:
-        try:
-            link = os.readlink(os.path.join(SOCKET_FOLDER, name))
-        except OSError:
-            continue
-        if link.startswith("socket:"):
-            found.add((int(name), link))
-    return found
-
-
-def _shut(fd: int, link: str) -> bool:
-    """Shut down the connected TCP socket at `fd` if it is still the one seen as `link`."""
-    try:
-        copy = os.dup(fd)
-    except OSError:
-        return False
-    try:
-        if os.readlink(os.path.join(SOCKET_FOLDER, str(copy))) != link:
-            os.close(copy)
-            return False
-        sock = socket.socket(fileno=copy)  # owns `copy` from here
-    except OSError:
-        os.close(copy)
-        return False
-    with sock:
-        try:
-            if sock.family not in (socket.AF_INET, socket.AF_INET6):
-                return False
-            if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
-                return False
-            sock.shutdown(socket.SHUT_RDWR)
-            return True
-        except OSError:
-            return False
+from . import group_registry
+from .group_sockets import Socket, process_sockets, shut_all
 
 
 class TrainingGroup:
@@ -95,31 +55,34 @@ class TrainingGroup:
         self._lock = threading.Lock()
         self._released = False
         self.owned = False  # False: the script had initialised one itself
-        self._mine: set[tuple[int, str]] = set()
+        self._mine: set[Socket] = set()
         if dist.is_initialized():
             return
         if "MASTER_ADDR" not in os.environ:  # plain python: no group, as the script chose
             return
-        before = _sockets()
+        group_registry.track()  # the sub-groups' sockets too, from here on
+        group_registry.begin()
+        before = process_sockets()
         kwargs: dict[str, Any] = {}
         if timeout_s is not None:
             kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
         dist.init_process_group(backend, **kwargs)
-        self._mine = _sockets() - before
+        self._mine = process_sockets() - before
         self.owned = True
 
     def release(self) -> int:
-        """Make every collective of the group fail now (from any thread; once); how many
-        connections were shut down."""
+        """Make every collective of the generation's groups (the world's and every group
+        opened since) fail now (from any thread; once); how many connections were shut
+        down."""
         with self._lock:
             if self._released or not self.owned:
                 return 0
             self._released = True
-        group = self._dist.group.WORLD
-        if group is not None and self._dist.get_backend() != "gloo":
+        for group in group_registry.open_groups():
             with contextlib.suppress(Exception):
-                group.abort()
-        return sum(_shut(fd, link) for fd, link in sorted(self._mine))
+                if self._dist.get_backend(group) != "gloo":
+                    group.abort()
+        return shut_all(self._mine | group_registry.release())
 
     def close(self) -> None:
         """Destroy the group (after release() its calls return at once)."""
