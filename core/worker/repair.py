@@ -59,6 +59,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 POLL_S = 0.01
 DEFAULT_WAIT_S = 30.0
 DEFAULT_RESUME_S = 900.0
+CHECKPOINT_API = "torch.distributed.checkpoint.api"
 
 
 class RepairError(RuntimeError):
@@ -146,6 +147,21 @@ class _Watcher:
         self._thread.join()
 
 
+def _checkpoint_failure(exc: BaseException) -> bool:
+    """Whether `exc` is DCP's CheckpointException: a BaseException (not an Exception),
+    raised on every rank when one rank's part of a dcp.save or dcp.load failed, a
+    released collective's error included."""
+    api = sys.modules.get(CHECKPOINT_API)  # none raised if DCP was never imported
+    found = getattr(api, "CheckpointException", None)
+    return isinstance(found, type) and isinstance(exc, found)
+
+
+def _peer_may_have_failed(exc: BaseException) -> bool:
+    """Whether `exc` is what a collective raises when a peer fails (a RuntimeError, or
+    DCP's CheckpointException around one): worth waiting for the agent's request."""
+    return isinstance(exc, RuntimeError) or _checkpoint_failure(exc)
+
+
 def _generation() -> int:
     found = os.environ.get(RTRAIN_GENERATION) or os.environ.get("TORCHELASTIC_RESTART_COUNT")
     return int(found or 0)
@@ -196,10 +212,12 @@ def _run(
         watcher = _Watcher(control, generation, group)
         try:
             result = fn(*args, **kwargs)
-        except Exception as exc:
+        except BaseException as exc:
+            if not isinstance(exc, Exception) and not _checkpoint_failure(exc):
+                raise  # KeyboardInterrupt, SystemExit: the process ends, as without repair
             group.release()  # peers blocked on this worker are freed at once
             asked = watcher.asked.is_set() or (
-                isinstance(exc, RuntimeError) and control.wait_request(generation)
+                _peer_may_have_failed(exc) and control.wait_request(generation)
             )
             watcher.stop()
             if not asked:
