@@ -3,13 +3,20 @@ agents on localhost nodes and real worker processes: a fault stops only what fai
 the survivors keep their processes, shard the model again on the next generation's
 mesh and load the newest save through torch.distributed.checkpoint over rtrain's
 memory (resharded when the world shrank), and the job's state equals a run without
-the fault (tests/scripts/train_repairable_fsdp.py)."""
+the fault (tests/scripts/train_repairable_fsdp.py). With HSDP (a 2-D mesh) a survivor
+blocked in a sub-group on a node that hangs whole is released and kept too."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.integration.cluster import LocalCluster
@@ -152,10 +159,9 @@ def test_a_hung_worker_of_an_hsdp_mesh_is_replaced_alone_and_the_job_still_match
     tmp_path: Path, hsdp_reference: dict[int, str]
 ) -> None:
     # HSDP: a 2-D mesh (replicated over 2, sharded within each half), so the survivors
-    # also wait in the sub-groups init_device_mesh made, whose connections the release
-    # of the world group does not shut down. Rank 1 is SIGSTOPped and the hang watch
-    # kills it alone (its connections close with it): every survivor is kept, and the
-    # job ends with the shards of the run without a fault.
+    # also wait in the sub-groups init_device_mesh made. Rank 1 is SIGSTOPped and the
+    # hang watch kills it alone: every survivor is kept, and the job ends with the
+    # shards of the run without a fault.
     cluster = _cluster(
         tmp_path,
         "2",
@@ -181,3 +187,62 @@ def test_a_hung_worker_of_an_hsdp_mesh_is_replaced_alone_and_the_job_still_match
     assert all(r["fallback"] == [] for r in repairs.values())
     (hang,) = [e.fields for e in cluster.events("fault") if e.fields["kind"] == "hang"]
     assert hang["rank"] == 1
+
+
+def _wait_for(what: str, check: Callable[[], bool], cluster: LocalCluster) -> None:
+    end = time.monotonic() + 60
+    while not check():
+        assert time.monotonic() < end, f"never saw {what}:\n" + cluster.log(0)
+        time.sleep(0.02)
+
+
+def _stopped(pid: int) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+    return False
+
+
+def test_survivors_blocked_in_an_hsdp_sub_group_on_a_stopped_node_are_kept(
+    tmp_path: Path, hsdp_reference: dict[int, str]
+) -> None:
+    # HSDP over 2 nodes x 2 workers: mesh [[0, 1], [2, 3]], so node 0's workers shard
+    # with each other and replicate with node 1's. Node 1 hangs whole: its workers stop
+    # themselves at the top of step 10, the test then SIGSTOPs its agent and pool, so
+    # no one kills the hung workers. Node 0's survivors wait in the replicate
+    # sub-groups' all-reduce of step 10's backward, a group init_device_mesh made:
+    # the release must shut down its connections too (before: only the world group's,
+    # so they stayed blocked until the groups' 60 s timeout, and their agent restarted
+    # them after 5 s, the fallback). Once they are parked, node 1 is replaced.
+    faults = "rank=2,step=10,action=stop;rank=3,step=10,action=stop"
+    cluster = _cluster(
+        tmp_path,
+        "2",
+        ["--heartbeat-timeout=2"],
+        PROBE_STEPS=STEPS,
+        PROBE_MESH="hsdp",
+        PROBE_FAULT=faults,
+    )
+    try:
+        for rank in (2, 3):
+            entered = (cluster.out / f"enter_gen0_rank{rank}.json").exists
+            _wait_for(f"rank {rank}'s entry", entered, cluster)
+            _wait_for(f"rank {rank}'s stop", lambda r=rank: _stopped(_pid(cluster, 0, r)), cluster)
+        for pid in cluster.node_pids(1):  # the whole node hangs: agent and pool too
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        _wait_for("node 0's repair", lambda: bool(cluster.events("repair")), cluster)
+        cluster.replace_node(1, "2", [*FLAGS, "--heartbeat-timeout=2"], pause=0)
+        codes = cluster.wait(180)
+    finally:
+        cluster.close()
+    assert codes == [0, 0], cluster.log(0) + cluster.log(1)
+    (repair,) = [e.fields for e in cluster.events("repair")]
+    assert repair["kept"] == [0, 1] and repair["restarted"] == [] and repair["fallback"] == []
+    finals = _finals(cluster, 4)
+    assert {r: f["digest"] for r, f in finals.items()} == hsdp_reference
+    assert all(f["world"] == 4 for f in finals.values())
+    for rank in (0, 1):  # repaired in place: the same process through both generations
+        assert finals[rank]["pid"] == _pid(cluster, 0, rank) == _pid(cluster, 1, rank)
+        assert _json(cluster, f"first_step_gen1_rank{rank}.json")["on_this_mesh"] is True
+    for rank in (2, 3):  # the hung node's workers, replaced with it
+        assert finals[rank]["pid"] != _pid(cluster, 0, rank)
