@@ -97,6 +97,9 @@ class ShardLayout:
     refs: list[TensorRef]
     data_len: int
     signature: list[Any] | None = None
+    # Every tensor lives on the host (no device copies): write_shard copies them all in
+    # one batched call. A reused layout's tensors are on the devices the signature says.
+    on_host: bool = False
 
     @property
     def size(self) -> int:
@@ -109,7 +112,9 @@ def plan_shard(state: Any, previous: ShardLayout | None = None) -> ShardLayout:
     and offsets: only its tensors are new."""
     found = signature(state)
     if found is not None and previous is not None and previous.signature == found[0]:
-        return ShardLayout(previous.meta, found[1], previous.refs, previous.data_len, found[0])
+        return ShardLayout(
+            previous.meta, found[1], previous.refs, previous.data_len, found[0], previous.on_host
+        )
     layout = _plan(state)
     layout.signature = None if found is None else found[0]
     return layout
@@ -186,7 +191,8 @@ def _plan(state: Any) -> ShardLayout:
         meta = encode(state, tensor_ref)
     except SkeletonError as exc:
         raise SnapshotError(str(exc)) from None
-    return ShardLayout(meta, tensors, refs, offset)
+    on_host = all(tensor.device.type == "cpu" for tensor in tensors)
+    return ShardLayout(meta, tensors, refs, offset, on_host=on_host)
 
 
 def _placement(placement: Any, ndim: int, place: Callable[[], str]) -> str:
@@ -223,7 +229,15 @@ class Copier(Protocol):
 
     def copy(self, target: Any, source: Any) -> None: ...
 
+    def copy_host(self, targets: list[Any], sources: list[Any]) -> None:
+        """Host tensors into their views, in one batched call."""
+        ...
+
     def finish(self) -> None: ...
+
+
+# write_shard's entry in `views` for the list of a layout's target views
+TARGETS = ("targets",)
 
 
 def write_shard(
@@ -247,26 +261,59 @@ def write_shard(
     if views is not None and len(views) > 4 * len(layout.refs) + 64:
         views.clear()  # views of layouts long gone
     with torch.no_grad():
-        for tensor, ref in zip(layout.tensors, layout.refs, strict=True):
-            if ref.nbytes == 0:
-                continue
-            # The slot's bytes viewed as the tensor (its dtype and shape), kept by the
-            # caller: one copy_ a tensor, strided or not, from the host or a device,
-            # straight into the slot (a device tensor is not staged through .cpu()).
-            where = (meta_end + ref.offset, ref.nbytes, tensor.dtype, ref.shape)
-            target = None if views is None else views.get(where)
-            if target is None:
-                raw = torch.frombuffer(buffer, dtype=torch.uint8, count=where[1], offset=where[0])
-                target = raw.view(tensor.dtype).view(ref.shape)
-                if views is not None:
-                    views[where] = target
-            if copier is None:
-                target.copy_(tensor)
-            else:
-                copier.copy(target, tensor)
+        if copier is not None and layout.on_host and views is not None:
+            # The usual step: an unchanged layout (the same refs) into the same slot. Its
+            # views are listed once, and the copies go in one call (about 0.5 us a tensor
+            # of Python and lookups saved, a tenth of a 3,000-tensor state's copy).
+            entry = views.get(TARGETS)
+            if entry is None or entry[0] is not layout.refs or entry[1] != meta_end:
+                entry = _targets(buffer, layout, meta_end, views)
+                views[TARGETS] = entry
+            _, _, targets, copied = entry
+            sources = layout.tensors
+            copier.copy_host(targets, sources if copied is None else [sources[i] for i in copied])
+        else:
+            for tensor, ref in zip(layout.tensors, layout.refs, strict=True):
+                if ref.nbytes == 0:
+                    continue
+                target = _view(buffer, meta_end, ref, tensor.dtype, views)
+                if copier is None:
+                    target.copy_(tensor)
+                else:
+                    copier.copy(target, tensor)
     if copier is not None:
         copier.finish()
     struct.pack_into("<I", buffer, STATE_OFFSET, COMMITTED)
+
+
+def _view(
+    buffer: Any, meta_end: int, ref: TensorRef, dtype: Any, views: dict[tuple[Any, ...], Any] | None
+) -> Any:
+    """The slot's bytes viewed as the tensor (its dtype and shape), kept by the caller:
+    one copy_ a tensor, strided or not, from the host or a device, straight into the
+    slot (a device tensor is not staged through .cpu())."""
+    import torch
+
+    where = (meta_end + ref.offset, ref.nbytes, dtype, ref.shape)
+    target = None if views is None else views.get(where)
+    if target is None:
+        raw = torch.frombuffer(buffer, dtype=torch.uint8, count=where[1], offset=where[0])
+        target = raw.view(dtype).view(ref.shape)
+        if views is not None:
+            views[where] = target
+    return target
+
+
+def _targets(
+    buffer: Any, layout: ShardLayout, meta_end: int, views: dict[tuple[Any, ...], Any]
+) -> tuple[list[TensorRef], int, list[Any], list[int] | None]:
+    """(refs, meta_end, the views of the tensors with bytes, their indices or None when
+    that is every tensor): write_shard's TARGETS entry for a layout."""
+    copied = [i for i, ref in enumerate(layout.refs) if ref.nbytes]
+    targets = [
+        _view(buffer, meta_end, layout.refs[i], layout.tensors[i].dtype, views) for i in copied
+    ]
+    return layout.refs, meta_end, targets, None if len(copied) == len(layout.refs) else copied
 
 
 def check_shard(buffer: Any, length: int | None = None) -> tuple[ShardHeader, Any]:

@@ -55,36 +55,60 @@ def signature(state: Any) -> tuple[list[Any], list[Any]] | None:
 
 
 def _walk(value: Any, sig: list[Any], tensors: list[Any], depth: int) -> None:
+    # Hot path: a state of thousands of tensors spends most of this walk on its tensors
+    # and small dicts, so a dict's or list's tensors and strings are handled in its own
+    # loop, not by a call each (about 1.5 us a tensor before, 0.6 after).
     kind = type(value)
-    if kind is str or value is None:
-        sig.append(value)
-    elif kind is int or kind is bool or kind is bytes:
-        sig.append((kind, value))
-    elif kind is float:
-        sig.append((kind, repr(value)))
-    elif depth > MAX_DEPTH:
-        raise _Unknown
-    elif kind is dict or kind is OrderedDict:  # a module's state_dict() is the second
-        sig.append((dict, len(value)))
+    add = sig.append
+    if kind is dict or kind is OrderedDict:  # a module's state_dict() is the second
+        if depth > MAX_DEPTH:
+            raise _Unknown
+        add((dict, len(value)))
         for key, item in value.items():
             key_kind = type(key)
             if key_kind is str:
-                sig.append(key)
+                add(key)
             elif key_kind is int or key_kind is bool:
-                sig.append((key_kind, key))
+                add((key_kind, key))
             else:
                 raise _Unknown
-            _walk(item, sig, tensors, depth + 1)
+            item_kind = type(item)
+            if item_kind in _TENSOR_TYPES:
+                add((item.dtype, item.shape, item.device, item.layout))
+                tensors.append(item)
+            elif item_kind is str or item is None:
+                add(item)
+            elif item_kind is int:
+                add((int, item))
+            else:
+                _walk(item, sig, tensors, depth + 1)
     elif kind is list or kind is tuple:
-        sig.append((kind, len(value)))
+        if depth > MAX_DEPTH:
+            raise _Unknown
+        add((kind, len(value)))
         for item in value:
-            _walk(item, sig, tensors, depth + 1)
+            item_kind = type(item)
+            if item_kind in _TENSOR_TYPES:
+                add((item.dtype, item.shape, item.device, item.layout))
+                tensors.append(item)
+            elif item_kind is str or item is None:
+                add(item)
+            elif item_kind is int:
+                add((int, item))
+            else:
+                _walk(item, sig, tensors, depth + 1)
     elif kind in _TENSOR_TYPES:
-        sig.append((value.dtype, value.shape, value.device, value.layout))
+        add((value.dtype, value.shape, value.device, value.layout))
         tensors.append(value)
+    elif kind is str or value is None:
+        add(value)
+    elif kind is int or kind is bool or kind is bytes:
+        add((kind, value))
+    elif kind is float:
+        add((kind, repr(value)))
     elif kind is _DTENSOR:
         local = value.to_local()
-        sig.append(
+        add(
             (
                 _DTENSOR,
                 value.device_mesh,

@@ -181,3 +181,74 @@ def test_adapt_is_the_default_and_waits_without_the_agents_schedule_and_a_bad_on
     monkeypatch.setenv(snapshot_api.SNAPSHOT_POLICY, "skip")
     with pytest.raises(snapshot_api.SnapshotError, match="one of wait, adapt"):
         snapshot(_state(1), 1)
+
+
+def _many(step: int) -> dict:
+    """Host tensors of several dtypes, a non-contiguous one and an empty one among them."""
+    generator = torch.Generator().manual_seed(step)
+    wide = torch.randn(6, 10, generator=generator)
+    return {
+        "w": [torch.randn(5, 7, generator=generator) for _ in range(4)],
+        "t": wide.t(),  # strided: copied by copy_'s own rules
+        "none": torch.zeros(0, 3),
+        "i": torch.arange(7, dtype=torch.int64) * step,
+        "h": torch.randn(9, generator=generator).to(torch.bfloat16),
+        "steps": [2, True, 3],
+    }
+
+
+def test_host_tensors_go_in_one_batched_copy_into_views_listed_once() -> None:
+    calls: list[tuple[int, int]] = []
+
+    class Counting(DeviceCopier):
+        def copy_host(self, targets: list, sources: list) -> None:
+            calls.append((id(targets), len(targets)))
+            super().copy_host(targets, sources)
+
+        def copy(self, target: object, source: object) -> None:
+            raise AssertionError("host tensors go in one batched copy")
+
+    views: dict = {}
+    copier = Counting()
+    layout = plan_shard(_many(1))
+    assert layout.on_host
+    buffer = bytearray(layout.size)
+    for step in (1, 2, 3):
+        layout = plan_shard(_many(step), layout)
+        write_shard(buffer, layout, step, 0, views, copier)
+        state, _ = read_shard(buffer)
+        expected = _many(step)
+        for key in ("t", "none", "i", "h"):
+            assert (
+                torch.equal(state[key], expected[key]) and state[key].dtype == expected[key].dtype
+            )
+        assert all(torch.equal(a, b) for a, b in zip(state["w"], expected["w"], strict=True))
+        looped = bytearray(layout.size)
+        write_shard(looped, plan_shard(_many(step)), step)  # the plain loop of copy_
+        assert buffer == looped
+    # one call a write, the empty tensor left out, the same list of views every time
+    assert [n for _, n in calls] == [7, 7, 7] and len({i for i, _ in calls}) == 1
+
+
+def test_the_batched_copy_equals_a_loop_of_copy_and_falls_back_to_it_before_2_1(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rtrain.core.worker import device_copy
+
+    sources = [torch.randn(3, 4).t(), torch.arange(5), torch.randn(2, 2).to(torch.float16)]
+    installed = torch.__version__
+    for version in (installed, "2.0.1"):
+        monkeypatch.setattr(torch, "__version__", version)
+        assert (device_copy._foreach_copy() is not None) == (version == installed)
+        targets = [torch.empty(s.shape, dtype=s.dtype) for s in sources]
+        with torch.no_grad():
+            device_copy.copy_all(targets, sources)
+        assert all(torch.equal(t, s) for t, s in zip(targets, sources, strict=True))
+
+
+def test_ints_and_bools_in_a_list_are_not_one_value_to_the_reused_layout() -> None:
+    first = plan_shard({"w": torch.zeros(2), "n": [1, True, "a", None]})
+    again = plan_shard({"w": torch.ones(2), "n": [True, 1, "a", None]}, first)
+    assert again.meta != first.meta
+    state, _ = read_shard(bytearray(_written(again)))
+    assert [type(v) for v in state["n"]] == [bool, int, str, type(None)]
