@@ -32,7 +32,7 @@ from ....core.snapshots.restore_plan import ShardId, Written
 from ....core.worker.peer_shards import MAX_RESPONSE, request_path, response_path
 from ...observe.events import emit
 from ..checksums import verify
-from ..shard_store import ShardStore, allocate
+from ..shard_store import ShardStore
 from .client import ShardClient
 from .prefetch import Prefetched, prefetch
 from .wire import IO_TIMEOUT_S, ShardError
@@ -210,7 +210,7 @@ def fetch_shard(
             if holder == context.node_rank:
                 _copy_local(store, shard, target_path)
             else:
-                _copy_remote(context, holder, shard, target_path)
+                _copy_remote(store, context, holder, shard, target_path)
             _check(target_path)
             return holder, None
         except (OSError, ShardError, SnapshotError, KeyError) as exc:
@@ -244,13 +244,17 @@ def _check(path: str) -> None:
         buffer.close()
 
 
-def _copy_remote(context: FetchContext, holder: int, shard: ShardId, target_path: str) -> None:
+def _copy_remote(
+    store: ShardStore, context: FetchContext, holder: int, shard: ShardId, target_path: str
+) -> None:
     host, port = context.servers[holder]
     client = ShardClient(host, port, context.secret, context.source)
     targets: list[Any] = []
 
     def into(size: int) -> Any:
-        targets.append(allocate(target_path, size))
+        # A spare slot left by the restore (a rank restored from local memory takes
+        # none) is received into at memory speed; fresh memory faults in page by page.
+        targets.append(store.spare_or_fresh(target_path, size, f"{shard}, fetched"))
         return targets[-1]
 
     try:
