@@ -252,3 +252,16 @@ def test_ints_and_bools_in_a_list_are_not_one_value_to_the_reused_layout() -> No
     assert again.meta != first.meta
     state, _ = read_shard(bytearray(_written(again)))
     assert [type(v) for v in state["n"]] == [bool, int, str, type(None)]
+
+
+def test_state_of_keeps_tensors_and_plain_values_and_takes_every_stateful_s_dict() -> None:
+    from rtrain.core.worker.stateful import state_of
+
+    weight = torch.nn.Parameter(torch.ones(2))
+    module = torch.nn.Linear(2, 2)
+    tensor = torch.zeros(3)
+    state = {"t": tensor, "p": weight, "v": [1, 2.0, "x", None, b"y", True], "m": (module,)}
+    got = state_of(state)
+    assert got["t"] is tensor and got["p"] is weight and got["v"] == state["v"]
+    assert isinstance(got["m"], tuple) and set(got["m"][0]) == {"weight", "bias"}
+    assert got is not state and got["v"] is not state["v"]  # the containers are new
