@@ -12,7 +12,10 @@ For each state size (a state dict of float32 tensors):
                                                             (evicted from the page cache)
   peer restore ShardClient.get from a peer into a fresh slot, as the agent does,
                + restore(copy=False)                        vs one loopback TCP stream
-and, for one size, a job's end-to-end recovery (fault -> first step done with the state
+--peer-only: the peer restore alone, as the agent does it after a failure (into a
+spare slot written before it, agent/snapshots/spare_pool.py; and into fresh memory),
+interleaved with the loopback stream over --reps repetitions, medians, the load beside.
+And, for one size, a job's end-to-end recovery (fault -> first step done with the state
 restored): rtrain restoring from memory within the job, vs torchrun restarting
 (in-job, and as a fresh launch after the crash, as a requeue would) from a torch.save
 checkpoint written every step.
@@ -30,6 +33,7 @@ import mmap
 import os
 import platform
 import socket
+import statistics
 import sys
 import tempfile
 import threading
@@ -278,6 +282,62 @@ def render(rows: list[dict], e2e: dict | None, command: str) -> str:
     return "\n".join(lines)
 
 
+def peer_restore_medians(mb: int, reps: int) -> dict[str, float]:
+    """Median seconds of one loopback stream and of a restore from a peer into a spare
+    slot and into fresh memory, the three taken in turn in each repetition (a loaded
+    machine's drift falls on all three alike)."""
+    state = _state(mb)
+    layout = plan_shard(state)
+    buffer = bytearray(layout.size)
+    write_shard(buffer, layout, 1)
+    del state
+    size, shard = layout.size, ShardId(0, 0, 1)
+    times: dict[str, list[float]] = {"loopback": [], "spare": [], "fresh": []}
+    with tempfile.TemporaryDirectory(dir=SHM) as folder:
+        peer = ShardServer("127.0.0.1", SECRET, ShardStore(os.path.join(folder, "peer"), 0))
+        node = ShardStore(os.path.join(folder, "node"), 0)
+        client = ShardClient("127.0.0.1", peer.port, SECRET)
+        try:
+            client.put(shard, buffer, size, checksums(buffer, size))
+            del buffer
+
+            def restore() -> None:
+                target = node.restore_target(1, 0, size)
+                client.get(shard, lambda n: target)
+                target.close()
+                _worker_restore(os.path.join(node.snap_dir(1), "rank0.slot0"), copy=False)
+
+            for _ in range(reps):
+                times["loopback"].append(loopback_seconds(size, 1))
+                node.pool.top_up(1, size, 2 * size)  # as the service keeps one per rank
+                times["spare"].append(_best(restore, 1))
+                node.pool.close()
+                node.pool.wanted = False  # fresh memory on purpose: no warning
+                times["fresh"].append(_best(restore, 1))
+        finally:
+            client.close()
+            peer.close()
+            node.pool.close()
+    return {key: statistics.median(values) for key, values in times.items()} | {"bytes": size}
+
+
+def print_peer_restores(sizes: list[int], reps: int) -> None:
+    print(f"load average {os.getloadavg()[0]:.1f} (1 min) on {os.cpu_count()} CPUs")
+    print(
+        "| state | loopback stream | restore into a spare slot | vs loopback (target >= 0.7) "
+        "| into fresh memory | vs loopback |"
+    )
+    print("|---|---|---|---|---|---|")
+    for mb in sizes:
+        m = peer_restore_medians(mb, reps)
+        print(
+            f"| {mb} MB | {_gbs(m['bytes'], m['loopback'])} | {_gbs(m['bytes'], m['spare'])} "
+            f"| {m['loopback'] / m['spare']:.2f} | {_gbs(m['bytes'], m['fresh'])} "
+            f"| {m['loopback'] / m['fresh']:.2f} |"
+        )
+    print(f"load average {os.getloadavg()[0]:.1f} after; medians of {reps} repetitions")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10,100,1000", help="state sizes in MB")
@@ -285,7 +345,11 @@ def main() -> None:
     parser.add_argument("--e2e-mb", type=int, default=500, help="0 to skip the job runs")
     parser.add_argument("--e2e-runs", type=int, default=2)
     parser.add_argument("--doc", default=str(ROOT / "docs" / "benchmarks.md"))
+    parser.add_argument("--peer-only", action="store_true", help="the peer restore alone")
     args = parser.parse_args()
+    if args.peer_only:
+        print_peer_restores([int(s) for s in args.sizes.split(",")], args.reps)
+        return
     rows = measure([int(s) for s in args.sizes.split(",")], args.reps)
     table = Table(title="in-memory snapshots (best of repetitions)")
     columns = (
