@@ -31,6 +31,7 @@ moves by more than their difference. Medians of --reps; minor page faults a call
 from __future__ import annotations
 
 import argparse
+import gc
 import mmap
 import os
 import resource
@@ -97,6 +98,11 @@ def main() -> None:
     )
     parser.add_argument(
         "--lean", action="store_true", help="no /dev/shm copy or memcpy (one state's less memory)"
+    )
+    parser.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="gc.freeze() before timing: the collector no longer walks the long-lived heap",
     )
     args = parser.parse_args()
     layers = max(int(args.mb * 2**20 / 4 / 3) // (args.width * args.width), 1)
@@ -186,6 +192,8 @@ def main() -> None:
         for _ in range(3):  # every slot written once: its pages are mapped
             for run in runs.values():
                 run()
+        if args.gc_freeze:
+            gc.freeze()  # what a training script can do once its model is built
         for _ in range(args.reps):
             for name, run in runs.items():
                 for part in parts:
@@ -212,6 +220,7 @@ def main() -> None:
     print(
         f"{nbytes / 2**20:.0f} MiB in {len(sources)} tensors, {args.reps} repetitions, "
         f"medians of CPU ms; THP: {_thp()}; load: {os.getloadavg()[0]:.2f}"
+        f"{'; gc.freeze()' if args.gc_freeze else ''}"
     )
     for name in runs:
         print(
