@@ -167,9 +167,20 @@ class JobInterval:
                     return
             with self._lock:
                 reached, seconds = self._rate.reached, self._rate.seconds
-            changed = schedule.then(target, max(reached, 0), lead_indices(seconds))
+            lead = lead_indices(seconds)
+            changed = schedule.then(target, max(reached, 0), lead)
             desired = changed.encode()
             if self._store.compare_set(key, held or b"", desired) == desired:
+                # when, and how far ahead of the workers: a change its nodes learn
+                # of after its start is visible against this line
+                logger.info(
+                    "appended to the job's schedule: one step in %d from index %d "
+                    "(this node's workers at index %d, lead %d)",
+                    target,
+                    changed.last.start,
+                    reached,
+                    lead,
+                )
                 return
 
     def _read(self, followed: _Followed) -> None:
