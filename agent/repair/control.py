@@ -1,5 +1,5 @@
 """WorkerControl: the agent's side of one local rank's repair folder (the wire is
-core/worker/repair_wire.py). The folder outlives the workers of that local rank; a
+core/worker/repair/wire.py). The folder outlives the workers of that local rank; a
 fresh worker finds it empty."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 
-from ...core.worker.repair_wire import (
+from ...core.worker.repair.wire import (
     REQUEST_FILE,
     RESUME_FILE,
     STATE_FILE,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from ...core.clock import wait_until
 from ...core.errors import RendezvousError
-from ...core.worker.repair_wire import PARKED, REPAIR_DIR, REPAIR_WAIT, RESUME_WAIT, RUNNING
+from ...core.worker.repair.wire import PARKED, REPAIR_DIR, REPAIR_WAIT, RESUME_WAIT, RUNNING
 from ..generation import Generation
 from ..observe.events import emit
 from ..rendezvous.job import JobRendezvous

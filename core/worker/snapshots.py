@@ -72,7 +72,7 @@ from ..snapshots.format import (
 from ..snapshots.interval import DEFAULT_POLICY, POLICIES, POLICY_VARIABLE, Schedule
 from .cadence import Cadence, JobSchedule
 from .device_copy import DeviceCopier
-from .repair_asked import ASKED
+from .repair.asked import ASKED
 from .stateful import dtensor_builder, load_into, meshes_in, state_of
 
 WAIT_LIMIT_S = 300.0

@@ -1,5 +1,5 @@
 """rtrain.repairable's worker side with real processes over gloo, the test playing the
-agent through the control files (core/worker/repair_wire.py): a survivor blocked in a
+agent through the control files (core/worker/repair/wire.py): a survivor blocked in a
 collective on a stopped peer is released when asked, parks, and trains on in the next
 generation in the same process; a worker whose own code raises fails as today."""
 
@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from rtrain.core.worker.repair_wire import (
+from rtrain.core.worker.repair.wire import (
     PARKED,
     REPAIR_DIR,
     REPAIR_WAIT,
@@ -159,7 +159,7 @@ def _usage(pid: int) -> tuple[int, int, int]:
 def test_twenty_repairs_in_a_row_leak_no_threads_descriptors_or_memory(tmp_path: Path) -> None:
     # A 5 s group timeout: about one repair in 30 here, a gloo collective whose send
     # was still queued in gloo's pair when the peer's release closed it stays blocked
-    # until that timeout (core/worker/repair_group.py, "The limit"); the agent would
+    # until that timeout (core/worker/repair/group.py, "The limit"); the agent would
     # stop it after ACK_S and restart it, which this test, playing the agent, does not do.
     workers = Workers(tmp_path, 2, PROBE_GROUP_TIMEOUT="5")
     repairs, seen = 20, {}

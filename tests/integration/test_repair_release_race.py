@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 import pytest
-from rtrain.core.worker.repair_wire import REQUEST_FILE, encode_request
+from rtrain.core.worker.repair.wire import REQUEST_FILE, encode_request
 
 from tests.integration.helpers import ROOT, free_port
 from tests.integration.test_repair_release import Workers, wait_for

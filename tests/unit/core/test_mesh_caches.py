@@ -1,4 +1,4 @@
-"""forget_meshes (core/worker/mesh_caches.py): a process that outlives its process group,
+"""forget_meshes (core/worker/repair/mesh_caches.py): a process that outlives its process group,
 as a worker repaired in place does, keeps none of the old generation's meshes in
 DTensor's caches. Each case runs in a child process of its own (a real gloo group of
 one rank, FSDP2 and Adam), since torch.distributed's state is per process."""
@@ -24,7 +24,7 @@ GENERATIONS = textwrap.dedent(
     from torch import nn
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from rtrain.core.worker.mesh_caches import forget_meshes
+    from rtrain.core.worker.repair.mesh_caches import forget_meshes
 
     def free_port():
         with socket.socket() as sock:
@@ -89,7 +89,7 @@ def test_without_it_the_first_generations_group_lives_on_and_its_mesh_is_reused(
 
 def test_a_worker_that_never_used_dtensor_does_not_import_it() -> None:
     code = (
-        "import sys; from rtrain.core.worker.mesh_caches import forget_meshes;"
+        "import sys; from rtrain.core.worker.repair.mesh_caches import forget_meshes;"
         "print(forget_meshes(), 'torch.distributed.tensor' in sys.modules)"
     )
     done = subprocess.run(
@@ -99,7 +99,7 @@ def test_a_worker_that_never_used_dtensor_does_not_import_it() -> None:
 
 
 def test_the_dtensor_rng_tracker_goes_as_in_a_fresh_process() -> None:
-    from rtrain.core.worker.mesh_caches import forget_meshes
+    from rtrain.core.worker.repair.mesh_caches import forget_meshes
     from torch.distributed.tensor import _random
 
     _random._rng_tracker = object()  # type: ignore[assignment]
@@ -115,7 +115,7 @@ def test_on_the_checked_torch_every_named_cache_is_found() -> None:
     # one would leave an old mesh cached without a word, so the checked release's count
     # is pinned here (CI installs it).
     import torch
-    from rtrain.core.worker import mesh_caches
+    from rtrain.core.worker.repair import mesh_caches
 
     release = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
     if release != mesh_caches.CHECKED_ON:
@@ -124,7 +124,7 @@ def test_on_the_checked_torch_every_named_cache_is_found() -> None:
         )
     code = (
         "import torch.distributed.tensor._redistribute, torch.distributed.tensor._collective_utils;"
-        "from rtrain.core.worker.mesh_caches import forget_meshes; print(forget_meshes())"
+        "from rtrain.core.worker.repair.mesh_caches import forget_meshes; print(forget_meshes())"
     )
     found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert int(found.stdout) == mesh_caches.CACHES

@@ -1,5 +1,5 @@
 """A snapshot that waits for its last step's replication ends when the agent asks for
-a repair in place (core/worker/repair_asked.py), in one worker, the test playing the
+a repair in place (core/worker/repair/asked.py), in one worker, the test playing the
 agent (which never marks the slot replicated: its peer is gone)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 from rtrain.core.snapshots.format import SnapshotError
-from rtrain.core.worker.repair_asked import ASKED
+from rtrain.core.worker.repair.asked import ASKED
 from rtrain.core.worker.snapshots import snapshot
 
 

@@ -1,4 +1,4 @@
-"""TrainingGroup.release() (core/worker/repair_group.py) with real processes over gloo:
+"""TrainingGroup.release() (core/worker/repair/group.py) with real processes over gloo:
 a survivor blocked in a sub-group's collective (dist.new_group, as init_device_mesh
 makes for a 2-D mesh) on a SIGSTOPped peer is freed at once, not at the group's
 timeout, while the sockets the script opened itself (a connection made after the
@@ -27,8 +27,8 @@ WORKER = textwrap.dedent(
     """
     import datetime, json, os, socket, sys, threading, time
     import torch, torch.distributed as dist
-    from rtrain.core.worker import group_registry
-    from rtrain.core.worker.repair_group import TrainingGroup
+    from rtrain.core.worker.repair import group_registry
+    from rtrain.core.worker.repair.group import TrainingGroup
 
     rank, out = int(sys.argv[1]), sys.argv[2]
     timeout = datetime.timedelta(seconds=float(sys.argv[3]))
@@ -130,13 +130,13 @@ def test_on_the_checked_torch_the_private_api_is_found() -> None:
     # sub-groups unreleased without a word, so the checked release pins them (CI
     # installs it).
     import torch
-    from rtrain.core.worker import group_registry
+    from rtrain.core.worker.repair import group_registry
 
     release = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
     if release != group_registry.CHECKED_ON:
         pytest.skip(f"torch {torch.__version__}: read on {group_registry.CHECKED_ON}")
     code = (
-        "from rtrain.core.worker import group_registry as g;"
+        "from rtrain.core.worker.repair import group_registry as g;"
         "print(g.track(), g.tracked(), g.open_groups() == [],"
         " isinstance(g._c10d()._world.pg_map, dict))"
     )

@@ -1,10 +1,10 @@
-"""rtrain.repairable (core/worker/repair.py) and DCP's CheckpointException, a
+"""rtrain.repairable (core/worker/repair/repairable.py) and DCP's CheckpointException, a
 BaseException that dcp.save and dcp.load raise on every rank when one rank's part
 failed (a released collective's error included): with a repair asked, the worker is
 kept (parked, then called again in the next generation), as after a released
 collective's RuntimeError; with none, it fails as today; KeyboardInterrupt and
 SystemExit still end the process. The test plays the agent through the control files
-(core/worker/repair_wire.py); the save is torch's real dcp.save, in one process."""
+(core/worker/repair/wire.py); the save is torch's real dcp.save, in one process."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import rtrain
 import torch
 import torch.distributed.checkpoint as dcp
-from rtrain.core.worker.repair_wire import (
+from rtrain.core.worker.repair.wire import (
     REPAIR_DIR,
     REPAIR_WAIT,
     REQUEST_FILE,

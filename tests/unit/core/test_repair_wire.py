@@ -1,11 +1,11 @@
-"""The repair control files (core/worker/repair_wire.py): what one side writes the
+"""The repair control files (core/worker/repair/wire.py): what one side writes the
 other reads back; anything else (garbage, wrong types, oversized) is refused as None."""
 
 from __future__ import annotations
 
 import json
 
-from rtrain.core.worker.repair_wire import (
+from rtrain.core.worker.repair.wire import (
     MAX_BYTES,
     PARKED,
     RUNNING,

@@ -12,7 +12,7 @@ file renamed over it), so a reader sees the old content or the new, never a part
                 worker of g2 gets at its start).
 
 Pure: the names and the checked decoding; the files are read and written by the two
-sides (core/worker/repair.py, agent/repair/control.py). Nothing is unpickled.
+sides (core/worker/repair/repairable.py, agent/repair/control.py). Nothing is unpickled.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ objects) lives on into the next generation.
 
 The function is called once per generation this process takes part in. On a fault
 elsewhere the agent asks the worker to repair (request.json in its control folder,
-core/worker/repair_wire.py): a watcher thread shuts down the group's connections, so
+core/worker/repair/wire.py): a watcher thread shuts down the group's connections, so
 the collective the function is blocked in (or its next one) raises; the function's
 frames unwind; rtrain destroys the group, says "parked", waits for the next
 generation's environment, opens the new group (new rank, world size, store) and calls
@@ -32,12 +32,12 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
-from ..clock import wait_until
-from ..config.worker_env import RTRAIN_GENERATION
+from ...clock import wait_until
+from ...config.worker_env import RTRAIN_GENERATION
+from .asked import ASKED
+from .group import TrainingGroup
 from .mesh_caches import forget_meshes
-from .repair_asked import ASKED
-from .repair_group import TrainingGroup
-from .repair_wire import (
+from .wire import (
     PARKED,
     REPAIR_DIR,
     REPAIR_WAIT,
@@ -239,7 +239,7 @@ def _run(
         # The old generation's wrappers (DDP, FSDP2) and their hooks go now, while the
         # agent meets the others (a full collection took 0.76 s on a loaded 2-core
         # machine: not before the answer), and with them its meshes, once DTensor's
-        # caches forget them (core/worker/mesh_caches.py).
+        # caches forget them (core/worker/repair/mesh_caches.py).
         forget_meshes()
         gc.collect()
         resume = control.wait_resume(generation)

@@ -1,5 +1,5 @@
 """Every process group a worker opens in one generation, sub-groups included, so that a
-repair releases them all (core/worker/repair_group.py), not only the world group.
+repair releases them all (core/worker/repair/group.py), not only the world group.
 
 Sockets (gloo). torch.distributed opens each gloo group through one function,
 distributed_c10d._new_process_group_helper: init_process_group's world group,

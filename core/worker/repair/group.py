@@ -10,7 +10,7 @@ public interfaces only: shut down (shutdown(2), not close) the connected TCP soc
 the group opened, told apart from every other socket of the process by taking the
 process's sockets before and after init_process_group, and those of every group
 opened since in this generation (new_group's, a 2-D mesh's sub-groups: recorded as
-they are made, core/worker/group_registry.py). Each blocked gloo read or
+they are made, core/worker/repair/group_registry.py). Each blocked gloo read or
 write then fails at once ("Connection closed by peer"); so do the peers' reads on
 those connections, so one released survivor frees the others. The listening socket
 is left alone (gloo's listener thread aborts the process on an error there), and a
