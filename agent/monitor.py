@@ -81,8 +81,9 @@ class GenerationMonitor:
             if store_due:
                 next_store_check = now + store_every
                 progress = self._snapshots.progress()
-                self._snapshots.agree_interval()  # the adapt policy's job-wide interval
                 beats = gen.beats()
+                # the adapt policy's job-wide interval, ahead of where the workers are
+                self._snapshots.agree_interval([beat[1] for _, beat in beats if beat])
                 self._observer.sample(beats, *progress)
                 self._observer.publish_status(rdzv.store, rdzv.keys, gen.place, beats, *progress)
             look = False  # at the round, the abort record and the waiting nodes

@@ -10,7 +10,10 @@ met there as by every other read, this node:
   per change;
 - when that raises the job's interval, or may lower it (then every node's want is read
   in one multi_get), appends the change to the job's schedule, r<g>/snap_interval, by
-  compare-and-set, taking effect LEAD_S of steps past where its workers are;
+  compare-and-set, taking effect LEAD_S of steps past where its workers are: their
+  heartbeats' steps, read at the same check, and the replicator's notes (which come
+  a replication late: taken alone, a change started at a step the workers had passed,
+  1.7-7.9 s late on a loaded machine);
 - reads the schedule (a get on TCPStore, a watch on etcd) and, when it changed, hands
   it to its workers (INTERVAL_FILE in their slot folder, replaced whole) and says so:
   a `snapshot_interval` event per local rank, scope "job", with the step the change
@@ -29,7 +32,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ...core.errors import RendezvousError, StoreUnavailable
@@ -123,16 +126,28 @@ class JobInterval:
             self._rate.observe(step // gap, time.monotonic())
             self._took = took
 
-    def poll(self) -> None:
+    def poll(self, steps: Sequence[int] = ()) -> None:
         """Publish this node's want if it changed, change the job's if it must, and hand
-        a changed schedule to the workers. A lost store raises (StoreUnavailable), as
-        at any other read of the generation loop; anything else is said and retried."""
+        a changed schedule to the workers. steps: this node's workers' latest heartbeat
+        steps. A lost store raises (StoreUnavailable), as at any other read of the
+        generation loop; anything else is said and retried."""
+        self._observe(steps)
         try:
             self._poll()
         except (StoreUnavailable, RendezvousError):
             raise
         except Exception as exc:  # retried at the next check; the workers keep the last
             self._failures.warn(type(exc).__name__, "snapshot interval: %r", exc)
+
+    def _observe(self, steps: Sequence[int]) -> None:
+        """Where the workers are now, from their heartbeats: once they snapshot (the
+        step gap is known from the replicator's first note), the furthest heartbeat's
+        step index counts as reached."""
+        if not steps:
+            return
+        with self._lock:
+            if self._followed is not None and self._wants:
+                self._rate.observe(max(steps) // self._gap, time.monotonic())
 
     def _poll(self) -> None:
         with self._lock:

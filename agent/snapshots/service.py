@@ -11,7 +11,7 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from ...core.clock import Clock
 from ...core.config.component_specs import SnapshotPart
@@ -166,11 +166,12 @@ class SnapshotService:
         replicated = self._replicator.newest_replicated if self._replicator else None
         return self._admission.ceiling.newest, replicated
 
-    def agree_interval(self) -> None:
+    def agree_interval(self, steps: Sequence[int] = ()) -> None:
         """The adapt policy's job-wide snapshot interval (agent/snapshots/interval.py):
-        called at the generation monitor's store checks."""
+        called at the generation monitor's store checks, with the steps of this node's
+        workers' latest heartbeats."""
         if self._interval is not None:
-            self._interval.poll()
+            self._interval.poll(steps)
 
     def _spare_sizing(self) -> tuple[int, int, int]:
         """The spare slots restores receive into: one per local rank, as large as the

@@ -98,3 +98,37 @@ def test_under_the_wait_policy_nothing_is_read_or_written(tmp_path: Path) -> Non
     node.note(0, 0, 8, 1, 0.5)
     node.poll()
     assert store.writes == 0 and not (tmp_path / INTERVAL_FILE).exists()
+
+
+def test_a_change_starts_past_the_workers_heartbeats_not_the_replicators_late_notes(
+    tmp_path: Path,
+) -> None:
+    """The replicator notes a step a replication late; the workers' heartbeats say
+    where they are. A change must start past the heartbeats, or it starts at a step
+    the workers already passed (measured 1.7-7.9 s late under load)."""
+    store = memory_store()
+    keys = StoreKeys("job")
+    node = JobInterval(store, keys, active=True)
+    node.follow(0, 0, 1, str(tmp_path), [0, 1])
+    for step in range(0, 20, 2):  # gap 2: the replicator has seen indices up to 9
+        node.note(0, step, 1, 2, 0.01)
+    node.poll([300, 302])  # the workers' heartbeats: step 302, index 151
+    node.note(0, 20, 8, 2, 0.9)  # the late note of index 10 asks for a larger k
+    node.poll([304, 306])
+    held = Schedule.decode(store.get(keys.snapshot_schedule(0)))
+    assert held is not None and held.last.interval == 8
+    assert held.last.start > 306 // 2  # past the furthest heartbeat's index
+    assert _schedule(tmp_path) == held
+
+
+def test_heartbeats_before_the_first_snapshot_change_nothing(tmp_path: Path) -> None:
+    """Before a worker snapshots, the step gap is unknown: heartbeats are not counted."""
+    store = memory_store()
+    keys = StoreKeys("job")
+    node = JobInterval(store, keys, active=True)
+    node.follow(0, 0, 1, str(tmp_path), [0])
+    node.poll([1000])
+    node.note(0, 0, 8, 1, 0.5)
+    node.poll()
+    held = Schedule.decode(store.get(keys.snapshot_schedule(0)))
+    assert held is not None and held.last.interval == 8 and held.last.start < 1000
