@@ -397,3 +397,9 @@ def chunk_digest(data: Any) -> int:
     """The checksum of one CHUNK of a shard (agent/snapshots/checksums.py hashes the
     chunks of a shard in parallel: xxhash releases the GIL)."""
     return xxhash.xxh3_64_intdigest(data)
+
+
+def chunk_hasher() -> Any:
+    """A streaming form of chunk_digest (update(piece)..., intdigest()), for a chunk
+    checked as it arrives piece by piece."""
+    return xxhash.xxh3_64()

@@ -25,10 +25,8 @@ import struct
 import time
 from typing import Any
 
-import xxhash
-
 from ....core.errors import RtrainError
-from ....core.snapshots.format import HEADER_SIZE, chunk_bounds
+from ....core.snapshots.format import HEADER_SIZE, chunk_bounds, chunk_hasher
 
 MAGIC = b"RTRS"
 NONCE = 32
@@ -83,7 +81,7 @@ def recv_verified(sock: socket.socket, buffer: Any, size: int) -> list[int]:
     view = memoryview(buffer)
     digests = []
     for start, end in chunk_bounds(view[:HEADER_SIZE], size):
-        digest = xxhash.xxh3_64()
+        digest = chunk_hasher()
         got = start
         while got < end:
             n = sock.recv_into(view[got:end], min(end - got, BUFFER))
