@@ -47,16 +47,27 @@ def _wait_for(cluster: LocalCluster, predicate, timeout: float, what: str) -> No
 def test_a_slow_node_sets_one_interval_for_the_job_and_a_kill_restores_a_kept_step(
     tmp_path, snapshot_reference
 ):
+    check_one_interval_and_a_kept_restore(tmp_path, snapshot_reference, ["--max-restarts=1"], 60)
+
+
+def check_one_interval_and_a_kept_restore(
+    tmp_path, snapshot_reference, flags: list[str], wait_s: float, **cluster_args
+) -> LocalCluster:
+    """The scenario, asserted (also over etcd: test_snapshot_interval_etcd.py): the slow
+    node raises the job's interval, both nodes hand it over, a worker of the slow node
+    is SIGKILLed past the change and restores a kept step. The cluster, closed, for the
+    caller's own checks."""
     cluster = LocalCluster(
         tmp_path,
         2,
         "2",
-        [*SNAPSHOT_FLAGS, "--max-restarts=1"],
+        [*SNAPSHOT_FLAGS, *flags],
         script=SNAPSHOTTING,
         node_env={SLOW_NODE: {"PROBE_STATE_MB": "256"}},
         PROBE_STEPS=SNAPSHOT_STEPS,
         PROBE_STEP_SLEEP="0.05",
         RTRAIN_SNAPSHOT_POLICY="adapt",
+        **cluster_args,
     )
     try:
         # The slow node's want raises the job's interval; both nodes hand it over.
@@ -66,12 +77,15 @@ def test_a_slow_node_sets_one_interval_for_the_job_and_a_kill_restores_a_kept_st
                 any(c.interval > 1 for c in v) for v in changes.values()
             )
 
-        _wait_for(cluster, raised_on_both, 60, "job-wide interval on both nodes")
+        _wait_for(cluster, raised_on_both, wait_s, "job-wide interval on both nodes")
         (first,) = {changes[0] for changes in _job_changes(cluster, 0).values()}
         # Past the change's start and its next kept step: then a worker of the slow node
         # dies (SIGKILL, as a crash).
         _wait_for(
-            cluster, lambda: cluster.progress() >= first.start + first.interval + 1, 60, "progress"
+            cluster,
+            lambda: cluster.progress() >= first.start + first.interval + 1,
+            wait_s,
+            "progress",
         )
         victim = _worker_pid(cluster, KILLED_RANK)
         done = cluster.progress()
@@ -87,9 +101,7 @@ def test_a_slow_node_sets_one_interval_for_the_job_and_a_kill_restores_a_kept_st
     # one, busy with 256 MiB shards, are late too. Every node applies the largest.)
     # Every rank restored one step, one the job's schedule keeps, bitwise that step's
     # state, and the job ended as a run without failures.
-    restored = [
-        json.loads(p.read_text()) for p in (tmp_path / "out").glob("restored_gen1_rank*.json")
-    ]
+    restored = [json.loads(p.read_text()) for p in cluster.out.glob("restored_gen1_rank*.json")]
     assert len(restored) == 4, cluster.log(0) + cluster.log(1)
     (step,) = {r["step"] for r in restored}
     assert step >= first.start and schedule.due(step), (step, changes)
@@ -98,8 +110,9 @@ def test_a_slow_node_sets_one_interval_for_the_job_and_a_kill_restores_a_kept_st
     newest = [s for s in range(done + 1, -1, -1) if schedule.due(s)][:3]
     assert step in newest, (step, done, changes)
     assert {r["digest"] for r in restored} == {snapshot_reference.steps[step]}
-    finals = {json.loads(p.read_text())["digest"] for p in (tmp_path / "out").glob("final_*")}
+    finals = {json.loads(p.read_text())["digest"] for p in cluster.out.glob("final_*")}
     assert finals == {snapshot_reference.final}
+    return cluster
 
 
 def _worker_pid(cluster: LocalCluster, rank: int) -> int:
