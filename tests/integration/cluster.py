@@ -148,6 +148,14 @@ class LocalCluster:
     def wait(self, timeout: float = 120) -> list[int | None]:
         return self.wait_some(list(range(len(self.procs))), timeout)
 
+    def finish(self, timeout: float = 120) -> list[int | None]:
+        """Every node's exit code (wait), the cluster closed after it even if the wait
+        raises: a node still running at `timeout` (its code None) is stopped."""
+        try:
+            return self.wait(timeout)
+        finally:
+            self.close()
+
     def wait_some(self, indices: list[int], timeout: float) -> list[int | None]:
         """The exit codes of the nodes at `indices` (None: still running after `timeout`)."""
         end = time.monotonic() + timeout

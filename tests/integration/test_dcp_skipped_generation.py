@@ -85,10 +85,7 @@ def _loads(cluster: LocalCluster) -> dict[str, dict]:
 def no_fault(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The output folder of the three nodes' run without a fault (full_step<S>.txt)."""
     cluster = _cluster(tmp_path_factory.mktemp("no_fault"))
-    try:
-        codes = cluster.wait(180)
-    finally:
-        cluster.close()
+    codes = cluster.finish(180)
     assert codes == [0, 0, 0], cluster.log(0)
     return cluster.out
 

@@ -117,10 +117,7 @@ def test_a_node_that_fails_its_checks_before_joining_stays_out(tmp_path, referen
         node_env={0: scenario(tmp_path, "node0"), 1: sick},
         PROBE_STEPS=STEPS,
     )
-    try:
-        codes = cluster.wait()
-    finally:
-        cluster.close()
+    codes = cluster.finish()
     assert codes == [0, NODE_UNHEALTHY], cluster.log(0) + cluster.log(1)
     assert "GPU check before joining" in cluster.log(1)
     assert "driver asks for: node reboot" in cluster.log(1)

@@ -95,10 +95,7 @@ def test_hung_worker_is_detected_its_stack_reported_and_the_job_recovers(
         PROBE_FAULT=f"rank=1,step=6,gen=0,action={action}",
         RTRAIN_STACK_TOOL=tool,
     )
-    try:
-        codes = cluster.wait()
-    finally:
-        cluster.close()
+    codes = cluster.finish()
     log = cluster.log(0)
     assert codes == [0], log
     final = final_records(cluster)
@@ -259,10 +256,7 @@ def test_a_flapping_node_is_excluded_and_the_others_go_on(tmp_path, reference):
         PROBE_STEPS=STEPS,
         PROBE_FAULT="rank=4,step=3,gen=0/1,action=exit",
     )
-    try:
-        codes = cluster.wait()
-    finally:
-        cluster.close()
+    codes = cluster.finish()
     logs = [cluster.log(i) for i in range(3)]
     excluded = [i for i, log in enumerate(logs) if "is excluded from the job" in log]
     assert len(excluded) == 1, logs

@@ -28,10 +28,7 @@ def _run(tmp: Path, flags: list[str] | None = None, **env: str) -> LocalCluster:
         PROBE_STEPS=STEPS,
         **env,
     )
-    try:
-        codes = cluster.wait(180)
-    finally:
-        cluster.close()
+    codes = cluster.finish(180)
     assert codes == [0, 0], cluster.log(0) + cluster.log(1)
     return cluster
 

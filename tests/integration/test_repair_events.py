@@ -25,10 +25,7 @@ def _run(tmp: Path, **env: str) -> LocalCluster:
     cluster = LocalCluster(
         tmp, 2, "2", FLAGS, conf="join_timeout=60", script=SCRIPT, PROBE_STEPS="30", **env
     )
-    try:
-        codes = cluster.wait(180)
-    finally:
-        cluster.close()
+    codes = cluster.finish(180)
     assert codes == [0, 0], cluster.log(0) + cluster.log(1)
     return cluster
 

@@ -52,10 +52,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> LocalCluster:
     cluster = _cluster(
         tmp_path_factory.mktemp("reference"), "2", [], PROBE_STEPS=STEPS, PROBE_FULL_DIGESTS="1"
     )
-    try:
-        codes = cluster.wait(180)
-    finally:
-        cluster.close()
+    codes = cluster.finish(180)
     assert codes == [0, 0], cluster.log(0) + cluster.log(1)
     return cluster
 
@@ -68,10 +65,7 @@ def test_killed_workers_are_replaced_alone_and_the_survivors_reshard_in_their_pr
     # (node 1) just before its dcp.save of step 14 (the others in DCP's collectives).
     faults = "rank=1,step=6,action=kill;rank=2,step=1014,action=kill,gen=1"
     cluster = _cluster(tmp_path, "2", [], PROBE_STEPS=STEPS, PROBE_FAULT=faults)
-    try:
-        codes = cluster.wait(180)
-    finally:
-        cluster.close()
+    codes = cluster.finish(180)
     assert codes == [0, 0], cluster.log(0) + cluster.log(1)
     finals = _finals(cluster, 4)
     assert {r: f["digest"] for r, f in finals.items()} == {
@@ -147,10 +141,7 @@ def hsdp_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
     """Each rank's final shards of the HSDP job (a 2 x 2 mesh) without a fault."""
     tmp = tmp_path_factory.mktemp("hsdp_reference")
     cluster = _cluster(tmp, "2", [], PROBE_STEPS=STEPS, PROBE_MESH="hsdp")
-    try:
-        codes = cluster.wait(180)
-    finally:
-        cluster.close()
+    codes = cluster.finish(180)
     assert codes == [0, 0], cluster.log(0) + cluster.log(1)
     return {r: f["digest"] for r, f in _finals(cluster, 4).items()}
 
@@ -170,10 +161,7 @@ def test_a_hung_worker_of_an_hsdp_mesh_is_replaced_alone_and_the_job_still_match
         PROBE_MESH="hsdp",
         PROBE_FAULT="rank=1,step=10,action=stop",
     )
-    try:
-        codes = cluster.wait(180)
-    finally:
-        cluster.close()
+    codes = cluster.finish(180)
     assert codes == [0, 0], cluster.log(0) + cluster.log(1)
     finals = _finals(cluster, 4)
     assert {r: f["digest"] for r, f in finals.items()} == hsdp_reference

@@ -119,10 +119,7 @@ def test_a_killed_worker_is_replaced_alone_and_the_pipeline_survivors_keep_their
     # two nodes of two workers; rank 3 (node 1, position (1, 1)) SIGKILLs itself
     flags = ["--nproc-per-node=2", *PIPELINE, "--heartbeat-interval=0.5"]
     cluster = _cluster(tmp_path, 2, "2", flags, PROBE_FAULT="rank=3,step=6")
-    try:
-        codes = cluster.wait(180)
-    finally:
-        cluster.close()
+    codes = cluster.finish(180)
     assert codes == [0, 0], cluster.log(0) + cluster.log(1)
     first, second = _entries(cluster, 0), _entries(cluster, 1)
     finals = _finals(cluster)

@@ -61,10 +61,7 @@ def test_killed_worker_restores_its_last_step_bitwise(tmp_path, reference):
         PROBE_STEPS=STEPS,
         PROBE_FAULT="rank=3,step=9,gen=0,action=kill",
     )
-    try:
-        codes = cluster.wait()
-    finally:
-        cluster.close()
+    codes = cluster.finish()
     assert codes == [0, 0], cluster.log(0) + cluster.log(1)
     assert digests(cluster) == {reference}
     # Every rank came back at one step, from its own slot in local memory: step 8, the
@@ -183,10 +180,7 @@ def test_fsdp2_state_restores_in_place_bitwise_after_a_killed_worker(tmp_path):
         flags = [*FAST, "--max-restarts=1"]
         (tmp_path / name).mkdir()
         cluster = LocalCluster(tmp_path / name, nodes, str(nodes), flags, script=FSDP2, **extra)
-        try:
-            codes = cluster.wait()
-        finally:
-            cluster.close()
+        codes = cluster.finish()
         assert codes == [0] * nodes, "".join(cluster.log(i) for i in range(nodes))
         runs[name] = cluster
     reference = per_rank_digests(runs["reference"])

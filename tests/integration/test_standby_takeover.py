@@ -92,10 +92,7 @@ def _run(tmp: Path, standby: bool) -> tuple[LocalCluster, list[int]]:
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
     """Each rank's digest after a run of the three active nodes without a fault."""
     cluster = _cluster(tmp_path_factory.mktemp("reference"))
-    try:
-        codes = cluster.wait(180)
-    finally:
-        cluster.close()
+    codes = cluster.finish(180)
     assert codes == [0, 0, 0], cluster.log(0)
     return {rank: _json(cluster, f"final_rank{rank}.json")["digest"] for rank in range(3)}
 
