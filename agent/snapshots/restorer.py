@@ -13,6 +13,8 @@ rtrain.core.restore() in the worker reads its slot.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
@@ -20,7 +22,7 @@ from ...core.clock import Clock
 from ...core.errors import RendezvousError, RtrainError
 from ...core.layout.topology import NodeSlot, Topology, build_grid, recompute_topology
 from ...core.rendezvous.protocol import Membership, ProtocolError, decode_master, encode_master
-from ...core.snapshots.carry_over import carried_ranks, carry_over
+from ...core.snapshots.carry_over import fill_in
 from ...core.snapshots.restore_plan import (
     Lineage,
     Reached,
@@ -49,6 +51,12 @@ __all__ = ["Pooled", "RestoreResult", "RestoreRound", "Restorer", "restore_once"
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.01
+
+# Test only, unset in every real run: the generation at which this agent stops itself
+# (SIGSTOP, the whole process) between putting its ranks' shards in place and saying so,
+# a node lost mid-restore after the others relabelled theirs
+# (tests/integration/test_restore_partial_relabel.py).
+STOP_MID_RESTORE = "RTRAIN_TEST_STOP_MID_RESTORE"
 
 
 @dataclass(frozen=True)
@@ -173,7 +181,7 @@ class Restorer:
         peers = Peers(self._secret, self._host, pooled.servers)
         unusable: set[tuple[ShardId, int]] = set()
         ceiling = job_ceiling(pooled.reached.values())
-        inventory, real = self._carried(round_, pooled)
+        inventory, real, source = self._carried(round_, pooled)
         names: dict[ShardId, list[ShardId]] = {}
         for name, shard in real.items():
             names.setdefault(shard, []).append(name)
@@ -187,6 +195,7 @@ class Restorer:
                 result = self._without_a_plan(round_, pooled)
                 break
             result, bad, complete = restore_planned(self._store, peers, topology, node_rank, plan)
+            _stop_mid_restore(round_.generation)
             mine = RestoreOutcome(complete, frozenset(bad))
             self._rdzv.store.set(self._outcome_key(round_, node_rank, attempt), mine.encode())
             outcomes = [self._outcome(round_, node, attempt) for node in self._members(round_)]
@@ -204,24 +213,34 @@ class Restorer:
         else:
             raise RtrainError(f"no restore plan worked in {MAX_ATTEMPTS} attempts")
         result.seconds = self._clock.now() - started
-        if real and result.step is not None and not result.from_disk:
-            # a resharding load names the shards it reads by this generation
-            result.read_from = min(shard.generation for shard in real.values())
+        if source is not None and result.step is not None and not result.from_disk:
+            # a resharding load names the shards it reads by this generation: the later
+            # ones hold relabelled copies of them only, of some of the save's writers
+            result.read_from = source
         return result
 
     def _carried(
         self, round_: RestoreRound, pooled: Pooled
-    ) -> tuple[Mapping[int, list[ShardId]], dict[ShardId, ShardId]]:
-        """The pooled inventory as plan_restore reads it, and (when it was carried over
-        generations that restored nothing) each carried name -> its real shard. A
-        generation that ended before its restore relabeled nothing: its successor finds
-        only older shards (core/snapshots/carry_over.py)."""
+    ) -> tuple[Mapping[int, list[ShardId]], dict[ShardId, ShardId], int | None]:
+        """The pooled inventory as plan_restore reads it, each carried name -> its real
+        shard, and the generation whose shards were carried (None: nothing carried).
+
+        A generation that ended before its restore relabelled nothing, and one that
+        ended in it (some nodes lost before saying theirs was done) relabelled some of
+        its ranks' shards only: its successor finds no shards of it, or an incomplete
+        set. Back to the newest generation that holds shards and did not end in its
+        restore, its shards are carried over the ones after it, filling in what they
+        lack rank by rank and step by step (core/snapshots/carry_over.py)."""
         previous = round_.generation - 1
         generations = {s.generation for shards in pooled.inventory.values() for s in shards}
-        older = [g for g in generations if g < previous]
-        if previous in generations or not older:
-            return pooled.inventory, {}
-        source, layout = max(older), round_.topology.layout
+        source = previous
+        while any(g < source for g in generations) and (
+            source not in generations or self._ended_in_restore(source, pooled.inventory)
+        ):
+            source -= 1
+        if source == previous:
+            return pooled.inventory, {}, None
+        layout = round_.topology.layout
         grids: list[Topology] = []
         for generation in range(source, previous + 1):
             members = self._rdzv.rounds.read_membership(generation).members
@@ -231,15 +250,47 @@ class Restorer:
             grids.append(
                 grid if before is None else recompute_topology(layout, generation, slots, before)
             )
-        skipped = ", ".join(str(g) for g in range(source + 1, previous + 1))
+        ended = ", ".join(str(g) for g in range(source + 1, previous + 1))
         logger.warning(
-            "generation %s restored nothing (ended as it started): restoring generation "
-            "%d's shards, carried over to its ranks",
-            skipped,
+            "generation %s did not complete its restore (ended as it started, or in it): "
+            "restoring generation %d's shards carried over to its ranks, wherever a later "
+            "generation holds none of the same rank and step",
+            ended,
             source,
         )
-        ranks = carried_ranks(grids[1:])
-        return carry_over(pooled.inventory, source, previous, ranks)
+        inventory, real = fill_in(pooled.inventory, source, grids[1:])
+        return inventory, real, source
+
+    def _ended_in_restore(self, generation: int, inventory: Mapping[int, list[ShardId]]) -> bool:
+        """Whether `generation` tried a restore plan (some node said how its attempt
+        went) and no attempt was done on every member: it ended in its restore, its
+        workers never started, and its shards are relabelled copies only. The outcomes
+        are not read while its shards hold a step of every one of its ranks."""
+        members = self._rdzv.rounds.read_membership(generation).members
+        world = sum(m.local_world_size for m in members)
+        ranks: dict[int, set[int]] = {}
+        for shards in inventory.values():
+            for shard in shards:
+                if shard.generation == generation:
+                    ranks.setdefault(shard.step, set()).add(shard.rank)
+        if any(len(held) == world for held in ranks.values()):
+            return False
+        store = self._rdzv.store
+        for attempt in range(MAX_ATTEMPTS):
+            keys = [self._keys.restore_outcome(generation, n, attempt) for n in range(len(members))]
+            there = [k for k in keys if store.exists(k)]
+            if len(there) < len(keys):  # no node goes on to the next attempt before
+                return attempt > 0 or bool(there)
+            if all(self._complete(store.get(k)) for k in keys):
+                return False
+        return True
+
+    @staticmethod
+    def _complete(payload: bytes | None) -> bool:
+        try:
+            return RestoreOutcome.decode(payload or b"").complete
+        except ProtocolError:
+            return False
 
     def _members(self, round_: RestoreRound) -> range:
         return range(len(round_.membership.members))
@@ -287,3 +338,9 @@ class Restorer:
         if any(pooled.inventory.values()):
             logger.warning("no step that every rank can restore survives: workers start fresh")
         return RestoreResult(None)
+
+
+def _stop_mid_restore(generation: int) -> None:
+    if os.environ.get(STOP_MID_RESTORE) == str(generation):
+        logger.warning("%s=%d: stopping this agent mid-restore", STOP_MID_RESTORE, generation)
+        os.kill(os.getpid(), signal.SIGSTOP)
