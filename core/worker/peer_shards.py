@@ -30,18 +30,16 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Callable
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 from ..clock import wait_until
 from ..config.worker_env import SNAPSHOT_DIR
-from ..snapshots.format import HEADER_SIZE, SnapshotError, check_shard, read_shard
+from ..snapshots.format import SnapshotError, read_shard
 
 FETCH_TIMEOUT_S = 300.0
 MAX_RESPONSE = 1 << 20
 NAME = re.compile(r"fetched-r[0-9]+-s[0-9]+-[0-9a-f]+\.shard")
-T = TypeVar("T")
 
 
 def prefetched_name(rank: int, step: int) -> str:
@@ -62,36 +60,20 @@ def fetch_previous_shards(
 ) -> dict[int, Any]:
     """rank -> (state, step) of the previous generation's shards of these ranks at
     `step`; SnapshotError naming the rank when no intact copy could be had."""
-    return _previous(step, ranks, timeout, _read)
-
-
-def open_previous_shards(
-    step: int, ranks: list[int], timeout: float = FETCH_TIMEOUT_S
-) -> dict[int, ShardFile]:
-    """rank -> its shard of `step`, opened, its skeleton checked, its data not read yet
-    (ShardFile.read_into); the same shards and errors as fetch_previous_shards."""
-    return _previous(step, ranks, timeout, ShardFile)
-
-
-def _previous(
-    step: int, ranks: list[int], timeout: float, read: Callable[[str], T]
-) -> dict[int, T]:
     directory = os.environ.get(SNAPSHOT_DIR)
     if not directory:
         raise SnapshotError("peers' shards can only be read under rtrain launch")
-    found = _prefetched(directory, step, ranks, timeout, read)
+    found = _prefetched(directory, step, ranks, timeout)
     asked = sorted(set(ranks) - set(found))
     if asked:
-        found.update(_ask(directory, step, asked, timeout, read))
+        found.update(_ask(directory, step, asked, timeout))
     return found
 
 
-def _prefetched(
-    directory: str, step: int, ranks: list[int], timeout: float, read: Callable[[str], T]
-) -> dict[int, T]:
+def _prefetched(directory: str, step: int, ranks: list[int], timeout: float) -> dict[int, Any]:
     """The shards of these ranks the agent prefetched; one still on its way (its
     `.pending` marker is there) is waited for."""
-    found: dict[int, T] = {}
+    found: dict[int, Any] = {}
     for rank in sorted(set(ranks)):
         path = os.path.join(directory, prefetched_name(rank, step))
         if not wait_until(
@@ -99,15 +81,13 @@ def _prefetched(
         ):
             raise SnapshotError(f"the agent did not prefetch rank {rank}'s shard in {timeout:g}s")
         try:
-            found[rank] = read(path)
+            found[rank] = _read(path)
         except FileNotFoundError:  # not expected, could not be had, or removed: asked for
             continue
     return found
 
 
-def _ask(
-    directory: str, step: int, ranks: list[int], timeout: float, read: Callable[[str], T]
-) -> dict[int, T]:
+def _ask(directory: str, step: int, ranks: list[int], timeout: float) -> dict[int, Any]:
     """Ask the agent for these ranks' shards, and wait for its answer."""
     me = int(os.environ.get("RANK", "0"))
     token = secrets.token_hex(8)
@@ -137,7 +117,7 @@ def _ask(
     files, errors = answer.get("files"), answer.get("errors")
     if not isinstance(files, dict) or not isinstance(errors, dict):
         raise SnapshotError("the agent's answer to a shard fetch is malformed")
-    found: dict[int, T] = {}
+    found: dict[int, Any] = {}
     try:
         for rank in sorted(set(ranks)):
             name = files.get(str(rank))
@@ -146,7 +126,7 @@ def _ask(
                 raise SnapshotError(
                     f"no intact copy of rank {rank}'s shard of step {step} survives: {why}"
                 )
-            found[rank] = read(os.path.join(directory, name))
+            found[rank] = _read(os.path.join(directory, name))
     finally:
         for name in files.values():
             if isinstance(name, str) and NAME.fullmatch(name):
@@ -168,47 +148,3 @@ def _read(path: str) -> Any:
             raise SnapshotError(f"{os.path.basename(path)} is empty")
         buffer = mmap.mmap(handle.fileno(), size, access=mmap.ACCESS_COPY)
     return read_shard(buffer, copy=False)
-
-
-class ShardFile:
-    """One shard file, open: its header and skeleton checked as read_shard checks them
-    (a mapping of the file touches only their pages), its tensors' bytes read on demand
-    with preadv into the caller's memory. The file can go at once: the descriptor keeps
-    it. The agent verified its checksums before it left the file (see the module's
-    docstring); nothing else writes it."""
-
-    fd = -1
-
-    def __init__(self, path: str) -> None:
-        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            self.size = os.fstat(self.fd).st_size
-            if self.size == 0:
-                raise SnapshotError(f"{os.path.basename(path)} is empty")
-            with mmap.mmap(self.fd, self.size, access=mmap.ACCESS_READ) as mapping:
-                header, self.skeleton = check_shard(mapping)
-        except BaseException:
-            self.close()
-            raise
-        self.step: int = header.step
-        self.data_start = HEADER_SIZE + header.meta_len
-
-    def read_into(self, offset: int, target: memoryview) -> None:
-        """Fill `target` with the data area's bytes from `offset` on (check_shard
-        checked that every tensor lies inside the data area; the caller, that the bytes
-        it asks for lie inside one)."""
-        done, length = 0, len(target)
-        while done < length:
-            got = os.preadv(self.fd, [target[done:]], self.data_start + offset + done)
-            if got <= 0:
-                raise SnapshotError("a shard file ended before its data")
-            done += got
-
-    def close(self) -> None:
-        fd, self.fd = self.fd, -1  # never closed twice: the number may be reused
-        if fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-    def __del__(self) -> None:
-        self.close()

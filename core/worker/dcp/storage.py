@@ -52,10 +52,8 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.futures import Future
 
 from ...snapshots.format import SnapshotError
-from ...snapshots.skeleton import DTensorRef, TensorRef
-from ..peer_shards import FETCH_TIMEOUT_S, ShardFile, open_previous_shards
+from ..peer_shards import FETCH_TIMEOUT_S, fetch_previous_shards
 from ..snapshots import restore, snapshot, snapshots_kept
-from .chunks import read_chunk
 from .index import MARK, Item, Location, SaveIndex, parse_index
 
 KIND = {WriteItemType.TENSOR: "t", WriteItemType.SHARD: "s", WriteItemType.BYTE_IO: "b"}
@@ -218,78 +216,48 @@ class SnapshotReader(StorageReader):
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         assert self._index is not None
         wanted = {self._locations[item.storage_index].writer for item in plan.items}
-        files = self._open(sorted(wanted - set(self._shards)))
-        try:
-            for item in plan.items:
-                where = self._locations[item.storage_index]
-                shard = files.get(where.writer)
-                if shard is None:
-                    self._copy(item, self._shards[where.writer].get(where.slot), planner)
-                elif item.type == LoadItemType.BYTE_IO:
-                    self._copy(item, shard.skeleton["items"].get(where.slot), planner)
-                else:
-                    # Other ranks' chunks: read from their files into the target.
-                    ref = shard.skeleton["items"].get(where.slot)
-                    target = planner.resolve_tensor(item).detach()
-                    offsets, lengths = tuple(item.storage_offsets), tuple(item.lengths)
-                    read_chunk(shard, ref, offsets, lengths, target, item.dest_index.fqn)
-                    planner.commit_tensor(item, target)
-        finally:
-            for shard in files.values():
-                shard.close()
-        done: Future[None] = Future()
-        done.set_result(None)
-        return done
-
-    def _open(self, writers: list[int]) -> dict[int, ShardFile]:
-        """The files of these writers' shards (in peers' memory), checked to be theirs."""
-        assert self._index is not None
-        if not writers:
-            return {}
-        files = open_previous_shards(self._index.step, writers, self.timeout)
-        try:
-            for writer, shard in files.items():
+        missing = sorted(wanted - set(self._shards))
+        if missing:
+            fetched = fetch_previous_shards(self._index.step, missing, self.timeout)
+            for writer, (state, step) in fetched.items():
                 known = (self._index_text, self._index)
-                what = f"rank {writer}'s shard"
-                theirs, index, _ = _dcp_shard(shard.skeleton, shard.step, what, known)
+                theirs, index, items = _dcp_shard(state, step, f"rank {writer}'s shard", known)
                 if theirs != writer or index.save_id != self._index.save_id:
                     raise SnapshotError(
-                        f"the shard held as rank {writer}'s of step {shard.step} belongs to "
+                        f"the shard held as rank {writer}'s of step {step} belongs to "
                         f"writer {theirs} of save {index.save_id}, not to this save: the "
                         "shards were relabelled since they were written (no save since "
                         "the last resharding load); refused"
                     )
-        except BaseException:
-            for shard in files.values():
-                shard.close()
-            raise
-        return files
-
-    @staticmethod
-    def _copy(item: Any, value: Any, planner: LoadPlanner) -> None:
-        """An item from memory: this rank's restored shard, or a plain value."""
-        if item.type == LoadItemType.BYTE_IO:
-            if isinstance(value, (TensorRef, DTensorRef)):  # a file's: values only here
-                raise SnapshotError(f"{item.storage_index.fqn}: a tensor where a value was")
-            buffer = io.BytesIO()
-            torch.save(value, buffer)  # a checked plain value, pickled here
-            buffer.seek(0)
-            planner.load_bytes(item, buffer)
-            return
-        if not isinstance(value, torch.Tensor):
-            fqn = item.storage_index.fqn
-            raise SnapshotError(f"{fqn}: its chunk is missing from the shard")
-        source = value
-        for dim, (start, length) in enumerate(zip(item.storage_offsets, item.lengths, strict=True)):
-            source = source.narrow(dim, start, length)
-        target = planner.resolve_tensor(item).detach()
-        if target.shape != source.shape:
-            raise SnapshotError(
-                f"{item.dest_index.fqn}: a chunk of {list(source.shape)} for a target "
-                f"of {list(target.shape)}"
-            )
-        target.copy_(source)
-        planner.commit_tensor(item, target)
+                self._shards[writer] = items
+        for item in plan.items:
+            where = self._locations[item.storage_index]
+            value = self._shards[where.writer].get(where.slot)
+            if item.type == LoadItemType.BYTE_IO:
+                buffer = io.BytesIO()
+                torch.save(value, buffer)  # a checked plain value, pickled here
+                buffer.seek(0)
+                planner.load_bytes(item, buffer)
+                continue
+            if not isinstance(value, torch.Tensor):
+                fqn = item.storage_index.fqn
+                raise SnapshotError(f"{fqn}: its chunk is missing from the shard")
+            source = value
+            for dim, (start, length) in enumerate(
+                zip(item.storage_offsets, item.lengths, strict=True)
+            ):
+                source = source.narrow(dim, start, length)
+            target = planner.resolve_tensor(item).detach()
+            if target.shape != source.shape:
+                raise SnapshotError(
+                    f"{item.dest_index.fqn}: a chunk of {list(source.shape)} for a target "
+                    f"of {list(target.shape)}"
+                )
+            target.copy_(source)
+            planner.commit_tensor(item, target)
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
 
 
 def _named(message: str, plan: SavePlan) -> str:
