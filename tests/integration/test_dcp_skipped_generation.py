@@ -122,11 +122,20 @@ def test_a_resharding_load_after_a_generation_that_restored_nothing_reads_the_ri
     finally:
         cluster.close()
     assert codes == [0], cluster.log(0)
+    check_generation_2_loaded_the_save_from_memory(cluster, no_fault, both_at_once)
+
+
+def check_generation_2_loaded_the_save_from_memory(
+    cluster: LocalCluster, no_fault: Path, both_at_once: LocalCluster
+) -> None:
+    """Generation 1 restored nothing (node 0 restored in generations 0, fresh, and 2);
+    generation 2's load read the save from peers' memory, bitwise the run without a
+    fault at that step, and the job ended as the one whose nodes went together then."""
     mine = [e for e in cluster.events("restore") if e.agent == "127.0.0.1"]
-    # generation 1 restored nothing: node 0 restored in generations 0 (fresh) and 2
     assert sorted(e.generation for e in mine) == [0, 2], cluster.log(0)
     (restore,) = [e for e in mine if e.generation == 2]
     assert restore.fields["source"] == "memory", cluster.log(0)
+    assert restore.fields["from_dp_peer"] == 0, cluster.log(0)
     loads = _loads(cluster)
     assert sorted(loads) == ["restored_gen2"], cluster.log(0)
     loaded = loads["restored_gen2"]
