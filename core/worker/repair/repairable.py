@@ -204,6 +204,21 @@ def _run(
             return fn(*args, **kwargs)
         finally:
             group.close()
+    try:
+        return _generations(fn, args, kwargs, backend, timeout_s, control)
+    finally:
+        ASKED.clear()  # out of the loop, no generation of this process is being repaired
+
+
+def _generations(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    backend: str | None,
+    timeout_s: float | None,
+    control: _Control,
+) -> Any:
+    """fn called once per generation this process takes part in, repaired between."""
     generation = _generation()
     while True:
         group = TrainingGroup(backend, timeout_s)
@@ -214,6 +229,8 @@ def _run(
             result = fn(*args, **kwargs)
         except BaseException as exc:
             if not isinstance(exc, Exception) and not _checkpoint_failure(exc):
+                watcher.stop()  # else it lives on, and a later request sets ASKED
+                group.close()
                 raise  # KeyboardInterrupt, SystemExit: the process ends, as without repair
             group.release()  # peers blocked on this worker are freed at once
             asked = watcher.asked.is_set() or (
