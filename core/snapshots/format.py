@@ -29,8 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import xxhash
-
+from .chunks import CHUNK, chunk_bounds, chunk_digest, chunk_hasher  # noqa: F401
 from .header import (  # noqa: F401  (re-exported: the shard's layout is read from here)
     COMMITTED,
     EMPTY,
@@ -68,7 +67,6 @@ from .skeleton import (
 )
 
 ALIGN = 64
-CHUNK = 8 << 20
 # A worker's slot files. With the wait policy (core/worker/snapshots.py) a node that
 # dies leaves its step before its newest safe on its peers, and the ranks of a
 # data-parallel job are at most a step apart: three slots keep that step on every
@@ -376,30 +374,3 @@ def read_shard(
         return value
 
     return build(skeleton), header.step
-
-
-def chunk_bounds(head: Any, size: int) -> list[tuple[int, int]]:
-    """The [start, end) byte ranges the checksums of a `size`-byte shard cover, given
-    its first HEADER_SIZE bytes: the skeleton, then the data area in CHUNK pieces from
-    its start. Bytes that are not a shard's header are cut in CHUNK pieces from the end
-    of the header (they are hashed, and refused, all the same)."""
-    header = read_header(head) if len(head) >= HEADER_SIZE else None
-    if header is None or header.size > size:
-        starts = range(HEADER_SIZE, max(size, HEADER_SIZE + 1), CHUNK)
-        return [(start, min(start + CHUNK, size)) for start in starts]
-    data = HEADER_SIZE + header.meta_len
-    bounds = [(HEADER_SIZE, data)]
-    bounds += [(start, min(start + CHUNK, size)) for start in range(data, size, CHUNK)]
-    return bounds
-
-
-def chunk_digest(data: Any) -> int:
-    """The checksum of one CHUNK of a shard (agent/snapshots/checksums.py hashes the
-    chunks of a shard in parallel: xxhash releases the GIL)."""
-    return xxhash.xxh3_64_intdigest(data)
-
-
-def chunk_hasher() -> Any:
-    """A streaming form of chunk_digest (update(piece)..., intdigest()), for a chunk
-    checked as it arrives piece by piece."""
-    return xxhash.xxh3_64()
