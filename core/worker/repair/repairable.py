@@ -205,20 +205,15 @@ def _run(
         finally:
             group.close()
     try:
-        return _generations(fn, args, kwargs, backend, timeout_s, control)
+        return _generations(lambda: fn(*args, **kwargs), backend, timeout_s, control)
     finally:
         ASKED.clear()  # out of the loop, no generation of this process is being repaired
 
 
 def _generations(
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    backend: str | None,
-    timeout_s: float | None,
-    control: _Control,
+    call: Callable[[], Any], backend: str | None, timeout_s: float | None, control: _Control
 ) -> Any:
-    """fn called once per generation this process takes part in, repaired between."""
+    """call() once per generation this process takes part in, repaired between."""
     generation = _generation()
     while True:
         group = TrainingGroup(backend, timeout_s)
@@ -226,7 +221,7 @@ def _generations(
         control.say(RUNNING, generation)
         watcher = _Watcher(control, generation, group)
         try:
-            result = fn(*args, **kwargs)
+            result = call()
         except BaseException as exc:
             if not isinstance(exc, Exception) and not _checkpoint_failure(exc):
                 watcher.stop()  # else it lives on, and a later request sets ASKED
