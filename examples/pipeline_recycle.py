@@ -57,6 +57,13 @@ def digest(module: nn.Module) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def write_record(path: str, record: dict) -> None:
+    """Whole or not at all: a drill reads these files while the job runs."""
+    with open(path + ".tmp", "w") as handle:
+        json.dump(record, handle)
+    os.replace(path + ".tmp", path)
+
+
 def record_final(
     args: argparse.Namespace,
     plan: WorkerPlan,
@@ -74,8 +81,7 @@ def record_final(
         "digest": digest(module),
         "failed": [list(w) for w in plan.failed],
     }
-    with open(os.path.join(args.record, f"final_rank{plan.rank}.json"), "w") as handle:
-        json.dump(summary, handle)
+    write_record(os.path.join(args.record, f"final_rank{plan.rank}.json"), summary)
 
 
 def main() -> None:
@@ -114,8 +120,7 @@ def main() -> None:
     if args.record:  # where each position runs this generation, for drills
         generation = os.environ.get("RTRAIN_GENERATION", "0")
         where = {"pid": os.getpid(), "position": list(plan.position or ()), "first_step": first}
-        with open(os.path.join(args.record, f"gen{generation}_rank{plan.rank}.json"), "w") as f:
-            json.dump(where, f)
+        write_record(os.path.join(args.record, f"gen{generation}_rank{plan.rank}.json"), where)
     schedule = ScheduleReCycle(
         recycle_stage(module, "cpu", plan), plan.microbatches, nn.functional.mse_loss, plan=plan
     )
