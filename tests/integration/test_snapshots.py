@@ -113,9 +113,10 @@ def test_lost_node_comes_back_from_its_replicas_on_a_peer(tmp_path, reference):
     assert codes == [0, 0], cluster.log(0) + cluster.log(1)
     assert FELL_BACK not in cluster.log(0) + cluster.log(1)
     assert digests(cluster) == {reference}
-    # the killed agent's shared memory (its slots and replicas) was freed by its successor
+    # The killed agent's shared memory (its slots and replicas) was freed by the next
+    # agent to start on this machine: its replacement, or, with tests in parallel
+    # (pytest -n 2), another test's agent, which logs it in its own test's log.
     assert left and not any(os.path.exists(p) for p in left)
-    assert "left by agents that died" in cluster.log(1)
     # every rank resumed at the same step; the wait policy keeps at most two steps
     # (the one being replicated and the one after it) between a rank and its replicas
     steps = {rec["step"] for rec in restored(cluster).values()}
