@@ -1,12 +1,12 @@
 """What every test run gets: no process a test started outlives it, and, on request, a
 CPU load beside the tests.
 
-- Every process a test starts inherits PYTEST_RTRAIN_PROCESS=<run>:<test> (it is set in
+- Every process a test starts inherits PYTEST_RTRAIN_PROCESS=<run>:<worker>:<test> (set in
   this process's environment for the test's duration; children copy it, forked workers
   keep their parent's). When a test ends, whatever still carries its tag is killed
   (SIGCONT, then SIGKILL: a stopped process too), so a test that timed out or failed
   half-way leaves no agent behind. After the last test, any process of this run still
-  alive fails the run.
+  alive fails the run. <worker> is pytest-xdist's worker (`-n 2`), or `main`.
 - RTRAIN_TEST_LOAD=N (or `auto`: 2 x the CPUs) starts N busy processes for the whole
   run, so that the tests of recovery meet the loaded machine they will meet in CI and
   on shared nodes: `RTRAIN_TEST_LOAD=auto python3 -m pytest tests/integration`.
@@ -28,8 +28,15 @@ import pytest
 
 MARK = "PYTEST_RTRAIN_PROCESS"
 LOAD = "RTRAIN_TEST_LOAD"
+# The run's name, set again in pytest_configure under pytest-xdist (-n 2): there the
+# controller hands its name to its workers, so that its last check sees what any worker
+# left, and each worker tags and checks only its own tests' processes (a worker that
+# finishes first must not kill the other's running test). Never taken from the
+# environment: a pytest that a test starts (tests/unit/test_test_harness.py) is a run
+# of its own, and must not end its parent run's processes.
 RUN = uuid.uuid4().hex[:12]
-BETWEEN = f"{RUN}:between-tests"  # what fixtures of a module or session start with
+WORKER = f"{RUN}:main"
+BETWEEN = f"{WORKER}:between-tests"  # what fixtures of a module or session start with
 
 _load: list[subprocess.Popen[bytes]] = []
 _left_behind: list[str] = []  # "test: pid command" for each process a test left
@@ -89,9 +96,25 @@ def load_count(value: str) -> int:
     return count
 
 
+def _name_the_run(config: pytest.Config) -> bool:
+    """RUN, WORKER and BETWEEN for this process; True in an xdist worker."""
+    global RUN, WORKER, BETWEEN
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        RUN = str(workerinput["testrunuid"])
+        WORKER = f"{RUN}:{workerinput['workerid']}"
+    elif getattr(config.option, "testrunuid", "") is None:  # an xdist controller
+        config.option.testrunuid = RUN  # its workers' workerinput["testrunuid"]
+    BETWEEN = f"{WORKER}:between-tests"
+    return workerinput is not None
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    in_a_worker = _name_the_run(config)
     os.environ[MARK] = BETWEEN
     count = load_count(os.environ.get(LOAD, "0") or "0")
+    if in_a_worker:
+        count = 0  # the controller runs the load for the whole run
     env = {k: v for k, v in os.environ.items() if k != MARK}  # not a test's process
     for _ in range(count):
         _load.append(subprocess.Popen([sys.executable, "-c", "while True: pass"], env=env))
@@ -107,7 +130,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.fixture(autouse=True)
 def _no_process_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[None]:
-    tag = f"{RUN}:{zlib.crc32(request.node.nodeid.encode()):08x}"
+    tag = f"{WORKER}:{zlib.crc32(request.node.nodeid.encode()):08x}"
     os.environ[MARK] = tag
     try:
         yield
@@ -120,7 +143,9 @@ def _no_process_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[No
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    alive = _tagged(lambda value: value.startswith(f"{RUN}:"))
+    # The controller of an xdist run checks the whole run, after its workers ended.
+    mine = f"{WORKER}:" if hasattr(session.config, "workerinput") else f"{RUN}:"
+    alive = _tagged(lambda value: value.startswith(mine))
     if alive:
         lines = [_describe(p) for p in alive]
         _end(alive)

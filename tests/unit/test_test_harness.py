@@ -81,3 +81,57 @@ def test_busy_processes_run_beside_it():
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=120)
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()
     result.stderr.fnmatch_lines(["*RTRAIN_TEST_LOAD: 3 busy processes beside the tests*"])
+
+
+QUICK = """
+import os, pathlib
+
+def test_quick():
+    pathlib.Path("quick_worker").write_text(os.environ["PYTEST_XDIST_WORKER"])
+"""
+
+# The marker is written after the conftest's own end-of-run check (trylast), by the
+# worker that ran test_quick; the slow test's process must outlive that check.
+DONE = """
+import os, pathlib
+import pytest
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session):
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and pathlib.Path("quick_worker").exists():
+        if pathlib.Path("quick_worker").read_text() == worker:
+            pathlib.Path("quick_done").touch()
+"""
+
+SLOW = """
+import os, pathlib, subprocess, sys, time
+
+def test_quick_worker_ends_first():
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    pathlib.Path("slow_worker").write_text(os.environ["PYTEST_XDIST_WORKER"])
+    deadline = time.monotonic() + 60
+    while not pathlib.Path("quick_done").exists():
+        assert time.monotonic() < deadline, "the other worker never finished"
+        time.sleep(0.05)
+    assert proc.poll() is None  # the other worker's check left it alone
+    proc.kill()
+    proc.wait()
+"""
+
+
+def test_under_xdist_a_worker_that_ends_first_leaves_the_others_test_alone(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(
+        test_a_slow=SLOW,
+        test_b_quick=QUICK,
+        done_plugin=DONE,
+    )
+    args = ["-p", "no:cacheprovider", "-p", "done_plugin", "-n", "2", "--dist", "loadfile"]
+    result = pytester.runpytest_subprocess(*args, timeout=120)
+    workers = {(pytester.path / f"{name}_worker").read_text() for name in ("slow", "quick")}
+    assert len(workers) == 2  # one file on each worker, as the check needs
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    result.stdout.fnmatch_lines(["*2 passed*"])
