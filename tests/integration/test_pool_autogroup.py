@@ -43,7 +43,9 @@ while time.monotonic() < deadline:
         break
     for _ in range(20000):
         pass
-(folder / "warm.json").write_text(json.dumps(marks))
+# whole or not at all: at idle priority it can be held between creating and writing
+(folder / "warm.json.tmp").write_text(json.dumps(marks))
+os.replace(folder / "warm.json.tmp", folder / "warm.json")
 """
 
 # The worker: a fresh interpreter (no wait for the warm-up), pinned to the same core.
