@@ -4,24 +4,30 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import outliving_the_test
 from tests.integration.cluster import SNAPSHOTTING, STEPS, LocalCluster
 from tests.integration.shard_peer_helpers import guarded  # noqa: F401 - a fixture for the shard tests
+from tests.integration.shared_runs import once_per_run
 
 
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory) -> list[float]:
-    """The weights the job ends with when nothing fails (world size does not matter)."""
-    tmp = tmp_path_factory.mktemp("reference")
-    cluster = LocalCluster(tmp, 1, "1", ["--nproc-per-node=2"], PROBE_STEPS=STEPS)
-    try:
-        assert cluster.wait() == [0], cluster.log(0)
-        return cluster.records()[(0, 0)]["weights"]
-    finally:
-        cluster.close()
+    """The weights the job ends with when nothing fails (world size does not matter);
+    one run for the whole test run (tests/integration/shared_runs.py)."""
+
+    def produce(tmp: Path) -> list[float]:
+        cluster = LocalCluster(tmp, 1, "1", ["--nproc-per-node=2"], PROBE_STEPS=STEPS)
+        try:
+            assert cluster.wait() == [0], cluster.log(0)
+            return cluster.records()[(0, 0)]["weights"]
+        finally:
+            cluster.close()
+
+    return once_per_run(tmp_path_factory, "reference", produce)
 
 
 @dataclass(frozen=True)
@@ -37,28 +43,34 @@ SNAPSHOT_STEPS = "30"
 @pytest.fixture(scope="session")
 def snapshot_reference(tmp_path_factory) -> SnapshotReference:
     """train_snapshot.py on 2 nodes of 2 workers with no fault: what every test that
-    injects faults into that job must end with (one run for all of them)."""
-    tmp = tmp_path_factory.mktemp("snapshot_reference")
-    cluster = LocalCluster(
-        tmp,
-        2,
-        "2",
-        SNAPSHOT_FLAGS,
-        script=SNAPSHOTTING,
-        PROBE_STEPS=SNAPSHOT_STEPS,
-        PROBE_STEP_DIGESTS="1",
-    )
-    try:
-        assert cluster.wait() == [0, 0], cluster.log(0)
-    finally:
-        cluster.close()
-    finals = {json.loads(p.read_text())["digest"] for p in cluster.out.glob("final_rank*.json")}
-    assert len(finals) == 1 and len(list(cluster.out.glob("final_rank*.json"))) == 4
-    steps = {
-        int(p.stem.removeprefix("digest_step")): p.read_text()
-        for p in cluster.out.glob("digest_step*.txt")
-    }
-    return SnapshotReference(finals.pop(), steps)
+    injects faults into that job must end with (one run for the whole test run)."""
+
+    def produce(tmp: Path) -> dict:
+        cluster = LocalCluster(
+            tmp,
+            2,
+            "2",
+            SNAPSHOT_FLAGS,
+            script=SNAPSHOTTING,
+            PROBE_STEPS=SNAPSHOT_STEPS,
+            PROBE_STEP_DIGESTS="1",
+        )
+        try:
+            assert cluster.wait() == [0, 0], cluster.log(0)
+        finally:
+            cluster.close()
+        paths = list(cluster.out.glob("final_rank*.json"))
+        finals = {json.loads(p.read_text())["digest"] for p in paths}
+        assert len(finals) == 1 and len(paths) == 4
+        steps = {
+            p.stem.removeprefix("digest_step"): p.read_text()
+            for p in cluster.out.glob("digest_step*.txt")
+        }
+        return {"final": finals.pop(), "steps": steps}
+
+    shared = once_per_run(tmp_path_factory, "snapshot_reference", produce)
+    steps = {int(step): digest for step, digest in shared["steps"].items()}
+    return SnapshotReference(shared["final"], steps)
 
 
 @pytest.fixture(scope="module")

@@ -35,6 +35,7 @@ from tests.integration.test_standby_takeover import (
     _json,
     _pid,
     _wait_for,
+    three_nodes_reference,
 )
 
 STANDBYS = (3, 4)  # the standbys' node indexes (127.0.0.4, 127.0.0.5)
@@ -46,11 +47,9 @@ def _agent(index: int) -> str:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
-    """Each rank's digest after a run of the three active nodes without a fault."""
-    cluster = _cluster(tmp_path_factory.mktemp("reference"))
-    codes = cluster.finish(180)
-    assert codes == [0, 0, 0], cluster.log(0)
-    return {rank: _json(cluster, f"final_rank{rank}.json")["digest"] for rank in range(3)}
+    """Each rank's digest after a run of the three active nodes without a fault (the
+    standby tests' run, once per test run)."""
+    return three_nodes_reference(tmp_path_factory)
 
 
 def _add_standbys(cluster: LocalCluster, *indexes: int) -> None:

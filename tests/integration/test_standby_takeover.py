@@ -18,6 +18,7 @@ import pytest
 
 from tests.integration.cluster import LocalCluster
 from tests.integration.helpers import ROOT
+from tests.integration.shared_runs import once_per_run
 
 SCRIPT = str(ROOT / "tests" / "scripts" / "train_repairable.py")
 STEPS = "200"  # long enough for the standby to warm up before the fault
@@ -90,11 +91,20 @@ def _run(tmp: Path, standby: bool) -> tuple[LocalCluster, list[int]]:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
-    """Each rank's digest after a run of the three active nodes without a fault."""
-    cluster = _cluster(tmp_path_factory.mktemp("reference"))
-    codes = cluster.finish(180)
-    assert codes == [0, 0, 0], cluster.log(0)
-    return {rank: _json(cluster, f"final_rank{rank}.json")["digest"] for rank in range(3)}
+    """Each rank's digest after a run of the three active nodes without a fault, once
+    per test run (test_repair_node_faults.py uses the same run)."""
+    return three_nodes_reference(tmp_path_factory)
+
+
+def three_nodes_reference(factory: pytest.TempPathFactory) -> dict[int, str]:
+    def produce(tmp: Path) -> dict[int, str]:
+        cluster = _cluster(tmp)
+        codes = cluster.finish(180)
+        assert codes == [0, 0, 0], cluster.log(0)
+        return {rank: _json(cluster, f"final_rank{rank}.json")["digest"] for rank in range(3)}
+
+    shared = once_per_run(factory, "three_nodes_reference", produce)
+    return {int(rank): digest for rank, digest in shared.items()}
 
 
 def test_a_standby_takes_over_the_lost_nodes_rank_and_the_survivors_keep_theirs(
