@@ -55,7 +55,7 @@ POLL_S = 0.01
 # Test only, unset in every real run: the generation at which this agent stops itself
 # (SIGSTOP, the whole process) between putting its ranks' shards in place and saying so,
 # a node lost mid-restore after the others relabelled theirs
-# (tests/integration/test_restore_partial_relabel.py).
+# (tests/integration/test_dcp_skipped_generation.py).
 STOP_MID_RESTORE = "RTRAIN_TEST_STOP_MID_RESTORE"
 
 
