@@ -39,6 +39,7 @@ import shutil
 import statistics
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -100,6 +101,12 @@ def main() -> None:
         "--lean", action="store_true", help="no /dev/shm copy or memcpy (one state's less memory)"
     )
     parser.add_argument(
+        "--changing",
+        action="store_true",
+        help="plain values that change each step, as in training: a learning-rate "
+        "scheduler stepped before each save and the step count in the state",
+    )
+    parser.add_argument(
         "--gc-freeze",
         action="store_true",
         help="gc.freeze() before timing: the collector no longer walks the long-lived heap",
@@ -110,7 +117,10 @@ def main() -> None:
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     model(torch.randn(2, args.width)).sum().backward()
     optimizer.step()
-    state = {"model": model, "optim": optimizer}
+    state: dict[str, Any] = {"model": model, "optim": optimizer}
+    with warnings.catch_warnings():  # its step() before the optimizer's: on purpose
+        warnings.simplefilter("ignore")
+        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, 1000)
     sources = [p.detach() for p in model.parameters()]
     sources += [v for s in optimizer.state.values() for v in s.values()]
     size = sum(-(-s.numel() * s.element_size() // ALIGN) * ALIGN for s in sources)
@@ -159,6 +169,13 @@ def main() -> None:
         assert flat_from is not None
         flat_to.copy_(flat_from)
 
+    def changing() -> None:
+        if args.changing:  # the training's work, outside the timed call
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                scheduler.step()
+            state["step"] = step
+
     def snap() -> None:
         nonlocal step
         api.snapshot(state, step)
@@ -171,6 +188,8 @@ def main() -> None:
 
         nonlocal step
         dicts = {"model": model.state_dict(), "optim": optimizer.state_dict()}
+        if args.changing:
+            dicts["step"] = step
         planner = DefaultSavePlanner(enable_plan_caching=True) if args.plan_cache else None
         dcp.save(dicts, storage_writer=dcp_storage.SnapshotWriter(step), planner=planner)
         mark_replicated()
@@ -199,6 +218,8 @@ def main() -> None:
                 for part in parts:
                     parts[part] = 0.0
                 inside_dcp["snapshot"] = inside_dcp["writer"] = 0.0
+                if name in ("snapshot()", "dcp.save"):
+                    changing()
                 before, began = _faults(), time.thread_time()
                 run()
                 times[name].append(time.thread_time() - began)
@@ -221,6 +242,7 @@ def main() -> None:
         f"{nbytes / 2**20:.0f} MiB in {len(sources)} tensors, {args.reps} repetitions, "
         f"medians of CPU ms; THP: {_thp()}; load: {os.getloadavg()[0]:.2f}"
         f"{'; gc.freeze()' if args.gc_freeze else ''}"
+        f"{'; a scheduler and the step count change each step' if args.changing else ''}"
     )
     for name in runs:
         print(

@@ -60,9 +60,10 @@ from .skeleton import (
     TORCH_DTYPES,
     DTensorRef,
     SkeletonError,
+    Template,
     TensorRef,
     decode,
-    encode,
+    encode_template,
     where_of,
 )
 
@@ -98,6 +99,8 @@ class ShardLayout:
     # Every tensor lives on the host (no device copies): write_shard copies them all in
     # one batched call. A reused layout's tensors are on the devices the signature says.
     on_host: bool = False
+    values: list[Any] | None = None  # the state's plain values (layout_reuse.py)
+    template: Template | None = None  # the skeleton's text around them
 
     @property
     def size(self) -> int:
@@ -106,16 +109,49 @@ class ShardLayout:
 
 def plan_shard(state: Any, previous: ShardLayout | None = None) -> ShardLayout:
     """Lay out a state dict; raise SnapshotError (naming the key) for what cannot be kept.
-    A state whose structure is that of `previous` (layout_reuse.py) reuses its skeleton
-    and offsets: only its tensors are new."""
+    A state whose structure is that of `previous` (layout_reuse.py) reuses its offsets
+    and its skeleton, with the plain values that changed put in their places (within the
+    skeleton's room: see meta_capacity); only its tensors are new."""
     found = signature(state)
-    if found is not None and previous is not None and previous.signature == found[0]:
-        return ShardLayout(
-            previous.meta, found[1], previous.refs, previous.data_len, found[0], previous.on_host
-        )
+    if found is not None and previous is not None and previous.signature == found.signature:
+        meta, template = previous.meta, previous.template
+        if previous.values != found.values:
+            filled = None
+            if template is not None and previous.values is not None:
+                filled = template.with_values(found.values, previous.values)
+            meta = b"" if filled is None else _padded(filled[0], len(previous.meta))
+            template = None if filled is None else filled[1]
+        if meta:
+            return ShardLayout(
+                meta,
+                found.tensors,
+                previous.refs,
+                previous.data_len,
+                found.signature,
+                previous.on_host,
+                found.values,
+                template,
+            )
     layout = _plan(state)
-    layout.signature = None if found is None else found[0]
+    if found is not None:
+        layout.signature, layout.values = found.signature, found.values
     return layout
+
+
+def meta_capacity(length: int) -> int:
+    """The room a skeleton of `length` bytes gets: about 3 % more (at least 256 bytes),
+    so that plain values whose text grows (a step count's digits, a learning rate's)
+    fit where the last ones were and the tensors stay where they are; rounded so the
+    data area starts 64-byte aligned in the slot."""
+    room = length + max(256, length // 32)
+    return room + (-(HEADER_SIZE + room)) % ALIGN
+
+
+def _padded(text: str, capacity: int) -> bytes:
+    """The skeleton's text in `capacity` bytes, spaces after it (JSON ignores them); b""
+    if it does not fit."""
+    raw = text.encode()
+    return raw + b" " * (capacity - len(raw)) if len(raw) <= capacity else b""
 
 
 def _plan(state: Any) -> ShardLayout:
@@ -186,11 +222,12 @@ def _plan(state: Any) -> ShardLayout:
         return ref
 
     try:
-        meta = encode(state, tensor_ref)
+        text, template = encode_template(state, tensor_ref)
     except SkeletonError as exc:
         raise SnapshotError(str(exc)) from None
+    meta = _padded(text, meta_capacity(len(text.encode())))
     on_host = all(tensor.device.type == "cpu" for tensor in tensors)
-    return ShardLayout(meta, tensors, refs, offset, on_host=on_host)
+    return ShardLayout(meta, tensors, refs, offset, on_host=on_host, template=template)
 
 
 def _placement(placement: Any, ndim: int, place: Callable[[], str]) -> str:

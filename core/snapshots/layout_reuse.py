@@ -3,25 +3,32 @@
 plan_shard (format.py) walks the state once per snapshot and writes its skeleton as
 JSON: about 9 microseconds a tensor, which for a state of many small tensors costs as
 much as copying them. A training state keeps its structure from step to step (the same
-keys, tensors of the same dtypes, shapes and devices, the same plain values), so the
-skeleton, the tensors' offsets and the shard's size are those of the last snapshot.
+keys, tensors of the same dtypes, shapes and devices), so the tensors' offsets and the
+shard's size are those of the last snapshot. Its plain values do change: a step count,
+a learning rate a scheduler sets each step, a data position, DCP's index of the save.
+Those are kept apart: the skeleton is then the last one with the changed values'
+JSON put in their places (skeleton.Template), not a new layout.
 
 signature() is the lean walk that tells: it lists the state's tensors (or DTensors'
-local shards) in the order plan_shard lays them out, and a signature of everything the
-skeleton says about them, which compares equal exactly when the skeleton's text would
-be the same (the types of plain values are in it: 1, 1.0 and True are not one value to
-a shard; floats by their repr, as JSON writes them: -0.0 is not 0.0). Anything
-the lean walk does not know (a numpy array, a subclass, an object) is None: plan_shard
-then lays the state out in full. Pure: no I/O; torch is imported on first use.
+local shards) in the order plan_shard lays them out, a signature of everything the
+skeleton says about its structure, and the plain values (str, int, bool, float, None)
+in the order the skeleton holds them. Two states with equal signatures have the same
+skeleton but for those values; values compare equal exactly when their JSON text would
+be the same (the types are in the signature: 1, 1.0 and True are not one value to a
+shard; floats by their repr, as JSON writes them: -0.0 is not 0.0). Anything the lean
+walk does not know (a numpy array, a subclass, an object) is None: plan_shard then lays
+the state out in full. Pure: no I/O; torch is imported on first use.
 """
 
 from __future__ import annotations
 
 import sys
 from collections import OrderedDict
-from typing import Any
+from typing import Any, NamedTuple
 
 MAX_DEPTH = 64
+# The plain values a skeleton holds as JSON values: kept apart from the structure
+_PLAIN = frozenset((str, int, bool, float, type(None)))
 _TENSOR_TYPES: tuple[type, ...] = ()
 _DTENSOR: type | None = None
 
@@ -42,24 +49,39 @@ class _Unknown(Exception):
     """A value the lean walk leaves to plan_shard."""
 
 
-def signature(state: Any) -> tuple[list[Any], list[Any]] | None:
-    """(signature, tensors) of `state`, or None where plan_shard must decide."""
+class Found(NamedTuple):
+    """What the lean walk found: the structure, the tensors and the plain values."""
+
+    signature: list[Any]
+    tensors: list[Any]
+    values: list[Any]
+
+
+def signature(state: Any) -> Found | None:
+    """The signature, tensors and plain values of `state`, or None where plan_shard
+    must decide."""
     _types()
-    sig: list[Any] = []
-    tensors: list[Any] = []
+    found = Found([], [], [])
     try:
-        _walk(state, sig, tensors, 0)
+        _walk(state, found.signature, found.tensors, found.values, 0)
     except _Unknown:
         return None
-    return sig, tensors
+    return found
 
 
-def _walk(value: Any, sig: list[Any], tensors: list[Any], depth: int) -> None:
+def leaf_value(value: Any) -> Any:
+    """A plain value as signature() lists it: floats as their repr (-0.0 is not 0.0,
+    and a NaN equals itself), the others as themselves."""
+    return ("f", repr(value)) if type(value) is float else value
+
+
+def _walk(value: Any, sig: list[Any], tensors: list[Any], values: list[Any], depth: int) -> None:
     # Hot path: a state of thousands of tensors spends most of this walk on its tensors
-    # and small dicts, so a dict's or list's tensors and strings are handled in its own
-    # loop, not by a call each (about 1.5 us a tensor before, 0.6 after).
+    # and small dicts, so a dict's or list's tensors and plain values are handled in its
+    # own loop, not by a call each (about 1.5 us a tensor before, 0.6 after).
     kind = type(value)
     add = sig.append
+    keep = values.append
     if kind is dict or kind is OrderedDict:  # a module's state_dict() is the second
         if depth > MAX_DEPTH:
             raise _Unknown
@@ -76,12 +98,11 @@ def _walk(value: Any, sig: list[Any], tensors: list[Any], depth: int) -> None:
             if item_kind in _TENSOR_TYPES:
                 add((item.dtype, item.shape, item.device, item.layout))
                 tensors.append(item)
-            elif item_kind is str or item is None:
-                add(item)
-            elif item_kind is int:
-                add((int, item))
+            elif item_kind in _PLAIN:
+                add(item_kind)
+                keep(item if item_kind is not float else ("f", repr(item)))
             else:
-                _walk(item, sig, tensors, depth + 1)
+                _walk(item, sig, tensors, values, depth + 1)
     elif kind is list or kind is tuple:
         if depth > MAX_DEPTH:
             raise _Unknown
@@ -91,21 +112,19 @@ def _walk(value: Any, sig: list[Any], tensors: list[Any], depth: int) -> None:
             if item_kind in _TENSOR_TYPES:
                 add((item.dtype, item.shape, item.device, item.layout))
                 tensors.append(item)
-            elif item_kind is str or item is None:
-                add(item)
-            elif item_kind is int:
-                add((int, item))
+            elif item_kind in _PLAIN:
+                add(item_kind)
+                keep(item if item_kind is not float else ("f", repr(item)))
             else:
-                _walk(item, sig, tensors, depth + 1)
+                _walk(item, sig, tensors, values, depth + 1)
     elif kind in _TENSOR_TYPES:
         add((value.dtype, value.shape, value.device, value.layout))
         tensors.append(value)
-    elif kind is str or value is None:
-        add(value)
-    elif kind is int or kind is bool or kind is bytes:
+    elif kind in _PLAIN:
+        add(kind)
+        keep(leaf_value(value))
+    elif kind is bytes:
         add((kind, value))
-    elif kind is float:
-        add((kind, repr(value)))
     elif kind is _DTENSOR:
         local = value.to_local()
         add(

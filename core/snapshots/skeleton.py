@@ -100,12 +100,75 @@ class DTensorRef:
         ]
 
 
-def encode(
+# Stands for a plain value while a template is made (its JSON text is where the value
+# goes); a state whose own strings make that text ambiguous gets no template.
+_LEAF = "\ue000"
+_LEAF_JSON = json.dumps(_LEAF)
+_FLOAT_JSON = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
+def leaf_json(value: Any) -> str:
+    """A plain value's JSON text as the skeleton holds it; a float comes as ("f", repr)
+    (layout_reuse.leaf_value)."""
+    if type(value) is tuple:
+        text: str = value[1]
+        return _FLOAT_JSON.get(text, text)
+    return json.dumps(value)
+
+
+@dataclass(frozen=True)
+class Template:
+    """A skeleton's text around its plain values (dict values, list and tuple items of
+    the exact types str, int, bool, float and None, in the order the encoding meets them):
+    pieces alternate fixed text and each value's JSON, fixed first and last. The same
+    pieces with other values' JSON in their places are the skeleton of a state that
+    differs from this one in those values only (core/snapshots/layout_reuse.py)."""
+
+    pieces: tuple[str, ...]
+
+    def with_values(self, values: list[Any], before: list[Any]) -> tuple[str, Template] | None:
+        """(text, template) with `values` (as layout_reuse lists them) where `before`
+        were; None if their number is not this template's."""
+        if len(values) != len(before) or 2 * len(values) + 1 != len(self.pieces):
+            return None
+        pieces = list(self.pieces)
+        for index, (new, old) in enumerate(zip(values, before, strict=True)):
+            if new != old:
+                pieces[2 * index + 1] = leaf_json(new)
+        return "".join(pieces), Template(tuple(pieces))
+
+
+def encode_template(
     value: Any, tensor_ref: Callable[[Any, Callable[[], str]], TensorRef | DTensorRef | None]
-) -> bytes:
-    """The skeleton of `value`; tensor_ref(value, where) turns a tensor (or array, or
-    DTensor) into its reference and returns None for anything else (where() names it)."""
-    return json.dumps(_encode(value, (), tensor_ref, 0), separators=(",", ":")).encode()
+) -> tuple[str, Template | None]:
+    """The skeleton of `value` as text (not yet bytes), and its Template, or None where
+    the state's own strings hold the stand-in (the text is right either way).
+    tensor_ref(value, where) turns a tensor (or array, or DTensor) into its reference
+    and returns None for anything else (where() names it)."""
+    leaves: list[Any] = []
+    tree = _encode(value, (), tensor_ref, 0, leaves)
+    text = json.dumps(tree, separators=(",", ":"))
+    fixed = text.split(_LEAF_JSON)
+    if len(fixed) != len(leaves) + 1:
+        filled = _filled(tree, iter(leaves))
+        return json.dumps(filled, separators=(",", ":")), None
+    pieces: list[str] = [fixed[0]]
+    for leaf, after in zip(leaves, fixed[1:], strict=True):
+        pieces.append(json.dumps(leaf))
+        pieces.append(after)
+    return "".join(pieces), Template(tuple(pieces))
+
+
+def _filled(node: Any, leaves: Any) -> Any:
+    """The tree with each stand-in (the object itself, not an equal string of the
+    state's) replaced by the next plain value."""
+    if node is _LEAF:
+        return next(leaves)
+    if type(node) is list:
+        return [_filled(item, leaves) for item in node]
+    if type(node) is dict:
+        return {key: _filled(item, leaves) for key, item in node.items()}
+    return node
 
 
 def where_of(path: tuple[Any, ...]) -> str:
@@ -118,10 +181,22 @@ def where_of(path: tuple[Any, ...]) -> str:
     return text or "state"
 
 
-def _encode(value: Any, path: tuple[Any, ...], tensor_ref: Callable[..., Any], depth: int) -> Any:
+def _encode(
+    value: Any,
+    path: tuple[Any, ...],
+    tensor_ref: Callable[..., Any],
+    depth: int,
+    leaves: list[Any] | None = None,
+) -> Any:
+    """The JSON tree of `value`; with `leaves`, each plain value of an exact type in a
+    value's place (not a key) is listed there and stands as _LEAF in the tree."""
     kind = type(value)
     if kind is str or kind is int or kind is float or kind is bool or value is None:
-        return value  # the common cases first: a state dict is mostly these, dicts and tensors
+        # the common cases first: a state dict is mostly these, dicts and tensors
+        if leaves is None:
+            return value
+        leaves.append(value)
+        return _LEAF
     if depth > MAX_DEPTH:
         raise SkeletonError(f"{where_of(path)}: nested deeper than {MAX_DEPTH} levels")
     if kind is dict:
@@ -129,13 +204,13 @@ def _encode(value: Any, path: tuple[Any, ...], tensor_ref: Callable[..., Any], d
             "d": [
                 [
                     _encode(k, (*path, k), _no_tensors, depth + 1),
-                    _encode(v, (*path, k), tensor_ref, depth + 1),
+                    _encode(v, (*path, k), tensor_ref, depth + 1, leaves),
                 ]
                 for k, v in value.items()
             ]
         }
     if kind is list or kind is tuple:
-        items = [_encode(v, (*path, i), tensor_ref, depth + 1) for i, v in enumerate(value)]
+        items = [_encode(v, (*path, i), tensor_ref, depth + 1, leaves) for i, v in enumerate(value)]
         return items if kind is list else {"u": items}
     if isinstance(value, str):
         return str(value)  # a str subclass keeps its text only
@@ -154,10 +229,15 @@ def _encode(value: Any, path: tuple[Any, ...], tensor_ref: Callable[..., Any], d
         tag = "n" if ref.numpy else "t"
         return {tag: [ref.dtype, list(ref.shape), ref.offset, ref.nbytes]}
     if isinstance(value, dict):
-        return _encode(dict(value), path, tensor_ref, depth)  # an OrderedDict and the like
+        # an OrderedDict and the like (a module's state_dict())
+        return _encode(dict(value), path, tensor_ref, depth, leaves)
     if isinstance(value, (list, tuple)):
         return _encode(
-            list(value) if isinstance(value, list) else tuple(value), path, tensor_ref, depth
+            list(value) if isinstance(value, list) else tuple(value),
+            path,
+            tensor_ref,
+            depth,
+            leaves,
         )
     raise SkeletonError(
         f"{where_of(path)}: a {kind.__name__} cannot be snapshotted (only tensors, "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 import torch
@@ -24,6 +25,7 @@ from rtrain.agent.snapshots.shard_store import ShardStore
 from rtrain.core.layout.topology import Layout, NodeSlot, build_grid, recompute_topology
 from rtrain.core.snapshots.format import (
     HEADER,
+    HEADER_SIZE,
     plan_shard,
     read_shard,
     set_replicated,
@@ -60,6 +62,13 @@ def rewrite_header(path: str, step: int | None = None, data_len: int | None = No
         new_len = old_len if data_len is None else data_len
         handle.seek(0)
         handle.write(HEADER.pack(magic, version, state, new_step, meta_len, new_len, replicated))
+
+
+def _json_end(handle: BinaryIO, fields: list) -> int:
+    """The length of the skeleton's JSON in a slot whose header is `fields`: the meta
+    length less the spaces of the skeleton's room (core/snapshots/format.py)."""
+    handle.seek(HEADER_SIZE)
+    return len(handle.read(fields[4]).rstrip(b" "))
 
 
 def one_node_restart(ranks: int = 2):
@@ -108,7 +117,7 @@ def test_a_copy_whose_skeleton_does_not_fit_is_unusable_and_the_plan_is_made_aga
     path = slot_paths(store.snap_dir(0), 1)[1]
     with open(path, "r+b") as handle:
         fields = list(HEADER.unpack(handle.read(HEADER.size)))
-        fields[4] -= 3  # meta_len: the skeleton's JSON loses its end
+        fields[4] = _json_end(handle, fields) - 3  # meta_len: the skeleton's JSON loses its end
         handle.seek(0)
         handle.write(HEADER.pack(*fields))
     result = restore_once(
@@ -182,7 +191,7 @@ def test_a_worker_that_cannot_read_its_copy_marks_it_unusable(tmp_path, monkeypa
     path = slot_paths(store.snap_dir(0), 0)[0]
     with open(path, "r+b") as handle:  # the skeleton's JSON loses its end
         fields = list(HEADER.unpack(handle.read(HEADER.size)))
-        fields[4] -= 3
+        fields[4] = _json_end(handle, fields) - 3
         handle.seek(0)
         handle.write(HEADER.pack(*fields))
     assert store.inventory() == [ShardId(0, 0, 4)]
@@ -249,7 +258,7 @@ def _write_garbage(path: str, garbage: tuple) -> None:
             meta_len = fields[4] if meta_len is None else meta_len
             head = _misfit(fields, length, step, meta_len, excess)
         else:
-            fields[4] -= garbage[1]
+            fields[4] = _json_end(handle, fields) - garbage[1]
             head = HEADER.pack(*fields)
         handle.seek(0)
         handle.write(head)

@@ -246,6 +246,52 @@ def test_the_batched_copy_equals_a_loop_of_copy_and_falls_back_to_it_before_2_1(
         assert all(torch.equal(t, s) for t, s in zip(targets, sources, strict=True))
 
 
+def test_changed_plain_values_keep_the_offsets_and_write_what_a_fresh_plan_holds() -> None:
+    """A step count, a scheduler's learning rate and a string that change every step
+    (or grow: more digits, a longer repr) are put into the last skeleton's text; the
+    tensors keep their offsets. Before, any such change laid the whole state out again
+    (about 9 us a tensor)."""
+    first = plan_shard(_state(1, lr=0.1))
+    for step, lr in ((2, 0.0999), (3, 0.09876543210987654), (4, -0.0), (5, math.inf)):
+        state = _state(step, lr=lr)
+        state["n"], state["tag"] = 10**step, f"run-{step}" * step
+        again = plan_shard(state, first)
+        assert again.refs is first.refs and len(again.meta) == len(first.meta)
+        restored, _ = read_shard(bytearray(_written(again)))
+        fresh, _ = read_shard(bytearray(_written(plan_shard(state))))
+        assert repr(restored["opt"]["lr"]) == repr(lr) and restored["n"] == 10**step
+        assert restored["tag"] == state["tag"] and torch.equal(
+            restored["model"]["w"], state["model"]["w"]
+        )
+        assert repr(restored) == repr(fresh)
+        first = again
+
+
+def test_values_that_outgrow_the_skeletons_room_lay_the_state_out_again() -> None:
+    first = plan_shard(_state(1))
+    state = _state(2)
+    state["tag"] = "x" * (len(first.meta) + 1)
+    again = plan_shard(state, first)
+    assert again.refs is not first.refs and len(again.meta) > len(first.meta)
+    restored, _ = read_shard(bytearray(_written(again)))
+    assert restored["tag"] == state["tag"]
+
+
+def test_a_string_holding_the_templates_stand_in_still_writes_the_right_skeleton() -> None:
+    stand_in = "\ue000"
+    state = _state(1)
+    state["tag"], state[stand_in] = stand_in, [stand_in, 'x"' + stand_in]
+    first = plan_shard(state)
+    assert first.template is None  # ambiguous: no template, and the text is still right
+    restored, _ = read_shard(bytearray(_written(first)))
+    assert restored["tag"] == stand_in and restored[stand_in] == state[stand_in]
+    later = _state(2)
+    later["tag"], later[stand_in] = "other", ["a", "b"]
+    again = plan_shard(later, first)
+    restored, _ = read_shard(bytearray(_written(again)))
+    assert restored["tag"] == "other" and restored[stand_in] == ["a", "b"]
+
+
 def test_ints_and_bools_in_a_list_are_not_one_value_to_the_reused_layout() -> None:
     first = plan_shard({"w": torch.zeros(2), "n": [1, True, "a", None]})
     again = plan_shard({"w": torch.ones(2), "n": [True, 1, "a", None]}, first)
