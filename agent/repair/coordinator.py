@@ -23,7 +23,14 @@ from dataclasses import dataclass, field
 
 from ...core.clock import wait_until
 from ...core.errors import RendezvousError
-from ...core.worker.repair.wire import PARKED, REPAIR_DIR, REPAIR_WAIT, RESUME_WAIT, RUNNING
+from ...core.worker.repair.wire import (
+    PARKED,
+    REPAIR_DIR,
+    REPAIR_WAIT,
+    RESUME_WAIT,
+    RUNNING,
+    STUCK,
+)
 from ..generation import Generation
 from ..observe.events import emit
 from ..rendezvous.job import JobRendezvous
@@ -140,22 +147,27 @@ class RepairCoordinator:
         for worker in asked:
             self.control(worker.local_rank).request(gen.number)
 
-        def answered(worker: Worker) -> bool:
+        def said(worker: Worker, what: str) -> bool:
             state = self.control(worker.local_rank).state()
-            return state is not None and state.state == PARKED and state.pid == worker.pid
+            return state is not None and state.state == what and state.pid == worker.pid
 
         def all_answered() -> bool:
-            return all(answered(w) or w.exitcode is not None for w in asked)
+            # "stuck": released and still blocked, idle (core/worker/repair/repairable.py);
+            # restarted now, not after ACK_S
+            return all(said(w, PARKED) or said(w, STUCK) or w.exitcode is not None for w in asked)
 
         wait_until(all_answered, self._ack_s, 0.01, time.monotonic, group.poll)
         parked = time.time()
-        kept = [w for w in asked if w.exitcode is None and answered(w)]
+        stuck = [w.rank for w in asked if w.exitcode is None and said(w, STUCK)]
+        kept = [w for w in asked if w.exitcode is None and said(w, PARKED)]
         kept = [w for w in kept if process_state(w.pid) not in (*STOPPED_STATES, None, "zombie")]
         left = [w.local_rank for w in group.running if w not in kept]
         if left:
             logger.warning(
-                "repair in place: %d workers did not park within %gs; stopping them",
+                "repair in place: %d workers did not park (stuck after their release: "
+                "ranks %s; the others gave no answer within %gs); stopping them",
                 len(left),
+                sorted(stuck),
                 self._ack_s,
             )
             group.leave_out(left)
@@ -177,6 +189,7 @@ class RepairCoordinator:
             kept=sorted(self._parked.ranks.values()),
             restarted=sorted(restarted),
             fallback=sorted(w.rank for w in group.workers if w.left_out),
+            stuck=sorted(stuck),
             job_fallback=job_fallback,
             seconds=round(time.monotonic() - started, 6),
             # wall clock: the replacements' fork began before the survivors were parked

@@ -83,7 +83,9 @@ SCHEMA: dict[str, tuple[tuple[str, ...], str]] = {
         "were kept alive into the next generation (kept: their ranks then), the ranks "
         "started afresh from the pool (restarted: the failed ones and those in fallback), "
         "those among them asked to repair that did not park in time and were stopped "
-        "(fallback), and how long the parking took; fault_seen, spawn_started (null: "
+        "(fallback; stuck: those of them that said they were still blocked after their "
+        "release, stopped at once rather than after the wait), and how long the parking "
+        "took; fault_seen, spawn_started (null: "
         "nothing to replace) and parked: when (unix seconds) the agent saw the fault, "
         "began forking the replacements and had its survivors parked",
     ),

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from rtrain.agent.repair.coordinator import ACK_S
 
 from tests.integration.cluster import LocalCluster
 from tests.integration.helpers import ROOT
@@ -90,6 +91,9 @@ def test_a_survivor_that_ignores_the_repair_is_restarted_and_the_job_still_match
     repairs = {e.node: e.fields for e in cluster.events("repair")}
     assert repairs[1]["kept"] == [3] and repairs[1]["fallback"] == [2]
     assert repairs[1]["restarted"] == [2]
+    # it waits, idle, in the function after its release: it says it is stuck, and its
+    # agent stops it then, not after ACK_S (5 s) of waiting for an answer
+    assert repairs[1]["stuck"] == [2] and repairs[1]["seconds"] < ACK_S - 1, repairs[1]
 
 
 def test_a_hung_worker_is_replaced_alone_and_the_survivors_blocked_on_it_go_on(

@@ -12,8 +12,9 @@ the pair is closed (its socket gone), and the wait ends only at the group's time
 Nothing in torch reaches that buffer: ProcessGroup.abort() and shutdown() and the
 backend's abort() and shutdown() (tried 15 times each, 2 ranks, 16 MiB all_reduces,
 released together) left it blocked to the timeout; set_timeout changes only later
-collectives. rtrain's agent therefore stops such a survivor after ACK_S and restarts it
-from the pool, as without repair.
+collectives. rtrain's agent therefore stops such a survivor and restarts it from the
+pool, as without repair: at once when the survivor says it is stuck (the second test),
+else after ACK_S.
 
 Here rank 0 broadcasts 256 MiB to rank 1, which is stopped once the bytes arrive (its
 resident size grows); rank 0, asked to park, should park within a second. It parks
@@ -29,7 +30,14 @@ import time
 from pathlib import Path
 
 import pytest
-from rtrain.core.worker.repair.wire import REQUEST_FILE, encode_request
+from rtrain.core.worker.repair.wire import (
+    PARKED,
+    REQUEST_FILE,
+    STATE_FILE,
+    STUCK,
+    decode_state,
+    encode_request,
+)
 
 from tests.integration.helpers import ROOT, free_port
 from tests.integration.test_repair_release import Workers, wait_for
@@ -63,10 +71,11 @@ def _still_sending(workers: Workers) -> bool:
     return False
 
 
-def _park_time(folder: Path) -> float | None:
-    """Seconds rank 0 took to park after the request; None: the stop came too late."""
+def _park_time(folder: Path, timeout_s: float = TIMEOUT_S, answer: str = PARKED) -> float | None:
+    """Seconds rank 0 took to say `answer` (to park, by default) after the request;
+    None: the stop came too late."""
     folder.mkdir()
-    workers = Workers(folder, 2, script=RACE_PROBE, PROBE_GROUP_TIMEOUT=f"{TIMEOUT_S:g}")
+    workers = Workers(folder, 2, script=RACE_PROBE, PROBE_GROUP_TIMEOUT=f"{timeout_s:g}")
     try:
         port = free_port()
         for rank in range(2):
@@ -77,9 +86,30 @@ def _park_time(folder: Path) -> float | None:
         if not _still_sending(workers):
             return None
         (workers.folder(0) / REQUEST_FILE).write_bytes(encode_request(0))
-        return wait_for(lambda: workers.parked(0), 30, "rank 0 never parked")
+        return wait_for(lambda: _said(workers, answer), 30, f"rank 0 never said {answer}")
     finally:
         workers.close()
+
+
+def _said(workers: Workers, answer: str) -> bool:
+    path = workers.folder(0) / STATE_FILE
+    state = decode_state(path.read_bytes()) if path.exists() else None
+    return state is not None and state.state == answer
+
+
+def test_a_survivor_stopped_in_the_middle_of_a_send_says_it_is_stuck_at_once(
+    tmp_path: Path,
+) -> None:
+    """The limit above, met: rank 0, released and still blocked (idle) in the send,
+    says "stuck" within about 1.5 s of the request, so its agent restarts it then,
+    not after ACK_S (5 s); the group's timeout here is 20 s. Before, it said nothing
+    until the timeout ended its wait."""
+    for attempt in range(TRIES):
+        took = _park_time(tmp_path / f"try{attempt}", timeout_s=20, answer=STUCK)
+        if took is not None:
+            assert took < 3.0, f"said stuck {took:.1f}s after the request"
+            return
+    pytest.skip(f"in {TRIES} tries the stop never came while the broadcast was under way")
 
 
 @pytest.mark.xfail(

@@ -26,7 +26,8 @@ torch reaches that buffer: ProcessGroup and backend abort() and shutdown() left 
 blocked, set_timeout changes only later collectives. It happens when the peer stops or
 goes in the middle of a large send, and to about one release in 30 of small tensors
 (one in 6 of 16 MiB) when both ends are released together; the agent then stops that
-survivor after its ACK_S and restarts it, as without repair.
+survivor (at once when it says it is stuck: repairable.py, else after its ACK_S) and
+restarts it, as without repair.
 
 Backends with an abort of their own (NCCL) get ProcessGroup.abort() as well, on every
 group of the process; that path needs a GPU and is checked by scripts/gpu_check.sh,

@@ -46,6 +46,7 @@ from .wire import (
     RESUME_WAIT,
     RUNNING,
     STATE_FILE,
+    STUCK,
     Resume,
     WorkerState,
     decode_request,
@@ -59,6 +60,12 @@ F = TypeVar("F", bound=Callable[..., Any])
 POLL_S = 0.01
 DEFAULT_WAIT_S = 30.0
 DEFAULT_RESUME_S = 900.0
+# A training thread still in the function this long after its group's release, with
+# the whole process using under IDLE_CPU_FRACTION of a core over IDLE_WINDOW_S, is
+# stuck (the agent stops it after ACK_S = 5 s otherwise).
+STUCK_AFTER_S = 1.0
+IDLE_WINDOW_S = 0.5
+IDLE_CPU_FRACTION = 0.1
 CHECKPOINT_API = "torch.distributed.checkpoint.api"
 
 
@@ -125,12 +132,21 @@ class _Control:
 
 
 class _Watcher:
-    """A thread that releases the group as soon as the agent asks for a repair."""
+    """A thread that releases the group as soon as the agent asks for a repair, then
+    says "stuck" if the training thread stays blocked, idle, after the release."""
 
-    def __init__(self, control: _Control, generation: int, group: TrainingGroup) -> None:
+    def __init__(
+        self,
+        control: _Control,
+        generation: int,
+        group: TrainingGroup,
+        stuck_after_s: float = STUCK_AFTER_S,
+    ) -> None:
         self.asked = threading.Event()
+        self.left = threading.Event()  # the training thread is out of the function
         self._stop = threading.Event()
         self._control, self._generation, self._group = control, generation, group
+        self._stuck_after_s = stuck_after_s
         self._thread = threading.Thread(target=self._run, name="rtrain-repair", daemon=True)
         self._thread.start()
 
@@ -140,9 +156,25 @@ class _Watcher:
                 self.asked.set()
                 ASKED.set()  # a snapshot's wait for its replication ends too
                 self._group.release()
+                self._watch_stuck()
                 return
 
+    def _watch_stuck(self) -> None:
+        """After the release every collective of the group fails at once, so a training
+        thread still in the function a while later either computes (the process busy)
+        or waits on what the release could not wake (the process idle): gloo's send
+        queued on a closed pair sleeps out the group's timeout. That one is worth a
+        restart now; a busy one is left to finish and park, or to the agent's wait."""
+        if self.left.wait(self._stuck_after_s):
+            return
+        used = time.process_time()  # every thread of the process
+        if self.left.wait(IDLE_WINDOW_S):
+            return
+        if time.process_time() - used < IDLE_CPU_FRACTION * IDLE_WINDOW_S:
+            self._control.say(STUCK, self._generation)
+
     def stop(self) -> None:
+        self.left.set()
         self._stop.set()
         self._thread.join()
 
@@ -223,6 +255,7 @@ def _generations(
         try:
             result = call()
         except BaseException as exc:
+            watcher.left.set()
             if not isinstance(exc, Exception) and not _checkpoint_failure(exc):
                 watcher.stop()  # else it lives on, and a later request sets ASKED
                 group.close()

@@ -2,10 +2,14 @@
 the worker's own control folder ($RTRAIN_REPAIR_DIR), each written whole (a temporary
 file renamed over it), so a reader sees the old content or the new, never a part.
 
-  state.json    worker -> agent   {"state": "running"|"parked", "generation": g, "pid": p}
+  state.json    worker -> agent   {"state": "running"|"parked"|"stuck", "generation": g,
+                "pid": p}
                 running: the worker opted in and trains in generation g; parked: it left
                 generation g (its group released and destroyed) and waits, alive, for
-                the next one (the acknowledgement of a request).
+                the next one (the acknowledgement of a request); stuck: asked to park,
+                it released its group, and its training thread still waits, idle, in
+                generation g (gloo's limit, core/worker/repair/group.py): the agent
+                restarts it now rather than after its wait for the answer.
   request.json  agent -> worker   {"generation": g}: leave generation g and park.
   resume.json   agent -> worker   {"generation": g2, "env": {...}}: enter generation g2
                 with this environment (RANK, WORLD_SIZE, MASTER_ADDR, ... as a new
@@ -33,7 +37,7 @@ STATE_FILE = "state.json"
 REQUEST_FILE = "request.json"
 RESUME_FILE = "resume.json"
 
-RUNNING, PARKED = "running", "parked"
+RUNNING, PARKED, STUCK = "running", "parked", "stuck"
 MAX_BYTES = 1 << 20  # a control file is a few hundred bytes; a larger one is refused
 
 
@@ -80,7 +84,7 @@ def _integer(value: object) -> int | None:
 
 def decode_state(data: bytes | None) -> WorkerState | None:
     found = _object(data)
-    if found is None or found.get("state") not in (RUNNING, PARKED):
+    if found is None or found.get("state") not in (RUNNING, PARKED, STUCK):
         return None
     generation, pid = _integer(found.get("generation")), _integer(found.get("pid"))
     if generation is None or pid is None:
