@@ -147,19 +147,21 @@ class RepairCoordinator:
         for worker in asked:
             self.control(worker.local_rank).request(gen.number)
 
-        def said(worker: Worker, what: str) -> bool:
+        def answer(worker: Worker) -> str | None:
+            """What the worker said (its own state file, its pid), or None."""
             state = self.control(worker.local_rank).state()
-            return state is not None and state.state == what and state.pid == worker.pid
+            return state.state if state is not None and state.pid == worker.pid else None
 
         def all_answered() -> bool:
             # "stuck": released and still blocked, idle (core/worker/repair/repairable.py);
             # restarted now, not after ACK_S
-            return all(said(w, PARKED) or said(w, STUCK) or w.exitcode is not None for w in asked)
+            return all(w.exitcode is not None or answer(w) in (PARKED, STUCK) for w in asked)
 
         wait_until(all_answered, self._ack_s, 0.01, time.monotonic, group.poll)
         parked = time.time()
-        stuck = [w.rank for w in asked if w.exitcode is None and said(w, STUCK)]
-        kept = [w for w in asked if w.exitcode is None and said(w, PARKED)]
+        answers = {w.local_rank: answer(w) for w in asked if w.exitcode is None}
+        stuck = [w.rank for w in asked if answers.get(w.local_rank) == STUCK]
+        kept = [w for w in asked if answers.get(w.local_rank) == PARKED]
         kept = [w for w in kept if process_state(w.pid) not in (*STOPPED_STATES, None, "zombie")]
         left = [w.local_rank for w in group.running if w not in kept]
         if left:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import struct
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from .chunks import CHUNK, chunk_bounds, chunk_digest, chunk_hasher  # noqa: F401
@@ -54,7 +54,7 @@ from .header import (  # noqa: F401  (re-exported: the shard's layout is read fr
     shard_interval,
     write_header,
 )
-from .layout_reuse import signature
+from .layout_reuse import Found, signature
 from .skeleton import (
     NUMPY_DTYPES,
     TORCH_DTYPES,
@@ -64,6 +64,8 @@ from .skeleton import (
     TensorRef,
     decode,
     encode_template,
+    padded,
+    placement_name,
     where_of,
 )
 
@@ -114,28 +116,29 @@ def plan_shard(state: Any, previous: ShardLayout | None = None) -> ShardLayout:
     skeleton's room: see meta_capacity); only its tensors are new."""
     found = signature(state)
     if found is not None and previous is not None and previous.signature == found.signature:
-        meta, template = previous.meta, previous.template
-        if previous.values != found.values:
-            filled = None
-            if template is not None and previous.values is not None:
-                filled = template.with_values(found.values, previous.values)
-            meta = b"" if filled is None else _padded(filled[0], len(previous.meta))
-            template = None if filled is None else filled[1]
-        if meta:
-            return ShardLayout(
-                meta,
-                found.tensors,
-                previous.refs,
-                previous.data_len,
-                found.signature,
-                previous.on_host,
-                found.values,
-                template,
-            )
+        reused = _reused(previous, found)
+        if reused is not None:
+            return reused
     layout = _plan(state)
     if found is not None:
         layout.signature, layout.values = found.signature, found.values
     return layout
+
+
+def _reused(previous: ShardLayout, found: Found) -> ShardLayout | None:
+    """`previous` for a state of its structure: its skeleton, or its text with the plain
+    values that changed put in; None where they do not fit its room."""
+    meta, template = previous.meta, previous.template
+    if previous.values != found.values:
+        if template is None or previous.values is None:
+            return None
+        filled = template.with_values(found.values, previous.values, len(meta))
+        if filled is None:
+            return None
+        meta, template = filled
+    return replace(
+        previous, meta=meta, tensors=found.tensors, values=found.values, template=template
+    )
 
 
 def meta_capacity(length: int) -> int:
@@ -145,13 +148,6 @@ def meta_capacity(length: int) -> int:
     data area starts 64-byte aligned in the slot."""
     room = length + max(256, length // 32)
     return room + (-(HEADER_SIZE + room)) % ALIGN
-
-
-def _padded(text: str, capacity: int) -> bytes:
-    """The skeleton's text in `capacity` bytes, spaces after it (JSON ignores them); b""
-    if it does not fit."""
-    raw = text.encode()
-    return raw + b" " * (capacity - len(raw)) if len(raw) <= capacity else b""
 
 
 def _plan(state: Any) -> ShardLayout:
@@ -197,7 +193,7 @@ def _plan(state: Any) -> ShardLayout:
             plain_ref(value.to_local(), place, False),
             tuple(value.shape),
             tuple(value.stride()),
-            tuple(_placement(p, value.ndim, place) for p in value.placements),
+            tuple(placement_name(p, value.ndim, place) for p in value.placements),
             tuple(mesh.mesh.shape),
             tuple(mesh.mesh.flatten().tolist()),
             None if names is None else tuple(names),
@@ -225,26 +221,11 @@ def _plan(state: Any) -> ShardLayout:
         text, template = encode_template(state, tensor_ref)
     except SkeletonError as exc:
         raise SnapshotError(str(exc)) from None
-    meta = _padded(text, meta_capacity(len(text.encode())))
+    raw = text.encode()
+    meta = padded(raw, meta_capacity(len(raw)))
+    assert meta is not None  # the room is never less than the text
     on_host = all(tensor.device.type == "cpu" for tensor in tensors)
     return ShardLayout(meta, tensors, refs, offset, on_host=on_host, template=template)
-
-
-def _placement(placement: Any, ndim: int, place: Callable[[], str]) -> str:
-    """A DTensor placement's name in a shard. Exact types only: _StridedShard (FSDP2
-    over tensor parallel) is a Shard whose local data is not one slice of the tensor."""
-    kind = type(placement).__name__
-    if kind == "Replicate":
-        return "R"
-    if kind == "Shard":
-        return f"S{placement.dim % ndim}"
-    if kind == "Partial":
-        return f"P:{placement.reduce_op}"
-    raise SnapshotError(
-        f"{place()}: a DTensor placed {placement} cannot be snapshotted (only Shard, "
-        "Replicate and Partial placements); save it with torch.distributed.checkpoint "
-        "and rtrain.core.worker.dcp.SnapshotWriter"
-    )
 
 
 # Builds the DTensor around a restored local shard: (reference, local tensor, key path).

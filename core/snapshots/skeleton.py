@@ -126,16 +126,26 @@ class Template:
 
     pieces: tuple[str, ...]
 
-    def with_values(self, values: list[Any], before: list[Any]) -> tuple[str, Template] | None:
-        """(text, template) with `values` (as layout_reuse lists them) where `before`
-        were; None if their number is not this template's."""
+    def with_values(
+        self, values: list[Any], before: list[Any], capacity: int
+    ) -> tuple[bytes, Template] | None:
+        """(skeleton in `capacity` bytes, template) with `values` (as layout_reuse lists
+        them) where `before` were; None if their number is not this template's or the
+        text does not fit."""
         if len(values) != len(before) or 2 * len(values) + 1 != len(self.pieces):
             return None
         pieces = list(self.pieces)
         for index, (new, old) in enumerate(zip(values, before, strict=True)):
             if new != old:
                 pieces[2 * index + 1] = leaf_json(new)
-        return "".join(pieces), Template(tuple(pieces))
+        meta = padded("".join(pieces).encode(), capacity)
+        return None if meta is None else (meta, Template(tuple(pieces)))
+
+
+def padded(raw: bytes, capacity: int) -> bytes | None:
+    """A skeleton's bytes in `capacity` bytes, spaces after them (JSON ignores them);
+    None if they do not fit."""
+    return raw + b" " * (capacity - len(raw)) if len(raw) <= capacity else None
 
 
 def encode_template(
@@ -169,6 +179,23 @@ def _filled(node: Any, leaves: Any) -> Any:
     if type(node) is dict:
         return {key: _filled(item, leaves) for key, item in node.items()}
     return node
+
+
+def placement_name(placement: Any, ndim: int, place: Callable[[], str]) -> str:
+    """A DTensor placement's name in a shard. Exact types only: _StridedShard (FSDP2
+    over tensor parallel) is a Shard whose local data is not one slice of the tensor."""
+    kind = type(placement).__name__
+    if kind == "Replicate":
+        return "R"
+    if kind == "Shard":
+        return f"S{placement.dim % ndim}"
+    if kind == "Partial":
+        return f"P:{placement.reduce_op}"
+    raise SkeletonError(
+        f"{place()}: a DTensor placed {placement} cannot be snapshotted (only Shard, "
+        "Replicate and Partial placements); save it with torch.distributed.checkpoint "
+        "and rtrain.core.worker.dcp.SnapshotWriter"
+    )
 
 
 def where_of(path: tuple[Any, ...]) -> str:

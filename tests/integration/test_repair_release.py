@@ -68,12 +68,16 @@ class Workers:
         except (OSError, ValueError):
             return 0
 
-    def parked(self, rank: int, generation: int | None = None) -> bool:
+    def said(self, rank: int, answer: str, generation: int | None = None) -> bool:
+        """Whether rank's state file says `answer` (in `generation`, if given)."""
         path = self.folder(rank) / STATE_FILE
         state = decode_state(path.read_bytes()) if path.exists() else None
         return (
-            state is not None and state.state == PARKED and generation in (None, state.generation)
+            state is not None and state.state == answer and generation in (None, state.generation)
         )
+
+    def parked(self, rank: int, generation: int | None = None) -> bool:
+        return self.said(rank, PARKED, generation)
 
     def record(self, name: str) -> dict:
         return json.loads((self.out / name).read_text())

@@ -30,14 +30,7 @@ import time
 from pathlib import Path
 
 import pytest
-from rtrain.core.worker.repair.wire import (
-    PARKED,
-    REQUEST_FILE,
-    STATE_FILE,
-    STUCK,
-    decode_state,
-    encode_request,
-)
+from rtrain.core.worker.repair.wire import PARKED, REQUEST_FILE, STUCK, encode_request
 
 from tests.integration.helpers import ROOT, free_port
 from tests.integration.test_repair_release import Workers, wait_for
@@ -86,15 +79,9 @@ def _park_time(folder: Path, timeout_s: float = TIMEOUT_S, answer: str = PARKED)
         if not _still_sending(workers):
             return None
         (workers.folder(0) / REQUEST_FILE).write_bytes(encode_request(0))
-        return wait_for(lambda: _said(workers, answer), 30, f"rank 0 never said {answer}")
+        return wait_for(lambda: workers.said(0, answer), 30, f"rank 0 never said {answer}")
     finally:
         workers.close()
-
-
-def _said(workers: Workers, answer: str) -> bool:
-    path = workers.folder(0) / STATE_FILE
-    state = decode_state(path.read_bytes()) if path.exists() else None
-    return state is not None and state.state == answer
 
 
 def test_a_survivor_stopped_in_the_middle_of_a_send_says_it_is_stuck_at_once(
