@@ -113,17 +113,3 @@ def replicate_time(buffer: Any) -> float:
     """The seconds the agent took to checksum and replicate the shard (0.0: not known)."""
     return max(struct.unpack_from("<q", buffer, REPLICATE_US_OFFSET)[0], 0) / 1e6
 
-
-def steady_header(buffer: Any, tries: int = 8) -> bytes | None:
-    """A slot's header read twice alike, or None. One copy of 64 bytes is not atomic
-    against a worker writing the header field by field: a read torn between its state
-    and its replicated mark can show a header the worker never wrote (a step committed
-    and unreplicated that it had just marked replicated), found under load in
-    tests/integration/test_shard_faults.py (agent/snapshots/replicator.py reads it so)."""
-    head = bytes(buffer[:HEADER_SIZE])
-    for _ in range(tries):
-        again = bytes(buffer[:HEADER_SIZE])
-        if again == head:
-            return head
-        head = again
-    return None

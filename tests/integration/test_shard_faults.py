@@ -22,7 +22,7 @@ from rtrain.agent.snapshots.peers.wire import ShardError
 from rtrain.agent.snapshots.restorer import restore_once
 from rtrain.agent.snapshots.shard_store import ShardStore
 from rtrain.core.layout.topology import Layout, NodeSlot, build_grid, recompute_topology
-from rtrain.core.snapshots.format import plan_shard, read_shard, write_shard
+from rtrain.core.snapshots.format import WAKE_FIFO, plan_shard, read_shard, write_shard
 from rtrain.core.snapshots.restore_plan import ShardId
 from rtrain.core.worker.snapshots import restore, slot_paths
 
@@ -246,11 +246,14 @@ def test_old_slots_are_recycled_wiped_and_never_restored(tmp_path, monkeypatch):
 
 
 REWRITER = """
-import mmap, struct, sys, time
+import mmap, os, struct, sys, time
 from rtrain.core.snapshots.format import COMMITTED, HEADER, MAGIC, VERSION, WRITING, read_header
+from rtrain.core.snapshots.header import STATE_OFFSET
 with open(sys.argv[1], "r+b") as handle:
     slot = mmap.mmap(handle.fileno(), 0)
 old = read_header(slot)
+# Like a worker after each commit, it wakes the replicator, so a pass follows each one.
+wake = os.open(sys.argv[3], os.O_WRONLY | os.O_NONBLOCK)
 end = time.monotonic() + float(sys.argv[2])
 while time.monotonic() < end:
     # A worker starts rewriting this (already replicated) slot for a newer step: the
@@ -258,9 +261,18 @@ while time.monotonic() < end:
     sizes = (old.meta_len, old.data_len)
     HEADER.pack_into(slot, 0, MAGIC, VERSION, WRITING, old.step + 2, *sizes, -1)
     slot[-1] ^= 0xFF
-    # ... and, to do it again and again, the slot is put back as it was.
+    # ... and, to do it again and again, the slot is put back as it was, in the order a
+    # worker commits: the header while the state still says WRITING, the state last.
+    # (One pack_into of a COMMITTED header zeroes all 48 bytes and then writes them in
+    # order: read between the step and the replicated mark, it shows a committed step
+    # never replicated, a header no worker writes.)
     slot[-1] ^= 0xFF
-    HEADER.pack_into(slot, 0, MAGIC, VERSION, COMMITTED, old.step, *sizes, old.step)
+    HEADER.pack_into(slot, 0, MAGIC, VERSION, WRITING, old.step, *sizes, old.step)
+    struct.pack_into("<I", slot, STATE_OFFSET, COMMITTED)
+    try:
+        os.write(wake, b"w")
+    except BlockingIOError:
+        pass  # the FIFO is full: a pass is due anyway
 """
 
 
@@ -281,7 +293,8 @@ def test_a_slot_a_worker_starts_rewriting_is_not_sent_as_its_old_step(node):
     replicator = Replicator(store_a, SECRET)
     replicator.follow(0, [("127.0.0.1", server_b.port)], world_size=1, local_ranks=1)
     try:
-        subprocess.run([sys.executable, "-c", REWRITER, slots[0], "3"], check=True, timeout=60)
+        wake = os.path.join(store_a.snap_dir(0), WAKE_FIFO)
+        subprocess.run([sys.executable, "-c", REWRITER, slots[0], "3", wake], check=True, timeout=60)
     finally:
         replicator.close()
     assert store_b.replicas() == [] and server_b.refusals["mismatch"] == 0

@@ -307,22 +307,3 @@ def test_a_reused_layout_with_other_plain_values_reads_back_as_a_fresh_plan_does
 
     check()
 
-
-def test_a_header_read_while_it_is_rewritten_is_taken_only_once_two_reads_agree():
-    """The replicator's read of a slot's header (core/snapshots/header.py): a read torn
-    by a worker's write is never taken as the header."""
-    from rtrain.core.snapshots.header import HEADER_SIZE, steady_header
-
-    class Rewritten:
-        """A slot whose header reads differently each time, then settles."""
-
-        def __init__(self, changes: int) -> None:
-            self.reads, self.changes = 0, changes
-
-        def __getitem__(self, where: slice) -> bytes:
-            self.reads += 1
-            return bytes([min(self.reads, self.changes)]) * HEADER_SIZE
-
-    assert steady_header(Rewritten(changes=100)) is None  # never read alike twice
-    settled = Rewritten(changes=3)
-    assert steady_header(settled) == bytes([3]) * HEADER_SIZE and settled.reads == 4
