@@ -165,7 +165,32 @@ class LocalCluster:
                 codes.append(self.procs[index].wait(timeout=max(end - time.monotonic(), 0.1)))
             except subprocess.TimeoutExpired:
                 codes.append(None)
+                self.dump_stacks(index)
         return codes
+
+    def dump_stacks(self, index: int) -> None:
+        """A node still running past a wait: every process's Python stack under it (py-spy)
+        into node<i>.stacks and this test's output, so a hang that fails a test once in a
+        while says where it was."""
+        try:
+            pids = self.node_pids(index)
+        except psutil.Error:
+            return
+        parts = [f"node {index}: still running; {self.progress()} steps applied"]
+        for pid in pids:
+            try:
+                dump = subprocess.run(
+                    ["py-spy", "dump", "--pid", str(pid)],
+                    capture_output=True,
+                    text=True,
+                    timeout=15,
+                )
+                parts.append(dump.stdout + dump.stderr[-500:])
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                parts.append(f"pid {pid}: no stack ({exc})")
+        text = "\n".join(parts)
+        (self.tmp / f"node{index}.stacks").write_text(text)
+        print(text, flush=True)
 
     def log(self, index: int) -> str:
         return self.logs[index].read_text()
