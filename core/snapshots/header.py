@@ -112,4 +112,3 @@ def set_replicate_time(buffer: Any, seconds: float) -> None:
 def replicate_time(buffer: Any) -> float:
     """The seconds the agent took to checksum and replicate the shard (0.0: not known)."""
     return max(struct.unpack_from("<q", buffer, REPLICATE_US_OFFSET)[0], 0) / 1e6
-

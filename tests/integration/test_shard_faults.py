@@ -294,7 +294,9 @@ def test_a_slot_a_worker_starts_rewriting_is_not_sent_as_its_old_step(node):
     replicator.follow(0, [("127.0.0.1", server_b.port)], world_size=1, local_ranks=1)
     try:
         wake = os.path.join(store_a.snap_dir(0), WAKE_FIFO)
-        subprocess.run([sys.executable, "-c", REWRITER, slots[0], "3", wake], check=True, timeout=60)
+        subprocess.run(
+            [sys.executable, "-c", REWRITER, slots[0], "3", wake], check=True, timeout=60
+        )
     finally:
         replicator.close()
     assert store_b.replicas() == [] and server_b.refusals["mismatch"] == 0

@@ -306,4 +306,3 @@ def test_a_reused_layout_with_other_plain_values_reads_back_as_a_fresh_plan_does
         assert repr(got) == repr(fresh)
 
     check()
-
