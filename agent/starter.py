@@ -181,7 +181,10 @@ class GenerationStarter:
         if self._old_beats is not None and self._old_beats != beat_dir:
             shutil.rmtree(self._old_beats, ignore_errors=True)
         self._old_beats = last.beat_dir if last is not None and last.beat_dir != beat_dir else None
-        self._hangs = HangWatch(self.spec.faults.hang_timeout, beat_dir, self._clock.now)
+        faults = self.spec.faults
+        self._hangs = HangWatch(
+            faults.hang_timeout, beat_dir, self._clock.now, faults.first_heartbeat_timeout
+        )
         return self._hangs
 
     def _worker_store(

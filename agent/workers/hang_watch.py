@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import psutil
@@ -67,9 +67,18 @@ HELD_STATES = STOPPED_STATES | {psutil.STATUS_DISK_SLEEP}
 
 class HangWatch:
     def __init__(
-        self, timeout: float, beat_dir: str, clock: Callable[[], float] = time.monotonic
+        self,
+        timeout: float,
+        beat_dir: str,
+        clock: Callable[[], float] = time.monotonic,
+        first_beat_timeout: float | None = None,
     ) -> None:
+        """first_beat_timeout: a worker without a heartbeat this long after the first
+        check that saw it running (the group's start, not its spawn's wait) is hung
+        too; None: a worker is hung only after its first heartbeat."""
         self._beat_dir = beat_dir
+        self.first_beat_timeout = first_beat_timeout
+        self._started: dict[int, float] = {}  # local rank -> first checked running
         self._tracker: StalenessTracker[int] = StalenessTracker(
             timeout, armed_by_first_change=True, initial=0
         )
@@ -96,6 +105,7 @@ class HangWatch:
         if old is not None:
             os.close(old)
         self._beats[local_rank] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self._started.pop(local_rank, None)  # a new worker: its start is its first check
         self._stacks[local_rank] = os.path.join(log_dir, "stack.txt")
         return {HEARTBEAT_FILE: path, STACK_FILE: self._stacks[local_rank]}
 
@@ -112,13 +122,29 @@ class HangWatch:
         self._next_check = now + self._check_every
         pids = running if isinstance(running, Mapping) else {}
         for local_rank in running:
+            self._started.setdefault(local_rank, now)
             beat = self.read(local_rank)
             if beat is not None:
                 self._tracker.observe(local_rank, beat[0], now)
             if local_rank in pids:
                 self._observe_state(local_rank, process_state(pids[local_rank]), now)
-        stale = set(self._tracker.stale(now))
+        stale = set(self._tracker.stale(now)) | set(self._never_beat(running, now))
         return [r for r in running if r in stale or self.held_for(r) >= self.timeout]
+
+    def _never_beat(self, running: Iterable[int], now: float) -> list[int]:
+        """Ranks past first_beat_timeout without a heartbeat since their start."""
+        if self.first_beat_timeout is None:
+            return []
+        return [
+            r
+            for r in running
+            if self.never_beat(r) and now - self._started.get(r, now) > self.first_beat_timeout
+        ]
+
+    def never_beat(self, local_rank: int) -> bool:
+        """Whether the worker's file says it has not called heartbeat() yet."""
+        beat = self.read(local_rank)
+        return beat is not None and beat[0] == 0
 
     def _observe_state(self, local_rank: int, state: str | None, now: float) -> None:
         if state in HELD_STATES:
@@ -150,7 +176,11 @@ class HangWatch:
         return count, step
 
     def silent_for(self, local_rank: int) -> float:
-        return self._tracker.silent_for(local_rank, self._clock())
+        """Seconds since its last heartbeat; since its start, where it made none."""
+        now = self._clock()
+        if local_rank in self._started and self.never_beat(local_rank):
+            return now - self._started[local_rank]
+        return self._tracker.silent_for(local_rank, now)
 
     @property
     def beat_dir(self) -> str:
@@ -226,10 +256,16 @@ def inspect_hang(
     step = f" after step {beat[1]}" if beat is not None and beat[0] > 0 else ""
     held_text = f", held for {held_for:.1f}s" if held and held_for > 0 else ""
     when = ", found as the generation ended" if ending else ""
-    message = (
-        f"hung: no heartbeat for {silent:.1f}s{step}{what}{held_text}{when} "
-        f"(--hang-timeout={hangs.timeout:g}s)"
-    )
+    if hangs.first_beat_timeout is not None and beat is not None and beat[0] == 0 and not held:
+        message = (
+            f"hung: no first heartbeat in the {silent:.1f}s since it started{what}{when} "
+            f"(--first-heartbeat-timeout={hangs.first_beat_timeout:g}s)"
+        )
+    else:
+        message = (
+            f"hung: no heartbeat for {silent:.1f}s{step}{what}{held_text}{when} "
+            f"(--hang-timeout={hangs.timeout:g}s)"
+        )
     return HangFinding(message, stack, time.time() - max(silent, held_for), held, victim)
 
 

@@ -139,6 +139,12 @@ def dry_run(
         ),
         ("hang timeout", f"{spec.faults.hang_timeout:g}s after a worker's first heartbeat()"),
         (
+            "first heartbeat",
+            "no limit"
+            if spec.faults.first_heartbeat_timeout is None
+            else f"due {spec.faults.first_heartbeat_timeout:g}s after a worker starts",
+        ),
+        (
             "max node failures",
             str(spec.faults.max_node_failures or "unlimited (no node is excluded)"),
         ),

@@ -99,6 +99,16 @@ OWN_SETTINGS: tuple[Setting, ...] = (
         check=SECONDS,
     ),
     S(
+        "first-heartbeat-timeout",
+        None,
+        "seconds a started worker may take to its first `rtrain.core.heartbeat()` before "
+        "it counts as hung (a hang in `init_process_group` or a restore); off by default: "
+        "set it only for a script that heartbeats, above its slowest start",
+        "S",
+        own=True,
+        check=optional(SECONDS, (None,)),
+    ),
+    S(
         "snapshot-memory",
         None,
         "shared memory this node may use for snapshots and peers' replicas, e.g. `8G` "

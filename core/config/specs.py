@@ -75,6 +75,8 @@ class FaultSpec:
     heartbeat_timeout: float = RDZV_CONF_DEFAULTS["heartbeat_timeout"]
     # A worker that called rtrain.core.heartbeat() and then stopped for this long is hung.
     hang_timeout: float = flag_field("hang-timeout")
+    # A worker that has not called it this long after its start is hung; None: never.
+    first_heartbeat_timeout: float | None = flag_field("first-heartbeat-timeout")
     # A node charged this many failures is excluded from the job; 0: never.
     max_node_failures: int = flag_field("max-node-failures")
     # A node whose workers fail again within RESTART_RESET_S of starting waits this

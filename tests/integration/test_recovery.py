@@ -122,6 +122,42 @@ def test_hung_worker_is_detected_its_stack_reported_and_the_job_recovers(
     assert frame in rank1_stack, report
 
 
+def test_a_worker_hung_before_its_first_heartbeat_is_found_by_the_first_beat_deadline(
+    tmp_path, reference
+):
+    """Rank 1 deadlocks before its first heartbeat (as in a hung init_process_group):
+    --hang-timeout never arms for it, and rank 0 waits for it in all_reduce, beatless
+    too. --first-heartbeat-timeout finds both, names rank 1 (its own frame, not a
+    collective) the culprit, and the job restarts and ends as the reference does."""
+    cluster = LocalCluster(
+        tmp_path,
+        1,
+        "1",
+        ["--nproc-per-node=2", "--max-restarts=1", "--first-heartbeat-timeout=4"],
+        PROBE_STEPS=STEPS,
+        PROBE_FAULT="rank=1,step=0,gen=0,action=deadlock",
+        RTRAIN_STACK_TOOL="faulthandler",
+    )
+    codes = cluster.finish()
+    log = cluster.log(0)
+    assert codes == [0], log
+    final = final_records(cluster)
+    assert sorted(final) == [0, 1]
+    for rec in final.values():
+        assert rec["applied"] == int(STEPS)
+        assert_same_weights(rec["weights"], reference)
+    hung = {e["rank"]: e for e in cluster.events("fault") if e.generation == 0}
+    assert hung[1]["kind"] == "hang", hung
+    assert "no first heartbeat in the" in hung[1]["message"]
+    assert "(--first-heartbeat-timeout=4s)" in hung[1]["message"]
+    silent = float(hung[1]["message"].split("in the ")[1].split("s since")[0])
+    assert 4.0 <= silent < 5.5  # found within a check (0.5 s) of the deadline
+    report = log[log.index("succeeded after") :]
+    root = next(line for line in report.splitlines() if "root cause" in line)
+    assert "hang" in root and "1 (1)" in root, report
+    assert "deadlocked_here" in report.split("Stack of hung rank 1:")[1], report
+
+
 def test_fixed_size_job_pauses_for_a_replacement_node(tmp_path, reference):
     flags = ["--nproc-per-node=2", *FAST]
     cluster = LocalCluster(tmp_path, 2, "2", flags, PROBE_STEPS=STEPS)

@@ -125,6 +125,45 @@ def test_a_worker_is_watched_after_its_heartbeat_folder_is_removed(tmp_path, mon
     assert watch.hung([0]) == [0]
 
 
+def test_a_worker_without_its_first_heartbeat_is_hung_only_under_the_first_beat_deadline(
+    tmp_path, sleeper, monkeypatch
+):
+    """--first-heartbeat-timeout: a worker that never beat (a hang in init_process_group
+    or its restore) is hung that long after it started, named so; one that beat once is
+    left to --hang-timeout; without the flag a worker that never beats is never hung."""
+    from rtrain.core.worker.api import heartbeat
+
+    now = [100.0]
+    watch = HangWatch(TIMEOUT, str(tmp_path), clock=lambda: now[0], first_beat_timeout=5.0)
+    watch.worker_env(0, str(tmp_path / "w0"))
+    env = watch.worker_env(1, str(tmp_path / "w1"))
+    running = {0: sleeper.pid, 1: sleeper.pid}
+    assert watch.hung(running) == []
+    now[0] = 104.0
+    monkeypatch.setenv(HEARTBEAT_FILE, env[HEARTBEAT_FILE])
+    heartbeat(0)  # rank 1's first heartbeat, 4 s after its start
+    assert watch.hung(running) == []
+    now[0] = 105.5  # 5.5 s since the start: rank 0 is late; rank 1 beat 1.5 s ago
+    assert watch.hung(running) == [0]
+    assert watch.silent_for(0) == 5.5
+    found = inspect_hang(watch, 0, sleeper.pid, str(tmp_path / "error.json"))
+    assert not found.held
+    assert found.message.startswith("hung: no first heartbeat in the 5.5s since it started")
+    assert "(--first-heartbeat-timeout=5s)" in found.message
+    now[0] = 104.0 + TIMEOUT + 0.5  # rank 1 is hung only by --hang-timeout since its beat
+    assert watch.hung(running) == [0, 1]
+    assert (
+        "no heartbeat for 2.5s after step 0"
+        in inspect_hang(watch, 1, sleeper.pid, str(tmp_path / "error.json")).message
+    )
+
+    (tmp_path / "plain").mkdir()
+    plain = HangWatch(TIMEOUT, str(tmp_path / "plain"), clock=lambda: now[0])
+    plain.worker_env(0, str(tmp_path / "p0"))
+    now[0] += 3600.0
+    assert plain.hung({0: sleeper.pid}) == []  # never beat, no deadline: never hung
+
+
 def test_closing_a_watch_closes_its_heartbeat_files(tmp_path):
     before = len(os.listdir("/proc/self/fd"))
     watch = HangWatch(TIMEOUT, str(tmp_path))
