@@ -178,7 +178,15 @@ def _run_python(request: dict[str, Any]) -> int:
         return 0
     except SystemExit as exc:
         _kept_alive.append(exc)
-        return _system_exit_code(exc)
+        code = _system_exit_code(exc)
+        if code != 0:
+            # Recorded now, before the interpreter's shutdown (seconds on a loaded node,
+            # its sockets already closed): a peer whose collective broke under this exit
+            # may be reaped first and the agent stop this worker mid-shutdown, which,
+            # with no error file older than the stop, counts as the agent's doing; the
+            # culprit then left no record and its node was never charged.
+            _write_error_file(exc, _user_frames(exc.__traceback__), f"sys.exit({exc.code!r})")
+        return code
     except KeyboardInterrupt:
         traceback.print_exc()
         # Die by SIGINT like a plain interpreter does, so the agent sees the signal.
@@ -236,14 +244,16 @@ def _system_exit_code(exc: SystemExit) -> int:
     return 1
 
 
-def _write_error_file(exc: BaseException, tb: TracebackType | None) -> None:
+def _write_error_file(
+    exc: BaseException, tb: TracebackType | None, message: str | None = None
+) -> None:
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path or os.path.exists(path):  # torch's @record already wrote it
         return
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         payload = error_file_payload(
-            message=f"{type(exc).__name__}: {exc}",
+            message=message or f"{type(exc).__name__}: {exc}",
             traceback="".join(traceback.format_exception(type(exc), exc, tb)),
             timestamp=time.time(),
         )

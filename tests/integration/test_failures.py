@@ -184,5 +184,7 @@ def test_the_report_lists_the_root_cause_then_every_other_rank_that_ended_non_ze
     assert [r["rank"] for r in report] == [1, 0]
     assert report[1]["exitcode"] != 0
     root = FailureRecord.decode(json.dumps(report[0]))
-    assert root.summary() == "exit 3: no Python exception (sys.exit(3) or os._exit(3))"
-    assert "exit 3: no Python exception" in result.stderr  # the table shows the summary
+    # the worker's sys.exit(3), recorded by the worker as it began to exit
+    assert root.summary() == "sys.exit(3)"
+    assert "train_probe.py" in root.traceback and "sys.exit(3)" in root.traceback
+    assert "sys.exit(3)" in result.stderr  # the table shows the summary

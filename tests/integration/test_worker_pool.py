@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -244,3 +245,44 @@ def _wait_for(path: Path, timeout: float) -> bool:
     while not path.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     return path.exists()
+
+
+def test_a_non_zero_sys_exit_is_recorded_before_the_worker_shuts_down(tmp_path: Path) -> None:
+    """A worker's sys.exit(3) writes its error file at once, as an exception does: a
+    culprit stopped by its agent during a slow shutdown (a peer's collective error
+    reaped first, on a loaded node) counted as stopped, and its node went uncharged.
+    Its shutdown is held here (an atexit handler waiting for a file) to show the record
+    is there before the exit; sys.exit(0) records nothing."""
+    scripts = {
+        "three": "sys.exit(3)",
+        "text": "sys.exit('bad config')",
+        "zero": "sys.exit(0)",
+    }
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(_pythonpath())}
+    pool = WorkerPool((), env)
+    pool.start()
+    try:
+        pool.wait_ready(30)
+        for name, line in scripts.items():
+            script = tmp_path / f"{name}.py"
+            script.write_text(
+                "import atexit, os, sys, time\n"
+                "atexit.register(lambda: [time.sleep(0.05) for _ in range(200)"
+                f" if not os.path.exists({str(tmp_path / 'go')!r})])\n"
+                f"{line}\n"
+            )
+            worker_env = {**env, "TORCHELASTIC_ERROR_FILE": str(tmp_path / f"{name}.json")}
+            pool.spawn(_request(name, script, worker_env, tmp_path))
+        assert _wait_for(tmp_path / "three.json", 10) and _wait_for(tmp_path / "text.json", 10)
+        assert pool.poll_exits(0.2) == []  # recorded while still shutting down
+        (tmp_path / "go").write_text("")
+        exits = {e.worker_id: e.exitcode for e in _exits(pool, 3, 30)}
+    finally:
+        pool.close()
+    assert exits == {"three": 3, "text": 1, "zero": 0}
+    three = json.loads((tmp_path / "three.json").read_text())["message"]
+    assert three["message"] == "sys.exit(3)"
+    assert "three.py" in three["extraInfo"]["py_callstack"]
+    text = json.loads((tmp_path / "text.json").read_text())["message"]
+    assert text["message"] == "sys.exit('bad config')"
+    assert not (tmp_path / "zero.json").exists()
