@@ -169,9 +169,10 @@ class LocalCluster:
         return codes
 
     def dump_stacks(self, index: int) -> None:
-        """A node still running past a wait: every process's Python stack under it (py-spy)
-        into node<i>.stacks and this test's output, so a hang that fails a test once in a
-        while says where it was."""
+        """A node still running past a wait: every process's stack under it (py-spy, with
+        native frames) into node<i>.stacks and this test's output, so a hang that fails a
+        test once in a while says where it was (a worker blocked inside TCPStore's
+        constructor, for one, is only told apart by its C++ frames)."""
         try:
             pids = self.node_pids(index)
         except psutil.Error:
@@ -180,7 +181,7 @@ class LocalCluster:
         for pid in pids:
             try:
                 dump = subprocess.run(
-                    ["py-spy", "dump", "--pid", str(pid)],
+                    ["py-spy", "dump", "--native", "--pid", str(pid)],
                     capture_output=True,
                     text=True,
                     timeout=15,
