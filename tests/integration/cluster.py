@@ -179,6 +179,7 @@ class LocalCluster:
             return
         parts = [f"node {index}: still running; {self.progress()} steps applied"]
         for pid in pids:
+            parts.append(_process_context(pid))
             try:
                 dump = subprocess.run(
                     ["py-spy", "dump", "--native", "--pid", str(pid)],
@@ -272,6 +273,29 @@ def assert_same_weights(ours: list[float], reference: list[float]) -> None:
     assert len(ours) == len(reference)
     for a, b in zip(ours, reference, strict=True):
         assert abs(a - b) <= 1e-9 * max(1.0, abs(b)), (ours, reference)
+
+
+def _process_context(pid: int) -> str:
+    """What a stack alone does not say about a stuck worker: the store it was told to
+    reach, and its TCP connections (a connect to a port nobody serves looks like any
+    other wait inside TCPStore's constructor)."""
+    try:
+        proc = psutil.Process(pid)
+        env = proc.environ()
+        told = " ".join(f"{k}={env[k]}" for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if k in env)
+        links = [
+            f"{c.laddr.ip}:{c.laddr.port}->{c.raddr.ip}:{c.raddr.port} {c.status}"
+            for c in proc.net_connections(kind="tcp")
+            if c.raddr
+        ]
+        listening = [
+            f"{c.laddr.ip}:{c.laddr.port}"
+            for c in proc.net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN
+        ]
+    except psutil.Error as exc:
+        return f"pid {pid}: {exc!r}"
+    return f"pid {pid}: {told or '(no worker env)'}; listening {listening}; connections {links}"
 
 
 def _signal(pid: int, sig: int) -> None:
