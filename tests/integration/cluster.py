@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -190,6 +191,7 @@ class LocalCluster:
                 parts.append(dump.stdout + dump.stderr[-500:])
             except (OSError, subprocess.TimeoutExpired) as exc:
                 parts.append(f"pid {pid}: no stack ({exc})")
+        parts.append(_native_threads(pids[0]))
         text = "\n".join(parts)
         (self.tmp / f"node{index}.stacks").write_text(text)
         print(text, flush=True)
@@ -273,6 +275,24 @@ def assert_same_weights(ours: list[float], reference: list[float]) -> None:
     assert len(ours) == len(reference)
     for a, b in zip(ours, reference, strict=True):
         assert abs(a - b) <= 1e-9 * max(1.0, abs(b)), (ours, reference)
+
+
+def _native_threads(pid: int) -> str:
+    """Every thread of the agent, C++ ones included (the TCPStore servers it hosts run
+    in threads py-spy does not list), where gdb is installed."""
+    if shutil.which("gdb") is None:
+        return f"pid {pid}: no gdb here for its native threads"
+    try:
+        dump = subprocess.run(
+            ["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt 12"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"pid {pid}: gdb failed ({exc})"
+    threads = [line for line in dump.stdout.splitlines() if line.startswith(("Thread", "#"))]
+    return f"pid {pid} native threads:\n" + "\n".join(threads)
 
 
 def _process_context(pid: int) -> str:
