@@ -95,14 +95,7 @@ def test_hung_worker_is_detected_its_stack_reported_and_the_job_recovers(
         PROBE_FAULT=f"rank=1,step=6,gen=0,action={action}",
         RTRAIN_STACK_TOOL=tool,
     )
-    codes = cluster.finish()
-    log = cluster.log(0)
-    assert codes == [0], log
-    final = final_records(cluster)
-    assert sorted(final) == [0, 1]
-    for rec in final.values():
-        assert rec["applied"] == int(STEPS)
-        assert_same_weights(rec["weights"], reference)
+    log = _one_node_finished_as_the_reference(cluster, reference)
     # rank 0 may be found hung too, waiting for rank 1 in a collective
     hung = next(e for e in cluster.events("fault") if e["rank"] == 1)
     assert (hung["kind"], hung["local_rank"]) == ("hang", 1)
@@ -122,6 +115,20 @@ def test_hung_worker_is_detected_its_stack_reported_and_the_job_recovers(
     assert frame in rank1_stack, report
 
 
+def _one_node_finished_as_the_reference(cluster: LocalCluster, reference: list[float]) -> str:
+    """The one-node job ended 0, both ranks' last generation applied every step and holds
+    the reference's weights; node 0's log."""
+    codes = cluster.finish()
+    log = cluster.log(0)
+    assert codes == [0], log
+    final = final_records(cluster)
+    assert sorted(final) == [0, 1]
+    for rec in final.values():
+        assert rec["applied"] == int(STEPS)
+        assert_same_weights(rec["weights"], reference)
+    return log
+
+
 def test_a_worker_hung_before_its_first_heartbeat_is_found_by_the_first_beat_deadline(
     tmp_path, reference
 ):
@@ -138,14 +145,7 @@ def test_a_worker_hung_before_its_first_heartbeat_is_found_by_the_first_beat_dea
         PROBE_FAULT="rank=1,step=0,gen=0,action=deadlock",
         RTRAIN_STACK_TOOL="faulthandler",
     )
-    codes = cluster.finish()
-    log = cluster.log(0)
-    assert codes == [0], log
-    final = final_records(cluster)
-    assert sorted(final) == [0, 1]
-    for rec in final.values():
-        assert rec["applied"] == int(STEPS)
-        assert_same_weights(rec["weights"], reference)
+    log = _one_node_finished_as_the_reference(cluster, reference)
     hung = {e["rank"]: e for e in cluster.events("fault") if e.generation == 0}
     assert hung[1]["kind"] == "hang", hung
     assert "no first heartbeat in the" in hung[1]["message"]
