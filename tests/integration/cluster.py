@@ -166,35 +166,30 @@ class LocalCluster:
                 codes.append(self.procs[index].wait(timeout=max(end - time.monotonic(), 0.1)))
             except subprocess.TimeoutExpired:
                 codes.append(None)
-                self.dump_stacks(index)
+        if None in codes:
+            self.dump_stacks()
         return codes
 
-    def dump_stacks(self, index: int) -> None:
-        """A node still running past a wait: every process's stack under it (py-spy, with
-        native frames) into node<i>.stacks and this test's output, so a hang that fails a
-        test once in a while says where it was (a worker blocked inside TCPStore's
-        constructor, for one, is only told apart by its C++ frames)."""
-        try:
-            pids = self.node_pids(index)
-        except psutil.Error:
-            return
-        parts = [f"node {index}: still running; {self.progress()} steps applied"]
-        for pid in pids:
-            parts.append(_process_context(pid))
-            try:
-                dump = subprocess.run(
-                    ["py-spy", "dump", "--native", "--pid", str(pid)],
-                    capture_output=True,
-                    text=True,
-                    timeout=15,
-                )
-                parts.append(dump.stdout + dump.stderr[-500:])
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                parts.append(f"pid {pid}: no stack ({exc})")
-        parts.append(_native_threads(pids[0]))
-        text = "\n".join(parts)
-        (self.tmp / f"node{index}.stacks").write_text(text)
-        print(text, flush=True)
+    def dump_stacks(self) -> None:
+        """Nodes still running past a wait: every process's stack (py-spy, native frames
+        too) and TCP connections, then each agent's native threads (gdb), into
+        node<i>.stacks and this test's output, so a hang that fails a test once in a
+        while says where it was. Workers first, every node's, before any gdb: gdb stops
+        an agent while it reads it, its lease lapses, and the other nodes move on."""
+        running: dict[int, list[int]] = {}
+        for index, proc in enumerate(self.procs):
+            if proc.poll() is None:
+                with contextlib.suppress(psutil.Error):
+                    running[index] = self.node_pids(index)
+        parts = {i: [f"node {i}: still running; {self.progress()} steps applied"] for i in running}
+        for index, pids in running.items():
+            for pid in reversed(pids):  # the workers, then the pool, then the agent
+                parts[index] += [_process_context(pid), _py_spy(pid)]
+        for index, pids in running.items():
+            parts[index].append(_native_threads(pids[0]))
+            text = "\n".join(parts[index])
+            (self.tmp / f"node{index}.stacks").write_text(text)
+            print(text, flush=True)
 
     def log(self, index: int) -> str:
         return self.logs[index].read_text()
@@ -277,6 +272,19 @@ def assert_same_weights(ours: list[float], reference: list[float]) -> None:
         assert abs(a - b) <= 1e-9 * max(1.0, abs(b)), (ours, reference)
 
 
+def _py_spy(pid: int) -> str:
+    try:
+        dump = subprocess.run(
+            ["py-spy", "dump", "--native", "--pid", str(pid)],
+            capture_output=True,
+            text=True,
+            timeout=15,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"pid {pid}: no stack ({exc})"
+    return dump.stdout + dump.stderr[-500:]
+
+
 def _native_threads(pid: int) -> str:
     """Every thread of the agent, C++ ones included (the TCPStore servers it hosts run
     in threads py-spy does not list), where gdb is installed."""
@@ -296,13 +304,11 @@ def _native_threads(pid: int) -> str:
 
 
 def _process_context(pid: int) -> str:
-    """What a stack alone does not say about a stuck worker: the store it was told to
-    reach, and its TCP connections (a connect to a port nobody serves looks like any
-    other wait inside TCPStore's constructor)."""
+    """What a stack alone does not say about a stuck worker: its TCP connections (a
+    connect to a port nobody serves looks like any other wait inside TCPStore's
+    constructor). Not its environment: a forked worker's /proc environ is the pool's."""
     try:
         proc = psutil.Process(pid)
-        env = proc.environ()
-        told = " ".join(f"{k}={env[k]}" for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if k in env)
         links = [
             f"{c.laddr.ip}:{c.laddr.port}->{c.raddr.ip}:{c.raddr.port} {c.status}"
             for c in proc.net_connections(kind="tcp")
@@ -315,7 +321,7 @@ def _process_context(pid: int) -> str:
         ]
     except psutil.Error as exc:
         return f"pid {pid}: {exc!r}"
-    return f"pid {pid}: {told or '(no worker env)'}; listening {listening}; connections {links}"
+    return f"pid {pid}: listening {listening}; connections {links}"
 
 
 def _signal(pid: int, sig: int) -> None:
