@@ -56,16 +56,28 @@ def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
 
 def fresh_interpreter(request: dict[str, Any]) -> dict[str, Any]:
     """The request that runs the same entry point in a new interpreter (`python -u`), as
-    torchrun starts a worker: nothing of the pool's imports, state or settings."""
+    torchrun starts a worker: nothing of the pool's imports, state or settings. It goes
+    through fresh.py, which runs it as a forked worker does (run_fresh_interpreter), so
+    an uncaught exception or a non-zero sys.exit reaches the failure report and the
+    agent can ask for its stack either way; that costs importing this module (0.1 s,
+    no torch)."""
     if request["kind"] == "exec":
         return request
-    flags = ["-u", "-m"] if request["kind"] == "module" else ["-u"]
+    runner = ["-u", "-m", f"{__package__}.fresh", request["kind"], request["target"]]
     return {
         **request,
         "kind": "exec",
         "target": sys.executable,
-        "args": [*flags, request["target"], *request["args"]],
+        "args": [*runner, *request["args"]],
     }
+
+
+def run_fresh_interpreter(argv: Sequence[str]) -> NoReturn:
+    """A fresh interpreter's worker (fresh_interpreter): KIND TARGET ARGS..., run as
+    boot() runs a forked one, from its std streams on; never returns."""
+    kind, target, *args = argv
+    _arm_stack_dump()
+    _finish(_run_python({"kind": kind, "target": target, "args": args}))
 
 
 def reseed() -> None:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from rtrain.agent.workers.boot import fresh_interpreter
 from rtrain.agent.workers.pool import PoolRefused, WorkerExit, WorkerPool
 from rtrain.core.errors import ExitCode
 
@@ -247,16 +248,22 @@ def _wait_for(path: Path, timeout: float) -> bool:
     return path.exists()
 
 
-def test_a_non_zero_sys_exit_is_recorded_before_the_worker_shuts_down(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fresh", [False, True], ids=["forked", "fresh-interpreter"])
+def test_a_non_zero_sys_exit_is_recorded_before_the_worker_shuts_down(
+    tmp_path: Path, fresh: bool
+) -> None:
     """A worker's sys.exit(3) writes its error file at once, as an exception does: a
     culprit stopped by its agent during a slow shutdown (a peer's collective error
     reaped first, on a loaded node) counted as stopped, and its node went uncharged.
     Its shutdown is held here (an atexit handler waiting for a file) to show the record
-    is there before the exit; sys.exit(0) records nothing."""
+    is there before the exit; sys.exit(0) records nothing. The same for a worker started
+    as a fresh interpreter (the pool's fallback on a loaded node), which ran the script
+    as plain `python -u` and recorded neither, nor an uncaught exception."""
     scripts = {
         "three": "sys.exit(3)",
         "text": "sys.exit('bad config')",
         "zero": "sys.exit(0)",
+        "raised": "raise ValueError('bad batch')",
     }
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(_pythonpath())}
     pool = WorkerPool((), env)
@@ -272,17 +279,21 @@ def test_a_non_zero_sys_exit_is_recorded_before_the_worker_shuts_down(tmp_path: 
                 f"{line}\n"
             )
             worker_env = {**env, "TORCHELASTIC_ERROR_FILE": str(tmp_path / f"{name}.json")}
-            pool.spawn(_request(name, script, worker_env, tmp_path))
-        assert _wait_for(tmp_path / "three.json", 10) and _wait_for(tmp_path / "text.json", 10)
+            request = _request(name, script, worker_env, tmp_path)
+            pool.spawn(fresh_interpreter(request) if fresh else request)
+        for name in ("three", "text", "raised"):
+            assert _wait_for(tmp_path / f"{name}.json", 30), name
         assert pool.poll_exits(0.2) == []  # recorded while still shutting down
         (tmp_path / "go").write_text("")
-        exits = {e.worker_id: e.exitcode for e in _exits(pool, 3, 30)}
+        exits = {e.worker_id: e.exitcode for e in _exits(pool, 4, 30)}
     finally:
         pool.close()
-    assert exits == {"three": 3, "text": 1, "zero": 0}
+    assert exits == {"three": 3, "text": 1, "zero": 0, "raised": 1}
     three = json.loads((tmp_path / "three.json").read_text())["message"]
     assert three["message"] == "sys.exit(3)"
     assert "three.py" in three["extraInfo"]["py_callstack"]
     text = json.loads((tmp_path / "text.json").read_text())["message"]
     assert text["message"] == "sys.exit('bad config')"
     assert not (tmp_path / "zero.json").exists()
+    raised = json.loads((tmp_path / "raised.json").read_text())["message"]
+    assert raised["message"] == "ValueError: bad batch"

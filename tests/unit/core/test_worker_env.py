@@ -44,6 +44,11 @@ def test_differences_name_only_import_time_variables_that_differ() -> None:
     assert import_time_differences(pool, {**pool, "RANK": "1"}) == []
 
 
+# A fresh interpreter runs the entry point through rtrain's runner (agent/workers/fresh.py)
+RUNNER = ["-u", "-m", "rtrain.agent.workers.fresh"]
+T = ["t.py", "--a"]
+
+
 def _group(kind: str, pool_env: dict[str, str], fresh_workers: bool = False) -> WorkerGroup:
     entry = SimpleNamespace(kind=kind, target="t.py", args=("--a",))
     spec = SimpleNamespace(entrypoint=entry, fresh_workers=fresh_workers)
@@ -54,16 +59,16 @@ def test_a_worker_whose_import_time_settings_differ_runs_as_a_fresh_interpreter(
     same = _group("script", {"OMP_NUM_THREADS": "1"})._entry({"OMP_NUM_THREADS": "1"})
     assert same == {"kind": "script", "target": "t.py", "args": ["--a"]}
     fresh = _group("script", {"OMP_NUM_THREADS": "1"})._entry({"OMP_NUM_THREADS": "2"})
-    assert fresh == {"kind": "exec", "target": sys.executable, "args": ["-u", "t.py", "--a"]}
+    assert fresh == {"kind": "exec", "target": sys.executable, "args": [*RUNNER, "script", *T]}
     module = _group("module", {})._entry({"MALLOC_ARENA_MAX": "2"})
-    assert module["args"] == ["-u", "-m", "t.py", "--a"]
+    assert module["args"] == [*RUNNER, "module", *T]
     command = _group("exec", {})._entry({"MALLOC_ARENA_MAX": "2"})
     assert command["kind"] == "exec" and command["target"] == "t.py"
 
 
 def test_start_method_spawn_starts_every_worker_as_a_fresh_interpreter() -> None:
     spawned = _group("script", {}, fresh_workers=True)._entry({})
-    assert spawned == {"kind": "exec", "target": sys.executable, "args": ["-u", "t.py", "--a"]}
+    assert spawned == {"kind": "exec", "target": sys.executable, "args": [*RUNNER, "script", *T]}
     spec = build_launch_spec({"training_script": "t.py", "start_method": "spawn"})
     assert spec.fresh_workers and spec.preload == ()  # the pool imports nothing for them
     for method in (None, "fork", "forkserver"):
