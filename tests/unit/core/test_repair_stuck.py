@@ -9,11 +9,22 @@ import importlib
 import threading
 import time
 
+import pytest
+from rtrain.core.worker.repair.asked import ASKED
 from rtrain.core.worker.repair.wire import STUCK, WorkerState, decode_state, encode_state
 
 # the module (the package's name `repairable` is the decorator)
 repairable = importlib.import_module("rtrain.core.worker.repair.repairable")
 STUCK_AFTER_S = 0.2
+
+
+@pytest.fixture(autouse=True)
+def _process_not_asked():
+    """A watcher asked to park sets the process-wide ASKED (which ends a snapshot's wait
+    for its replication); left set, every later test of this process that snapshots
+    found "a repair came while the snapshot ... replicated" (two of them under -n 2)."""
+    yield
+    ASKED.clear()
 
 
 class Control:
