@@ -121,25 +121,25 @@ class HangWatch:
             return []
         self._next_check = now + self._check_every
         pids = running if isinstance(running, Mapping) else {}
+        unbeaten = []  # read once here, for the first-heartbeat deadline too
         for local_rank in running:
             self._started.setdefault(local_rank, now)
             beat = self.read(local_rank)
             if beat is not None:
                 self._tracker.observe(local_rank, beat[0], now)
+                if beat[0] == 0:
+                    unbeaten.append(local_rank)
             if local_rank in pids:
                 self._observe_state(local_rank, process_state(pids[local_rank]), now)
-        stale = set(self._tracker.stale(now)) | set(self._never_beat(running, now))
+        stale = set(self._tracker.stale(now)) | set(self._late_first_beat(unbeaten, now))
         return [r for r in running if r in stale or self.held_for(r) >= self.timeout]
 
-    def _never_beat(self, running: Iterable[int], now: float) -> list[int]:
-        """Ranks past first_beat_timeout without a heartbeat since their start."""
+    def _late_first_beat(self, unbeaten: Iterable[int], now: float) -> list[int]:
+        """Of the ranks without a heartbeat yet, those past first_beat_timeout."""
         if self.first_beat_timeout is None:
             return []
-        return [
-            r
-            for r in running
-            if self.never_beat(r) and now - self._started.get(r, now) > self.first_beat_timeout
-        ]
+        limit = self.first_beat_timeout
+        return [r for r in unbeaten if now - self._started.get(r, now) > limit]
 
     def never_beat(self, local_rank: int) -> bool:
         """Whether the worker's file says it has not called heartbeat() yet."""
