@@ -308,16 +308,14 @@ def _process_context(pid: int) -> str:
     connect to a port nobody serves looks like any other wait inside TCPStore's
     constructor). Not its environment: a forked worker's /proc environ is the pool's."""
     try:
-        proc = psutil.Process(pid)
+        conns = psutil.Process(pid).net_connections(kind="tcp")
         links = [
             f"{c.laddr.ip}:{c.laddr.port}->{c.raddr.ip}:{c.raddr.port} {c.status}"
-            for c in proc.net_connections(kind="tcp")
+            for c in conns
             if c.raddr
         ]
         listening = [
-            f"{c.laddr.ip}:{c.laddr.port}"
-            for c in proc.net_connections(kind="tcp")
-            if c.status == psutil.CONN_LISTEN
+            f"{c.laddr.ip}:{c.laddr.port}" for c in conns if c.status == psutil.CONN_LISTEN
         ]
     except psutil.Error as exc:
         return f"pid {pid}: {exc!r}"
