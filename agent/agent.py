@@ -284,7 +284,10 @@ class Agent:
         self._repair.hand_over(gen)  # workers kept by a repair in place, if any
         gen.group.start()
         self._observer.generation_started(
-            gen.place, gen.topology.world_size, self._snapshots.restored_step
+            gen.place,
+            gen.topology.world_size,
+            self._snapshots.restored_step,
+            gen.group.warm_up_wait_s,
         )
         self._set_state(AgentState.HEALTHY)
         self._backoff.started()

@@ -99,7 +99,13 @@ class Observer:
             with contextlib.suppress(RepairError):
                 self._repair = RepairNote.from_fields(event.fields)
 
-    def generation_started(self, place: Place, world_size: int, restored_step: int | None) -> None:
+    def generation_started(
+        self,
+        place: Place,
+        world_size: int,
+        restored_step: int | None,
+        warm_up_wait_s: float = 0.0,
+    ) -> None:
         self._started = self._clock.now()
         self._status_due = 0.0
         self._beats = _Beats()
@@ -109,6 +115,7 @@ class Observer:
             world_size=world_size,
             members=[m.addr for m in place.membership.members],
             restored_step=restored_step,
+            warm_up_wait_s=round(warm_up_wait_s, 3),
         )
         self._end_recovery(None)  # a generation that ended before its first step
         if self._ended is None or self._ended[1] is Outcome.SUCCEEDED:

@@ -37,6 +37,7 @@ from .pool import PoolDied, WorkerPool
 logger = logging.getLogger(__name__)
 
 KILL_WAIT_S = 5.0
+WARM_WAIT_LINE_S = 0.5  # a start that waited this long for the warm-up says so
 
 
 @dataclass
@@ -96,6 +97,7 @@ class WorkerGroup:
         self._stop_time = float("inf")  # wall clock when stop() began
         self.workers: list[Worker] = []
         self.handover: Handover | None = None
+        self.warm_up_wait_s = 0.0  # of start(): the spawns' wait for the pool's warm-up
 
     def start(self) -> None:
         spec, a = self._spec, self.assignment
@@ -139,6 +141,12 @@ class WorkerGroup:
             )
             self.workers.append(worker)
         self._pool.drop_spares()
+        self.warm_up_wait_s = self._pool.take_warm_wait()
+        if self.warm_up_wait_s >= WARM_WAIT_LINE_S:
+            logger.info(
+                "the workers' start waited %.1fs for the pool's warm-up imports to end",
+                self.warm_up_wait_s,
+            )
         logger.info(
             "started %d workers (ranks %d-%d of %d)",
             len(self.workers),

@@ -74,6 +74,8 @@ class WorkerPool:
         self._ready = False
         self._pending: list[dict[str, Any]] = []
         self._spares = False  # a prefork was sent since the last drop
+        # seconds spawns waited for the warm-up's imports since the last take_warm_wait()
+        self._warm_wait_s = 0.0
 
     @property
     def env(self) -> dict[str, str]:
@@ -192,7 +194,14 @@ class WorkerPool:
             raise PoolRefused(str(answer.get("error", "the worker pool refused to fork")))
         if answer.get("fresh"):
             logger.info("%s started as a fresh interpreter: %s", what, answer["fresh"])
+        self._warm_wait_s += float(answer.get("warm_wait_s") or 0.0)
         return int(answer["pid"])
+
+    def take_warm_wait(self) -> float:
+        """Seconds the spawns since the last call waited for the pool's warm-up imports
+        (a fork must not come while they are inside an import: warm_up.py), and reset."""
+        waited, self._warm_wait_s = self._warm_wait_s, 0.0
+        return waited
 
     def prefork(self, worker_id: str) -> None:
         """Have the pool fork worker `worker_id`'s process now, ahead of its spawn (which

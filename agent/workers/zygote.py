@@ -213,7 +213,10 @@ class Zygote:
             if self._early_exits.pop(spare.pid, None) is not None:  # reaped already
                 self._spares.reaped(spare.pid)
         fresh = ""
-        if request["kind"] != "exec" and not self._warm_done():
+        waited = time.monotonic()
+        warm = request["kind"] == "exec" or self._warm_done()
+        waited = time.monotonic() - waited  # reported: a recovery's time it explains
+        if not warm:
             # A Python worker forked while the warm-up thread is inside an import would
             # deadlock on that module's lock (or find it half done), and a warm-up starved
             # at idle priority on a loaded node took minutes: the worker starts at once as
@@ -227,7 +230,15 @@ class Zygote:
         if pid == 0:
             boot(request, zygote_pid, self._inherited())
         self._children[pid] = request["id"]
-        self.send({"ev": "started", "id": request["id"], "pid": pid, "fresh": fresh})
+        self.send(
+            {
+                "ev": "started",
+                "id": request["id"],
+                "pid": pid,
+                "fresh": fresh,
+                "warm_wait_s": round(waited, 3),
+            }
+        )
         early = self._early_exits.pop(pid, None)
         if early is not None:
             self._report_exit(pid, *early)

@@ -33,7 +33,9 @@ SCHEMA: dict[str, tuple[tuple[str, ...], str]] = {
     "generation_start": (
         ("nodes", "world_size", "members", "restored_step"),
         "this node's workers started in a new generation; members: every node's address; "
-        "restored_step: the step they resume after (null: from scratch)",
+        "restored_step: the step they resume after (null: from scratch); warm_up_wait_s: "
+        "how long their start waited for the worker pool's warm-up imports (a fork must "
+        "not come during one; at most 5 s a spawn)",
     ),
     "restore": (
         ("step", "source", "local", "fetched", "from_dp_peer", "seconds"),
@@ -148,6 +150,7 @@ FIELD_TYPES: dict[str, tuple[str, bool]] = {  # field -> (type, may be null)
     "host": (TEXT, False),
     "fault_t": (NUMBER, False),
     "detect_s": (NUMBER, True),
+    "warm_up_wait_s": (NUMBER, False),
     "message": (TEXT, False),
     "outcome": (TEXT, False),
     "last_step": (INTEGER, True),

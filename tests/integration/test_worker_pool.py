@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from rtrain.agent.workers.boot import fresh_interpreter
 from rtrain.agent.workers.pool import PoolRefused, WorkerExit, WorkerPool
+from rtrain.agent.workers.warm_up import WINDOW_S
 from rtrain.core.errors import ExitCode
 
 from tests.integration.helpers import RTRAIN, run
@@ -121,11 +122,15 @@ def test_a_spawn_never_waits_for_the_pools_warm_up(tmp_path: Path) -> None:
         began = time.monotonic()
         pool.spawn(_request("w0", script, {**env, "OUT": str(tmp_path / "w0")}, tmp_path), 60)
         spawn_s = time.monotonic() - began
+        # what it waited for the warm-up is reported (the generation_start event has it):
+        # one window of it, found idle (asleep here, as a starved one looks)
+        assert WINDOW_S <= pool.take_warm_wait() < spawn_s + 0.01
         assert [e.exitcode for e in _exits(pool, 1, 60)] == [0]
         assert not (tmp_path / "warm_done").exists()  # the warm-up was still under way
         (tmp_path / "release").touch()
         assert _wait_for(tmp_path / "warm_done", 30)
         pool.spawn(_request("w1", script, {**env, "OUT": str(tmp_path / "w1")}, tmp_path), 60)
+        assert pool.take_warm_wait() < 0.05  # nothing left to wait for
         assert [e.exitcode for e in _exits(pool, 1, 60)] == [0]
     finally:
         (tmp_path / "release").touch()
