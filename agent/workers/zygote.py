@@ -213,9 +213,9 @@ class Zygote:
             if self._early_exits.pop(spare.pid, None) is not None:  # reaped already
                 self._spares.reaped(spare.pid)
         fresh = ""
-        waited = time.monotonic()
+        asked = time.monotonic()
         warm = request["kind"] == "exec" or self._warm_done()
-        waited = time.monotonic() - waited  # reported: a recovery's time it explains
+        waited = time.monotonic() - asked  # reported: it explains a slow recovery
         if not warm:
             # A Python worker forked while the warm-up thread is inside an import would
             # deadlock on that module's lock (or find it half done), and a warm-up starved
