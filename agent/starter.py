@@ -40,16 +40,6 @@ from .workers.pool import WorkerPool
 
 logger = logging.getLogger(__name__)
 
-# The workers' store is served by torch's classic TCPStore server up to this many
-# workers, by its libuv server beyond. Why not libuv everywhere (torch's default since
-# 2.4): in loaded runs of the fault tests, 3 of 13 with libuv's server ended with a
-# survivor's worker waiting in init_process_group for the answer to a GET the server
-# never sent (stacks in the stop-41 note), none of 10 with the classic one; the cause is
-# not found. Why not classic everywhere: its one thread polls every connection, and
-# 4,096 clients' set/wait/get took it 2.7 s against libuv's 0.6 s (1,024: 0.24 against
-# 0.18 s; scripts/bench_worker_store.py), the scale libuv was written for.
-CLASSIC_SERVER_MAX_WORKERS = 1024
-
 
 class Starts(Protocol):
     """What the agent's loop asks of a generation's starter: GenerationStarter, or a unit
@@ -119,8 +109,7 @@ class GenerationStarter:
         topology = generation_topology(self.spec.layout, membership, before)
         logger.info("generation %d layout: %s", generation, topology.summary())
         assignment = membership.assignment(
-            self.node_id,
-            *self._worker_store(rdzv, generation, node_rank, watch, topology.world_size),
+            self.node_id, *self._worker_store(rdzv, generation, node_rank, watch)
         )
         logger.info(
             "generation %d: %d nodes, world size %d, this node rank %d, worker store %s:%d",
@@ -199,21 +188,14 @@ class GenerationStarter:
         return self._hangs
 
     def _worker_store(
-        self,
-        rdzv: JobRendezvous,
-        generation: int,
-        node_rank: int,
-        watch: Callable[[], bool],
-        world_size: int,
+        self, rdzv: JobRendezvous, generation: int, node_rank: int, watch: Callable[[], bool]
     ) -> tuple[str, int]:
         """This generation's store for the workers (torchrun's MASTER_ADDR:MASTER_PORT):
-        node 0 hosts a fresh one and publishes it; the others wait for it. Its server is
-        torch's classic one up to CLASSIC_SERVER_MAX_WORKERS workers, libuv's beyond."""
+        node 0 hosts a fresh one and publishes it; the others wait for it."""
         self._worker_store_handle = None  # the previous generation's store closes here
         if node_rank != 0:
             return rdzv.workers.wait(generation, self.spec.rdzv.join_timeout, watch)
-        libuv = world_size > CLASSIC_SERVER_MAX_WORKERS
-        opened = host_store(self.addr, 0, self.spec.rdzv.read_timeout, libuv=libuv)
+        opened = host_store(self.addr, 0, self.spec.rdzv.read_timeout)
         self._worker_store_handle = opened.store
         rdzv.workers.publish(generation, self.addr, opened.port)
         return self.addr, opened.port

@@ -146,10 +146,9 @@ def _is_ip_literal(host: str) -> bool:
     return True
 
 
-def host_store(host: str, port: int, timeout_s: float, libuv: bool = True) -> OpenedStore:
-    """Start a TCPStore server on this node, listening on `host` (see the module's note);
-    libuv: torch's libuv server, else its classic one. Raises OSError(EADDRINUSE) if the
-    port is taken."""
+def host_store(host: str, port: int, timeout_s: float) -> OpenedStore:
+    """Start a TCPStore server on this node, listening on `host` (see the module's note).
+    Raises OSError(EADDRINUSE) if the port is taken."""
     import torch.distributed  # noqa: F401 - first: the port listens only once it can answer
 
     sock = listening_socket(host, port)
@@ -166,7 +165,6 @@ def host_store(host: str, port: int, timeout_s: float, libuv: bool = True) -> Op
             is_master=True,
             wait_for_workers=False,
             timeout=datetime.timedelta(seconds=timeout_s),
-            use_libuv=libuv,
             **bound,
         )
     except Exception as exc:

@@ -135,15 +135,3 @@ def test_a_wait_for_the_store_ends_at_a_signal() -> None:
 )
 def test_where_a_store_listens_beyond_loopback(host: str, etcd: bool, beyond: bool) -> None:
     assert listens_beyond_loopback(host, etcd) is beyond
-
-
-@pytest.mark.parametrize("libuv", [True, False])
-def test_a_hosted_store_runs_the_server_asked_for(libuv: bool) -> None:
-    """host_store's server is the one asked for (the workers' store is classic up to
-    agent/starter.py's CLASSIC_SERVER_MAX_WORKERS), also where rtrain hands TCPStore
-    its own listening socket, and a client's set and get go through it."""
-    opened = opening.host_store("127.0.0.1", 0, 5.0, libuv=libuv)
-    assert opened.store.libuvBackend is libuv
-    client = dist.TCPStore("127.0.0.1", opened.port, is_master=False)
-    client.set("rank_1", b"address")
-    assert opened.store.get("rank_1") == b"address"
