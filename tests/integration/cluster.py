@@ -303,14 +303,32 @@ def _native_threads(pid: int) -> str:
     return f"pid {pid} native threads:\n" + "\n".join(threads)
 
 
+def _socket_queues() -> dict[tuple[int, int], str]:
+    """(local port, remote port) -> the bytes in its send and receive queues, from
+    /proc/net/tcp and tcp6: whether a request that got no answer is still waiting on
+    the client's side, waits unread at the server, or was read (both queues empty)."""
+    queues: dict[tuple[int, int], str] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                local, remote, (tx, rx) = fields[1], fields[2], fields[4].split(":")
+                ports = (int(local.rsplit(":", 1)[1], 16), int(remote.rsplit(":", 1)[1], 16))
+                queues[ports] = f"send-q {int(tx, 16)} recv-q {int(rx, 16)}"
+    return queues
+
+
 def _process_context(pid: int) -> str:
     """What a stack alone does not say about a stuck worker: its TCP connections (a
     connect to a port nobody serves looks like any other wait inside TCPStore's
-    constructor). Not its environment: a forked worker's /proc environ is the pool's."""
+    constructor) and their queues. Not its environment: a forked worker's /proc
+    environ is the pool's."""
     try:
         conns = psutil.Process(pid).net_connections(kind="tcp")
+        queues = _socket_queues()
         links = [
-            f"{c.laddr.ip}:{c.laddr.port}->{c.raddr.ip}:{c.raddr.port} {c.status}"
+            f"{c.laddr.ip}:{c.laddr.port}->{c.raddr.ip}:{c.raddr.port} {c.status} "
+            f"{queues.get((c.laddr.port, c.raddr.port), '')}".rstrip()
             for c in conns
             if c.raddr
         ]
