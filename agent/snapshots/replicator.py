@@ -16,7 +16,6 @@ import glob
 import logging
 import mmap
 import os
-import select
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -26,7 +25,6 @@ from typing import Any
 from ...core.snapshots.format import (
     HEADER_SIZE,
     SLOTS_PER_RANK,
-    WAKE_FIFO,
     replicated_step,
     set_replicate_time,
     set_replicated,
@@ -42,6 +40,7 @@ from .peers.client import ShardClient
 from .peers.wire import ShardError
 from .shard_store import SLOT, ShardStore
 from .slot_check import fitting_header
+from .wake_fifo import WakeFifo
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +129,7 @@ class Replicator:
         self.newest_replicated: int | None = None  # the newest step sent to every peer
         self._rescan_at = 0.0
         self._slot_files = 0
-        self._wake: int | None = None  # the generation's wake FIFO (WAKE_FIFO), read end
+        self._wake = WakeFifo()  # workers' wakeups after each commit (wake_fifo.py)
         self._thread = threading.Thread(target=self._run, name="rtrain-replicate", daemon=True)
         self._thread.start()
 
@@ -153,7 +152,7 @@ class Replicator:
             self._slot_files = SLOTS_PER_RANK * local_ranks
             self._paths, self._rescan_at = [], 0.0
             self._intervals = {}
-            self._open_wake(generation)
+            self._wake.follow(self._store.snap_dir(generation))
             self._world_size = world_size
             for client in self._clients.values():
                 client.close()
@@ -180,9 +179,8 @@ class Replicator:
             finally:
                 self._lock.release()
         self._thread.join(timeout=1)  # a put to a stopped peer may hang: it is a daemon
-        if not self._thread.is_alive() and self._wake is not None:
-            os.close(self._wake)
-            self._wake = None
+        if not self._thread.is_alive():  # else it may still wait on the FIFO: left open
+            self._wake.close()
 
     def _report(self) -> None:
         """Log what this generation's replicas cost, once, and start counting anew."""
@@ -224,35 +222,7 @@ class Replicator:
             longest = IDLE_POLL_S if self._paths else NO_SLOTS_POLL_S
             pause = POLL_S if busy else min(pause * 2, longest)
             if not busy:
-                self._sleep(pause)
-
-    def _open_wake(self, generation: int) -> None:
-        """The FIFO the workers write a byte into after each commit: a snapshot is taken
-        at once, not at the next poll (which backs off to IDLE_POLL_S while idle, longer
-        than a fast step). Opened for reading and writing, so that it never reads as
-        closed between workers. Without it, the passes poll as before."""
-        if self._wake is not None:
-            os.close(self._wake)
-            self._wake = None
-        path = os.path.join(self._store.snap_dir(generation), WAKE_FIFO)
-        try:
-            if not os.path.exists(path):
-                os.mkfifo(path, 0o600)
-            self._wake = os.open(path, os.O_RDWR | os.O_NONBLOCK)
-        except OSError as exc:
-            logger.debug("no wake FIFO at %s (%s): polling", path, exc)
-
-    def _sleep(self, pause: float) -> None:
-        """Until a worker's wakeup, or `pause` seconds."""
-        wake = self._wake
-        if wake is None:
-            self._closed.wait(pause)
-            return
-        try:
-            if select.select([wake], [], [], pause)[0]:
-                os.read(wake, 4096)
-        except (OSError, ValueError):  # replaced by follow() meanwhile
-            self._closed.wait(pause)
+                self._wake.wait(pause, self._closed)
 
     def _pass(self, generation: int) -> bool:
         now = time.monotonic()
