@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import torch.distributed as dist
 from rtrain.core.worker.repair.wire import (
     PARKED,
     REPAIR_DIR,
@@ -26,7 +27,7 @@ from rtrain.core.worker.repair.wire import (
     encode_resume,
 )
 
-from tests.integration.helpers import ROOT, free_port
+from tests.integration.helpers import ROOT
 
 PROBE = str(ROOT / "tests" / "scripts" / "repair_probe.py")
 
@@ -37,6 +38,15 @@ class Workers:
         self.out = tmp / "out"
         self.out.mkdir()
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self._stores: list[dist.TCPStore] = []
+
+    def host_store(self) -> int:
+        """A fresh store for a generation's workers, hosted here as an agent hosts one;
+        its port. Bound at once: a free port picked ahead for rank 0 to bind was now and
+        then taken by another test first (EADDRINUSE, and the test waited in vain)."""
+        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        self._stores.append(store)
+        return store.port
 
     def folder(self, rank: int) -> Path:
         path = self.tmp / f"control{rank}"
@@ -50,6 +60,7 @@ class Workers:
             "WORLD_SIZE": str(world),
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
+            "TORCHELASTIC_USE_AGENT_STORE": "True",  # every rank a client of host_store's
             "RTRAIN_GENERATION": str(generation),
         }
 
@@ -88,6 +99,7 @@ class Workers:
                 proc.send_signal(signal.SIGCONT)
                 proc.kill()
                 proc.wait()
+        self._stores.clear()  # their servers stop with the last reference
 
 
 def wait_for(condition, timeout: float, what: str) -> float:
@@ -103,7 +115,7 @@ def test_survivors_blocked_on_a_stopped_peer_are_released_and_train_on_in_place(
 ) -> None:
     workers = Workers(tmp_path, 3)
     try:
-        port = free_port()
+        port = workers.host_store()
         for rank in range(3):
             workers.start(rank, 0, port)
         wait_for(lambda: all(workers.steps(r) >= 5 for r in range(3)), 60, "no training")
@@ -115,7 +127,7 @@ def test_survivors_blocked_on_a_stopped_peer_are_released_and_train_on_in_place(
         assert took < 5
         workers.procs[2].kill()
         workers.procs[2].wait()
-        port = free_port()
+        port = workers.host_store()
         workers.start(2, 1, port, PROBE_STEPS="20")
         for rank in (0, 1):
             env = {**workers.env(rank, 1, port, 3), "PROBE_STEPS": "20"}
@@ -137,7 +149,7 @@ def test_a_worker_whose_own_code_raises_fails_at_once_and_frees_its_peers(
 ) -> None:
     workers = Workers(tmp_path, 2, PROBE_RAISE="1")
     try:
-        port = free_port()
+        port = workers.host_store()
         for rank in range(2):
             workers.start(rank, 0, port)
         start = time.monotonic()
@@ -168,7 +180,7 @@ def test_twenty_repairs_in_a_row_leak_no_threads_descriptors_or_memory(tmp_path:
     workers = Workers(tmp_path, 2, PROBE_GROUP_TIMEOUT="5")
     repairs, seen = 20, {}
     try:
-        port = free_port()
+        port = workers.host_store()
         for rank in range(2):
             workers.start(rank, 0, port)
         for generation in range(repairs + 1):
@@ -182,7 +194,7 @@ def test_twenty_repairs_in_a_row_leak_no_threads_descriptors_or_memory(tmp_path:
             wait_for(
                 lambda g=generation: all(workers.parked(r, g) for r in range(2)), 30, "not parked"
             )
-            port = free_port()
+            port = workers.host_store()
             for rank in range(2):
                 (workers.out / f"step_rank{rank}").unlink()
                 env = workers.env(rank, generation + 1, port, 2)

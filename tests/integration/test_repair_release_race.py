@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 from rtrain.core.worker.repair.wire import PARKED, REQUEST_FILE, STUCK, encode_request
 
-from tests.integration.helpers import ROOT, free_port
+from tests.integration.helpers import ROOT
 from tests.integration.test_repair_release import Workers, wait_for
 
 RACE_PROBE = str(ROOT / "tests" / "scripts" / "release_race_probe.py")
@@ -70,7 +70,7 @@ def _park_time(folder: Path, timeout_s: float = TIMEOUT_S, answer: str = PARKED)
     folder.mkdir()
     workers = Workers(folder, 2, script=RACE_PROBE, PROBE_GROUP_TIMEOUT=f"{timeout_s:g}")
     try:
-        port = free_port()
+        port = workers.host_store()
         for rank in range(2):
             workers.start(rank, 0, port)
         wait_for(lambda: (workers.out / "entering_rank1").exists(), 60, "no broadcast")

@@ -47,6 +47,7 @@ class PaperGroup:
         self._left = polls
         self.workers = [PaperWorker(0, 0)]
         self.stopped: list[int] = []
+        self.warm_up_wait_s = 0.0  # as WorkerGroup's: no pool to wait for
 
     def start(self) -> None:
         pass
