@@ -1,28 +1,38 @@
-"""Write the flag tables of README.md and docs/flags.md from core/config/settings.py.
+"""Write the documentation site's flag reference, docs/flags.md, from the settings table.
 
-    python3 scripts/settings_doc.py          # rewrite them
-    python3 scripts/settings_doc.py --check  # exit 1 if either is out of date
+    python3 scripts/settings_doc.py          # rewrite it
+    python3 scripts/settings_doc.py --check  # exit 1 if it is out of date
 
-README.md holds rtrain's own flags between `<!-- settings: own -->` and
-`<!-- /settings -->`; docs/flags.md is every flag. tests/unit/core/test_settings.py
-runs the check, so a flag added to the table and not to the docs fails the tests.
+core/config/settings.py holds every flag of `rtrain launch` (name, default, meaning);
+docs/flags.md is that table as a page of the site (mkdocs.yml), committed so that it
+reads on GitHub too and the site builds without importing rtrain.
+tests/unit/core/test_settings.py runs the check, so a flag added to the table and not
+to the page fails the tests. README.md carries no flag table: it links to the page.
 """
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
 from rtrain.core.config.settings import markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
-BLOCK = re.compile(r"(<!-- settings: own -->\n)(.*?)(<!-- /settings -->)", re.S)
-FLAGS_DOC = """# `rtrain launch` flags
+FLAGS_PAGE = ROOT / "docs" / "flags.md"
+FLAGS_DOC = """# Flags and settings
 
-Generated from `core/config/settings.py` by `scripts/settings_doc.py`; do not edit.
+<!-- Generated from core/config/settings.py by scripts/settings_doc.py; do not edit. -->
+
+Every flag of `rtrain launch`, generated from the settings table in
+`core/config/settings.py`, the same table that parses them, so this page and the code
+cannot differ (`tests/unit/core/test_settings.py` fails when they do).
+`rtrain launch --help` prints the same flags and defaults.
+
 Every flag also takes its underscore spelling (`--nproc_per_node`) and a default from
-the environment as `PET_<FLAG>` (`PET_NPROC_PER_NODE=8`), exactly as torchrun's.
+the environment as `PET_<FLAG>` (`PET_NPROC_PER_NODE=8`), exactly as torchrun's. Flags
+marked *accepted for compatibility* are torchrun's and do nothing under rtrain; a launch
+that sets one prints a warning. Other variables rtrain reads are on
+[Environment variables](environment.md).
 
 ## torchrun's flags
 
@@ -33,13 +43,9 @@ the environment as `PET_<FLAG>` (`PET_NPROC_PER_NODE=8`), exactly as torchrun's.
 
 
 def expected() -> dict[Path, str]:
-    readme = ROOT / "README.md"
-    text = readme.read_text()
-    if not BLOCK.search(text):
-        raise SystemExit("README.md has no <!-- settings: own --> block")
+    """Each generated file, and what it must hold."""
     return {
-        readme: BLOCK.sub(lambda m: m.group(1) + markdown_table(own=True) + m.group(3), text),
-        ROOT / "docs" / "flags.md": FLAGS_DOC.format(
+        FLAGS_PAGE: FLAGS_DOC.format(
             torchrun=markdown_table(own=False), own=markdown_table(own=True)
         ),
     }
