@@ -28,7 +28,7 @@ from ...core.config.worker_env import (
     worker_environment,
 )
 from ...core.rendezvous.failures import FailureKind, FailureRecord, RecordError, parse_error_file
-from ..preflight import gpu_count
+from ..launch.preflight import gpu_count
 from .boot import fresh_interpreter
 from .hang_watch import STOPPED_STATES, HangFinding, HangWatch, inspect_hang, process_state
 from .log_tail import LogTail

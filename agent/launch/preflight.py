@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 
-from ..core.config.launch_spec import EntryPoint, LaunchSpec, resolve_nproc
-from ..core.errors import UsageError
+from ...core.config.launch_spec import EntryPoint, LaunchSpec, resolve_nproc
+from ...core.errors import UsageError
 
 
 def check_entrypoint(entry: EntryPoint) -> None:
