@@ -7,7 +7,6 @@ Nothing here imports torch: `rtrain --help` must answer at once.
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import sys
@@ -16,14 +15,15 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from ..core.errors import ExitCode, RtrainError, UsageError, exit_code_for_signal
+from ..core.errors import ExitCode, RtrainError, exit_code_for_signal
 from .health import health
+from .launch_args import parse_launch_args
 from .plan import plan_command
 from .report import report_command
 from .status import status_command
 
 if TYPE_CHECKING:
-    from ..core.config.launch_spec import LaunchSpec
+    from ..agent.launch.startup import LaunchOutcome
 
 app = typer.Typer(
     name="rtrain",
@@ -80,123 +80,47 @@ def _error(message: str) -> None:
     print(f"rtrain: error: {message}", file=sys.stderr)
 
 
+def _note(text: str) -> None:
+    print(f"rtrain: {text}", file=sys.stderr)
+
+
 def run_launch(argv: Sequence[str], environ: Mapping[str, str]) -> int:
-    from rich.console import Console
-
-    from ..core.config.launch_spec import build_launch_spec
-    from ..core.config.slurm.env import apply_slurm, read_slurm_job
-    from ..core.config.worker_env import omp_threads_default
-    from .launch_args import parse_launch_args
-    from .render import launch as render
-
-    base_env = dict(environ)
-    took: list[str] = []
+    """Parse launch's flags, hand them to the agent's start-up, render how it ended."""
     try:
         raw = parse_launch_args(argv, environ)
-        job = read_slurm_job(environ)
-        if job is not None:
-            from ..agent.slurm import resolve_node_address
-
-            names = {job.head, job.nodes[job.node_id]}
-            addresses = {name: resolve_node_address(name) for name in names}
-            raw, took = apply_slurm(raw, raw["explicit"], job, addresses)
-            raw["slurm"] = job
-        if raw.get("recycle_profile"):
-            raw["recycle_profile_data"] = _read_json(raw["recycle_profile"], "--recycle-profile")
-        spec = build_launch_spec(raw)
-        from ..agent.preflight import preflight
-
-        nproc = preflight(spec)
-        from ..agent.snapshots.job_secret import read_job_secret
-
-        secret = read_job_secret(spec.snapshots.secret_file, environ)
     except RtrainError as exc:
         _error(str(exc))
         return exc.exit_code
-    if raw.get("dry_run"):
-        render.dry_run(Console(), spec, nproc, took, _store_host(spec))
-        return ExitCode.SUCCESS
-    from ..agent.observe import log
+    # Here, not at the top: `rtrain --help` answers without the launch's imports.
+    from ..agent.launch.startup import launch as start_up
 
-    log.configure(log_format=raw.get("log_format", "text"))
-    from ..agent.store.opening import listens_beyond_loopback
+    outcome = start_up(raw, environ, _note)
+    _render(outcome)
+    return outcome.exit_code
 
-    if secret.value is None and listens_beyond_loopback(spec.rdzv.host, spec.rdzv.is_etcd):
-        from ..agent.snapshots.job_secret import STORE_FALLBACK_WARNING
 
-        logging.getLogger("rtrain.cli").warning("%s", STORE_FALLBACK_WARNING)
-    from ..agent.kube.shm import check_shm
+def _render(outcome: LaunchOutcome) -> None:
+    """The error, the dry run's tables, or the faults of the run (that it survived or
+    that ended it)."""
+    from rich.console import Console
 
-    check_shm(spec.snapshots.memory, nproc, spec.snapshots.copies, environ)
-    job = spec.slurm
-    if job is not None:  # the first line says what rtrain took from Slurm
-        node = job.nodes[job.node_id]
-        log.set_node(node)
-        logging.getLogger("rtrain.cli").info("Slurm job %d: %s", job.job_id, "; ".join(took))
-    for flag in spec.ignored_flags:
-        print(
-            f"rtrain: warning: {flag} is accepted for compatibility but not acted on",
-            file=sys.stderr,
-        )
-    if omp_threads_default(environ, nproc) is not None:
-        print(
-            "rtrain: OMP_NUM_THREADS is unset; setting it to 1 for each worker "
-            "(tune it for your application)",
-            file=sys.stderr,
-        )
-    # The agent's own TCPStore calls must not spray C++ stack traces; workers keep the user's.
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
-    from ..agent.agent import Agent
-    from ..agent.health.guard import HealthGuard
-    from ..agent.state import AgentState
+    from .render import launch as render
 
-    try:
-        health = HealthGuard.open(spec.health, environ)
-    except RtrainError as exc:
-        _error(str(exc))
-        return exc.exit_code
-    try:
-        agent = Agent(spec, base_env, nproc, health, secret.value)
-    except RtrainError as exc:
-        _error(str(exc))
-        return exc.exit_code
-    logging.getLogger("rtrain.cli").info("run %s: logs in %s", spec.rdzv.run_id, agent.run_log_dir)
-    result = agent.run()
-    console = render.report_console()
-    if result.state is AgentState.SUCCEEDED:
+    plan, result = outcome.plan, outcome.result
+    if outcome.error is not None or plan is None:
+        _error(str(outcome.error))
+    elif result is None:  # a dry run
+        render.dry_run(Console(), plan.spec, plan.nproc, plan.took, outcome.store_host)
+    elif outcome.succeeded:
         if result.failures:
-            render.recovery_report(console, spec.entrypoint.target, result.failures)
-        return result.exit_code
-    if result.failures:
+            script = plan.spec.entrypoint.target
+            render.recovery_report(render.report_console(), script, result.failures)
+    elif result.failures:
         _exit_reason.append(result.message)
-        render.failure_report(console, spec.entrypoint.target, result.failures, result.message)
+        script, message = plan.spec.entrypoint.target, result.message
+        render.failure_report(render.report_console(), script, result.failures, message)
     else:
         _error(result.message)
-    return result.exit_code
-
-
-def _store_host(spec: LaunchSpec) -> str | None:
-    """Which node hosts the job's TCPStore, and why; None over etcd (no node hosts it)."""
-    if spec.rdzv.is_etcd:
-        return None
-    from ..agent.store.store_host import choose_store_host
-
-    rdzv = spec.rdzv
-    choice = choose_store_host(
-        rdzv.host, rdzv.backend, rdzv.is_host, spec.node_rank, spec.local_addr
-    )
-    hosts = {True: "this node", False: "another node", None: "this node (if its port is free)"}
-    return f"{hosts[choice.hosts]}: {choice.reason}"
-
-
-def _read_json(path: str, flag: str) -> object:
-    import json
-
-    try:
-        with open(path) as handle:
-            return json.load(handle)
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{flag} {path}: {exc}") from None
 
 
 def _is_usage_error(exc: Exception) -> bool:

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ...agent.store.store_host import HostChoice
 from ...core.config.launch_spec import LaunchSpec
 from ...core.config.worker_env import flight_recorder_named
 from ...core.layout.topology import LayoutError, NodeSlot, build_grid
@@ -99,9 +100,9 @@ def dry_run(
     spec: LaunchSpec,
     nproc: int,
     took: list[str] | None = None,
-    store_host: str | None = None,
+    store_host: HostChoice | None = None,
 ) -> None:
-    """store_host: which node hosts the job's TCPStore and why (agent/store/store_host.py)."""
+    """store_host: which node hosts the job's TCPStore and why (None over etcd)."""
     table = Table(title="rtrain launch --dry-run", show_header=False)
     table.add_column("setting", style="bold")
     table.add_column("value")
@@ -122,7 +123,7 @@ def dry_run(
             + (f" ({rdzv.protocol})" if rdzv.is_etcd else "")
             + (" (standalone)" if spec.standalone else ""),
         ),
-        *([("store host", store_host)] if store_host else []),
+        *([("store host", _store_host(store_host))] if store_host else []),
         ("run id", rdzv.run_id),
         ("join timeout", f"{rdzv.join_timeout:g}s"),
         ("max restarts", str(spec.max_restarts)),
@@ -171,6 +172,11 @@ def dry_run(
         table.add_row(name, plain(value, limit=None))
     console.print(table)
     layout_table(console, spec, nproc)
+
+
+def _store_host(choice: HostChoice) -> str:
+    hosts = {True: "this node", False: "another node", None: "this node (if its port is free)"}
+    return f"{hosts[choice.hosts]}: {choice.reason}"
 
 
 def layout_table(console: Console, spec: LaunchSpec, nproc: int) -> None:
