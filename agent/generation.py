@@ -26,7 +26,10 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Joined:
-    """The last generation this node joined, even one that ended before it started."""
+    """The last generation this node joined, even one that ended before it started: a
+    Place's membership and rank, and the peers' leases to watch, which exist from the
+    round's close on (a lost peer is seen before any worker runs). Not a Generation:
+    nothing here runs (core/rendezvous/place.py lists the node types)."""
 
     membership: Membership
     node_rank: int
@@ -35,6 +38,11 @@ class Joined:
 
 @dataclass
 class Generation:
+    """The generation this node runs: what a Joined holds, and what exists only once its
+    workers start (their group, their hang watch, the grid); `place` is the pure view of
+    it that the parts that do not run it are given (core/rendezvous/place.py lists the
+    node types and why each is one)."""
+
     membership: Membership
     node_rank: int
     group: WorkerGroup

@@ -29,7 +29,11 @@ PROTOCOL_VERSION = 1
 
 @dataclass(frozen=True)
 class MemberInfo:
-    """What an agent announces when it joins a round."""
+    """What an agent announces when it joins a round: a versioned wire record, read back
+    validated, written before the node has a rank. Its own type, not a Place's part: it
+    is one node's word about itself, and the rank it asks for (requested_rank,
+    prev_rank) is not yet the rank it gets; Membership lists them once the round closes
+    (core/rendezvous/place.py lists the node types and why each is one)."""
 
     node_id: str
     addr: str
@@ -69,7 +73,9 @@ class MemberInfo:
 
 @dataclass(frozen=True)
 class Membership:
-    """The closed membership of one generation, ordered by node rank."""
+    """The closed membership of one generation, ordered by node rank: the same on every
+    node (the round's closer writes it once), so it names no node as "this one"; a
+    node's rank is its index here (Place pairs the two)."""
 
     generation: int
     members: tuple[MemberInfo, ...]
