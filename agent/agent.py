@@ -197,6 +197,7 @@ class Agent:
             self._clock,
         )
         try:
+            self._snapshots.start(rdzv)  # its shard server, its replication, on this store
             return self._generations(rdzv, end, leases)
         except Interrupted as exc:
             name = signal.Signals(exc.signum).name

@@ -30,6 +30,7 @@ from .recycle_plans import plan_generation
 from .rendezvous.job import JobRendezvous
 from .rendezvous.lease import Leases, PeerWatch
 from .runtime_dir import make_folder
+from .snapshots.restore.restorer import RestoreRound
 from .snapshots.service import SnapshotService
 from .store.opening import host_store
 from .waiting import SYSTEM_CLOCK
@@ -122,16 +123,9 @@ class GenerationStarter:
         )
         folder, topology_env = write_topology(self.run_log_dir, topology)
         planned = plan_generation(rdzv, self.spec, folder, topology, before, previous)
-        snapshot_env = self._snapshots.prepare(
-            rdzv,
-            membership,
-            topology,
-            node_rank,
-            self.nproc,
-            self.spec.rdzv.join_timeout,
-            watch,
-            planned.lineage,
-        )
+        timeout = self.spec.rdzv.join_timeout
+        restore = RestoreRound(membership, topology, node_rank, timeout, watch, planned.lineage)
+        snapshot_env = self._snapshots.prepare(restore, self.nproc)
         hangs = self._hang_watch(generation)
 
         def extra_env(local_rank: int, log_dir: str) -> dict[str, str]:

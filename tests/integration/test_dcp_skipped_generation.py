@@ -7,7 +7,7 @@ file, so they run once).
 A generation skipped. Node 2 is killed whole mid-run; node 1 is stopped (SIGSTOP,
 whole) once it joined the next round, so generation 1 closes with it and ends before
 its restore: it relabels no shard. Generation 2 (node 0 alone) restores generation 0's
-shards carried over generation 1 (agent/snapshots/restorer.py) and its worker's
+shards carried over generation 1 (agent/snapshots/restore/restorer.py) and its worker's
 dcp.load reshards 3 -> 1, reading the other two writers' shards through its agent
 (prefetch and on-demand fetches). Before, those were named as generation 1's (the
 generation before the load's), which nothing holds: the prefetch failed, the load's
@@ -18,7 +18,7 @@ A generation lost mid-restore, after some nodes relabelled their shards and not 
 Node 2 is killed whole mid-run. In generation 1 (nodes 0 and 1) both publish their
 shards and put their ranks' shards in place, relabelled as generation 1's; node 1 then
 stops before saying its restore is done (RTRAIN_TEST_STOP_MID_RESTORE, a test-only
-hook in agent/snapshots/restorer.py) and is killed whole. Node 0 holds generation 1's
+hook in agent/snapshots/restore/restorer.py) and is killed whole. Node 0 holds generation 1's
 shard of its own rank only; generation 0's shards of every rank it still holds.
 Generation 2 (node 0 alone) must restore the step every rank has, generation 1's shard
 where one exists and generation 0's carried over where not
@@ -44,7 +44,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from rtrain.agent.snapshots.restorer import STOP_MID_RESTORE
+from rtrain.agent.snapshots.restore.restorer import STOP_MID_RESTORE
 
 from tests.integration.cluster import SNAPSHOTTING, LocalCluster
 

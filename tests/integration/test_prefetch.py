@@ -1,5 +1,5 @@
 """The shards a resharding load will read, fetched by the agent before the workers start
-(agent/snapshots/peers/prefetch.py): real ShardServers over TCP, real shared-memory
+(agent/snapshots/restore/prefetch.py): real ShardServers over TCP, real shared-memory
 files, the worker's real fetch_previous_shards. A counting proxy in front of the peer
 says how many connections the worker's load caused."""
 
@@ -15,8 +15,10 @@ import pytest
 import torch
 from rtrain.agent.snapshots.checksums import checksums
 from rtrain.agent.snapshots.peers.client import ShardClient
-from rtrain.agent.snapshots.peers.fetcher import FetchContext, PeerFetcher
 from rtrain.agent.snapshots.peers.server import ShardServer
+from rtrain.agent.snapshots.peers.transport import TcpTransport
+from rtrain.agent.snapshots.restore.fetcher import PeerFetcher
+from rtrain.agent.snapshots.restore.shard_fetch import FetchContext
 from rtrain.agent.snapshots.shard_store import ShardStore
 from rtrain.core.snapshots.format import plan_shard, write_shard
 from rtrain.core.snapshots.restore_plan import ShardId
@@ -119,8 +121,7 @@ def setup(tmp_path, monkeypatch):
         local_ranks=[0],
         holders={ShardId(1, w, STEP): [1] for w in (1, 2)},
         servers={1: ("127.0.0.1", proxy.port)},
-        secret=SECRET,
-        source=None,
+        transport=TcpTransport(SECRET),
         world_size=2,
     )
     fetcher = PeerFetcher(local)

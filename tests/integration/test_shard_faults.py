@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 from rtrain.agent.snapshots.checksums import checksums
-from rtrain.agent.snapshots.peers.client import Peers, ShardClient
+from rtrain.agent.snapshots.peers.client import ShardClient
 from rtrain.agent.snapshots.peers.server import ShardServer
+from rtrain.agent.snapshots.peers.transport import Peers, TcpTransport
 from rtrain.agent.snapshots.peers.wire import ShardError
-from rtrain.agent.snapshots.restorer import restore_once
+from rtrain.agent.snapshots.restore.copies import restore_once
 from rtrain.agent.snapshots.shard_store import ShardStore
 from rtrain.core.layout.topology import Layout, NodeSlot, build_grid, recompute_topology
 from rtrain.core.snapshots.format import WAKE_FIFO, plan_shard, read_shard, write_shard
@@ -120,7 +121,7 @@ def test_a_corrupt_replica_is_refused_and_restore_takes_the_next_holder(node, ca
     topo = recompute_topology(Layout(), 1, [NodeSlot("new", 1)], before)
     inventory = {0: store_a.inventory(), 1: store_b.inventory(), 2: []}
     servers = {0: ("127.0.0.1", server_a.port), 1: ("127.0.0.1", server_b.port)}
-    peers = Peers(SECRET, None, servers)
+    peers = Peers(TcpTransport(SECRET), servers)
     result = restore_once(store_new, peers, _only_node(topo, 2), 2, inventory)
     assert result.step == 4 and result.fetched == 1
     assert "failed its checksum" in caplog.text
@@ -280,7 +281,7 @@ def test_a_slot_a_worker_starts_rewriting_is_not_sent_as_its_old_step(node):
     """The replicator reads a slot's header while a worker (a real process on the real
     slot file) keeps starting to rewrite it: read apart, the old step looked committed
     and unreplicated, and a torn copy went out (the audit's false checksum mismatches)."""
-    from rtrain.agent.snapshots.replicator import Replicator
+    from rtrain.agent.snapshots.replication.replicator import Replicator
     from rtrain.core.snapshots.format import set_replicated
 
     store_a, _ = node("a")
@@ -290,7 +291,7 @@ def test_a_slot_a_worker_starts_rewriting_is_not_sent_as_its_old_step(node):
         data = shard_bytes(step, step)
         set_replicated(data, step)  # both already replicated
         Path(path).write_bytes(data)
-    replicator = Replicator(store_a, SECRET)
+    replicator = Replicator(store_a, TcpTransport(SECRET))
     replicator.follow(0, [("127.0.0.1", server_b.port)], world_size=1, local_ranks=1)
     try:
         wake = os.path.join(store_a.snap_dir(0), WAKE_FIFO)
@@ -316,11 +317,11 @@ def test_a_slot_rewritten_while_it_is_replicated_is_never_a_checksum_mismatch(no
     """A real worker snapshots as fast as it can while the real Replicator sends every
     step to a real ShardServer: a mismatch may only ever mean corruption, so there is
     none, and every replica kept holds one whole step."""
-    from rtrain.agent.snapshots.replicator import Replicator
+    from rtrain.agent.snapshots.replication.replicator import Replicator
 
     store_a, _ = node("a")
     store_b, server_b = node("b")
-    replicator = Replicator(store_a, SECRET)
+    replicator = Replicator(store_a, TcpTransport(SECRET))
     replicator.follow(0, [("127.0.0.1", server_b.port)], world_size=1, local_ranks=1)
     env = {**os.environ, "RTRAIN_SNAPSHOT_DIR": store_a.snap_dir(0), "RANK": "0"}
     try:
@@ -375,7 +376,7 @@ class CutOffProxy:
 
 def fetch_through_agent(monkeypatch, local: ShardStore, context) -> dict:
     """A worker's fetch_previous_shards against a PeerFetcher polled as the replicator would."""
-    from rtrain.agent.snapshots.peers.fetcher import PeerFetcher
+    from rtrain.agent.snapshots.restore.fetcher import PeerFetcher
     from rtrain.core.worker.peer_shards import fetch_previous_shards
 
     fetcher = PeerFetcher(local)
@@ -399,7 +400,7 @@ def fetch_through_agent(monkeypatch, local: ShardStore, context) -> dict:
 def test_a_dcp_read_whose_holder_dies_mid_transfer_or_sends_a_corrupt_copy_takes_the_next(
     node, tmp_path, monkeypatch
 ):
-    from rtrain.agent.snapshots.peers.fetcher import FetchContext
+    from rtrain.agent.snapshots.restore.shard_fetch import FetchContext
 
     shard = ShardId(1, 3, 7)  # rank 3's shard of step 7 in generation 1; now generation 2
     layout = plan_shard({"w": torch.full((3 << 20,), 3.0)})  # 12 MiB: cut in the middle
@@ -428,8 +429,7 @@ def test_a_dcp_read_whose_holder_dies_mid_transfer_or_sends_a_corrupt_copy_takes
             2: ("127.0.0.1", corrupt_server.port),
             3: ("127.0.0.1", intact_server.port),
         },
-        secret=SECRET,
-        source=None,
+        transport=TcpTransport(SECRET),
     )
     try:
         found = fetch_through_agent(monkeypatch, local, context)
@@ -443,11 +443,11 @@ def test_a_dcp_read_whose_holder_dies_mid_transfer_or_sends_a_corrupt_copy_takes
 
 
 def test_a_dcp_read_with_no_intact_copy_names_the_rank(node, tmp_path, monkeypatch):
-    from rtrain.agent.snapshots.peers.fetcher import FetchContext
+    from rtrain.agent.snapshots.restore.shard_fetch import FetchContext
     from rtrain.core.snapshots.format import SnapshotError
 
     local = ShardStore(str(tmp_path / "local"), budget=0)
-    context = FetchContext(2, 0, [0], {}, {}, SECRET, None)
+    context = FetchContext(2, 0, [0], {}, {}, TcpTransport(SECRET))
     with pytest.raises(SnapshotError, match="no intact copy of rank 3's shard of step 7"):
         fetch_through_agent(monkeypatch, local, context)
 

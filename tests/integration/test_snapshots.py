@@ -244,7 +244,7 @@ def test_fsdp2_survivors_of_a_node_loss_reshard_from_peer_memory_through_dcp(
     expected = (fsdp2_reference / f"full_step{record['step']}.txt").read_text()
     assert record["digest"] == expected
     # Each survivor's agent fetched the shards its worker's load would read before the
-    # worker started (agent/snapshots/peers/prefetch.py: rank 2's replica from node 0
+    # worker started (agent/snapshots/restore/prefetch.py: rank 2's replica from node 0
     # over the network for node 1, rank 1's from node 1 for node 0): the load asked its
     # agent for none (before: one on-demand fetch per survivor, during the load).
     prefetches = cluster.events("prefetch")

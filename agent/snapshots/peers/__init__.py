@@ -1,5 +1,6 @@
-"""Shards between agents over TCP: the authenticated wire (wire.py), the shard server
-every agent runs (server.py) and its client (client.py, with Peers, where each node's
-server listens), a replica sent against the DP twin's shard as the chunks it lacks
-(delta.py), and PeerFetcher, which brings other ranks' shards to a worker's DCP load
-(fetcher.py). The shards themselves live in ../shard_store.py."""
+"""Shards between agents: ShardTransport, the one interface state moves through, and
+TcpTransport, its implementation (transport.py) over the authenticated wire (wire.py)
+to every agent's shard server (server.py) by its client (client.py); a replica sent
+against the DP twin's shard as the chunks it lacks (delta.py); and this node's end of
+it for a run, its server and whom it admits (endpoint.py). The shards themselves live
+in ../shard_store.py."""

@@ -6,7 +6,6 @@ import errno
 import hmac
 import secrets
 import socket
-from dataclasses import dataclass
 from typing import Any
 
 from ....core.snapshots.format import HEADER_SIZE, chunk_bounds
@@ -22,15 +21,6 @@ from .wire import (
     recv_verified,
     send_message,
 )
-
-
-@dataclass
-class Peers:
-    """How this node reaches the others' shard servers."""
-
-    secret: bytes
-    source: str | None  # this node's job address: servers judge requests by it
-    servers: dict[int, tuple[str, int]]
 
 
 class ShardClient:

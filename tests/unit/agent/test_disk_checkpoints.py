@@ -1,5 +1,5 @@
 """Disk checkpoints are trusted only when this job wrote them: a shared folder that
-others can write must not become training state (agent/snapshots/disk_checkpoints.py);
+others can write must not become training state (agent/snapshots/disk/checkpoints.py);
 and a full disk leaves nothing behind, old steps are pruned."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from rtrain.agent.snapshots.checksums import checksums
-from rtrain.agent.snapshots.disk_checkpoints import (
+from rtrain.agent.snapshots.disk.checkpoints import (
     KEY_FILE,
     CheckpointDir,
     DiskCheckpointer,
@@ -129,7 +129,7 @@ def test_a_full_disk_leaves_nothing_behind_and_says_so_once_per_streak(full_disk
     write_step(directory, 1, world=1)
     checkpointer = DiskCheckpointer(directory, every=1, keep=1)
     big = bytes(2 << 20)  # more than the disk holds: ENOSPC
-    with caplog.at_level(logging.INFO, logger="rtrain.agent.snapshots.disk_checkpoints"):
+    with caplog.at_level(logging.INFO, logger="rtrain.agent.snapshots.disk.checkpoints"):
         for step in range(2, 7):
             checkpointer.offer(0, step, 1, big, checksums(big, len(big)))
             assert SYSTEM_CLOCK.wait_until(lambda: not checkpointer._pending, 30, 0.01)
@@ -199,9 +199,9 @@ def test_old_steps_are_pruned_to_the_newest_complete_ones(tmp_path) -> None:
 
 
 def test_saving_the_slots_at_once_writes_the_newest_step_each_rank_committed(tmp_path):
-    # The save before a Slurm stop (SnapshotService.save_to_disk, disk_save.py): every
+    # The save before a Slurm stop (SnapshotService.save_to_disk, disk/save.py): every
     # committed slot of the generation goes, a slot whose header does not fit does not.
-    from rtrain.agent.snapshots.disk_save import save_slots
+    from rtrain.agent.snapshots.disk.save import save_slots
     from rtrain.agent.snapshots.shard_store import ShardStore
     from rtrain.core.worker.snapshots import slot_paths
 

@@ -1,4 +1,4 @@
-"""A shard fetched from a peer for a resharding load (agent/snapshots/peers/fetcher.py)
+"""A shard fetched from a peer for a resharding load (agent/snapshots/restore/shard_fetch.py)
 lands in a spare slot when the pool has one, and a replica is served from the mapping
 kept since its receipt: the real shard store, server and client on real files."""
 
@@ -10,8 +10,9 @@ from pathlib import Path
 import torch
 from rtrain.agent.snapshots.checksums import checksums
 from rtrain.agent.snapshots.peers.client import ShardClient
-from rtrain.agent.snapshots.peers.fetcher import FetchContext, fetch_shard
 from rtrain.agent.snapshots.peers.server import ShardServer
+from rtrain.agent.snapshots.peers.transport import TcpTransport
+from rtrain.agent.snapshots.restore.shard_fetch import FetchContext, fetch_shard
 from rtrain.agent.snapshots.shard_store import ShardStore
 from rtrain.core.snapshots.format import plan_shard, write_shard
 from rtrain.core.snapshots.restore_plan import ShardId
@@ -42,7 +43,7 @@ def test_a_fetched_shard_lands_in_a_spare_and_matches_the_peers_copy(tmp_path: P
         assert peer.open_shard(SHARD) is not None
         node.pool.top_up(1, len(data), 2 * len(data))
         context = FetchContext(
-            1, 0, [0], {SHARD: [1]}, {1: ("127.0.0.1", server.port)}, SECRET, None
+            1, 0, [0], {SHARD: [1]}, {1: ("127.0.0.1", server.port)}, TcpTransport(SECRET)
         )
         target = os.path.join(node.snap_dir(1), "fetched-r2-s8-ab.shard")
         assert fetch_shard(node, context, SHARD, target) == (1, None)

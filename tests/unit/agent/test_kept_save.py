@@ -9,8 +9,9 @@ from pathlib import Path
 import torch
 from rtrain.agent.snapshots.checksums import checksums
 from rtrain.agent.snapshots.peers.client import ShardClient
-from rtrain.agent.snapshots.peers.fetcher import FetchContext
 from rtrain.agent.snapshots.peers.server import ShardServer
+from rtrain.agent.snapshots.peers.transport import TcpTransport
+from rtrain.agent.snapshots.restore.shard_fetch import FetchContext
 from rtrain.agent.snapshots.shard_store import ShardStore
 from rtrain.core.snapshots.format import plan_shard, write_shard
 from rtrain.core.snapshots.restore_plan import ShardId, Written
@@ -54,7 +55,7 @@ def test_pruning_keeps_the_shards_of_the_save_a_load_read(tmp_path):
 
 
 def test_a_request_for_the_loaded_step_names_the_generation_it_was_written_in():
-    context = FetchContext(2, 0, [0], {}, {}, SECRET, None, Written(0, 8))
+    context = FetchContext(2, 0, [0], {}, {}, TcpTransport(SECRET), Written(0, 8))
     assert context.written_in(8) == 0
     assert context.written_in(9) == 1  # any other step: the previous generation's
-    assert FetchContext(2, 0, [0], {}, {}, SECRET, None).written_in(8) == 1
+    assert FetchContext(2, 0, [0], {}, {}, TcpTransport(SECRET)).written_in(8) == 1

@@ -21,7 +21,8 @@ import pytest
 import torch
 from rtrain.agent.observe.events import EVENTS
 from rtrain.agent.snapshots.peers.server import ShardServer
-from rtrain.agent.snapshots.replicator import Replicator
+from rtrain.agent.snapshots.peers.transport import TcpTransport
+from rtrain.agent.snapshots.replication.replicator import Replicator
 from rtrain.agent.snapshots.shard_store import ShardStore
 from rtrain.core.observe.events import read_events
 from rtrain.core.snapshots.format import read_shard
@@ -84,7 +85,7 @@ def test_a_throttled_peer_never_stalls_the_step_and_the_interval_adapts(
     server = ShardServer("127.0.0.1", SECRET, receiver)
     proxy = ThrottledProxy(server.port)
     EVENTS.open(str(tmp_path), "127.0.0.1")
-    replicator = Replicator(sender, SECRET)
+    replicator = Replicator(sender, TcpTransport(SECRET))
     monkeypatch.setenv(snapshot_api.SNAPSHOT_DIR, sender.snap_dir(0))
     monkeypatch.setenv(snapshot_api.SNAPSHOT_POLICY, "adapt")
     monkeypatch.setenv("RANK", "0")

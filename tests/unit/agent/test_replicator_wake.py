@@ -1,4 +1,4 @@
-"""The replicator's wake FIFO across generations (agent/snapshots/wake_fifo.py): a new
+"""The replicator's wake FIFO across generations (agent/snapshots/replication/wake_fifo.py): a new
 generation's follow() must not close the descriptor the replicating thread is about to
 select on and read. Closed there, its number went to the next socket the agent opened
 (the new generation's worker store accepting a worker: the lowest free number), and the
@@ -19,11 +19,13 @@ import select
 import socket
 import threading
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from rtrain.agent.snapshots import wake_fifo
-from rtrain.agent.snapshots.replicator import Replicator
+from rtrain.agent.snapshots.peers.transport import TcpTransport
+from rtrain.agent.snapshots.replication import wake_fifo
+from rtrain.agent.snapshots.replication.replicator import Replicator
 from rtrain.agent.snapshots.shard_store import ShardStore
 from rtrain.core.snapshots.format import WAKE_FIFO
 
@@ -60,7 +62,8 @@ def test_a_new_generation_never_hands_the_threads_wake_number_to_a_socket(
     # takes a freed number back, as the worker store's accept took it in the agent
     os.mkdir(os.path.join(store.snap_dir(1), WAKE_FIFO))
     passes = threading.Semaphore(0)
-    replicator = Replicator(store, SECRET, on_pass=passes.release)
+    listener = SimpleNamespace(committed=lambda rank, step: None, between_passes=passes.release)
+    replicator = Replicator(store, TcpTransport(SECRET), listener)
     ours = theirs = None
     try:
         replicator.follow(0, [], world_size=1, local_ranks=1)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from rtrain.agent.rendezvous.job import JobRendezvous
+from rtrain.agent.snapshots.restore.restorer import RestoreRound
 from rtrain.agent.snapshots.service import SnapshotService
 from rtrain.agent.snapshots.shard_store import allocate
 from rtrain.core.config.component_specs import SnapshotPart
@@ -41,6 +42,7 @@ def test_a_generation_that_ended_before_its_restore_leaves_its_shards_to_the_nex
     part = SnapshotPart(SnapshotSpec(memory=2**22, copies=1), spec.rdzv.run_id)
     shards = SnapshotService(str(tmp_path), "127.0.0.1", part, b"s")
     rdzv = JobRendezvous.over(memory_store(), spec)
+    shards.start(rdzv)
     try:
         memberships = [Membership(0, [A]), Membership(1, [A, B]), Membership(2, [A_AGAIN])]
         grids = [build_grid(Layout(), 0, [NodeSlot("a", 1)])]
@@ -49,18 +51,18 @@ def test_a_generation_that_ended_before_its_restore_leaves_its_shards_to_the_nex
             if membership.generation:
                 slots = [NodeSlot(m.node_id, 1) for m in membership.members]
                 grids.append(recompute_topology(Layout(), membership.generation, slots, grids[-1]))
-        env = shards.prepare(rdzv, memberships[0], grids[0], 0, 1, timeout=5.0)
+        env = shards.prepare(RestoreRound(memberships[0], grids[0], 0, 5.0), 1)
         layout = plan_shard({"w": torch.ones(4)})
         path = os.path.join(env[SNAPSHOT_DIR], "rank0.slot0")
         write_shard(allocate(path, layout.size), layout, 8)
         with pytest.raises(RtrainError, match="node 1 did not publish"):
-            shards.prepare(rdzv, memberships[1], grids[1], 0, 1, timeout=0.2)
+            shards.prepare(RestoreRound(memberships[1], grids[1], 0, 0.2), 1)
         if destroyed:
             os.remove(path)
             with pytest.raises(RtrainError, match="refusing to start from scratch"):
-                shards.prepare(rdzv, memberships[2], grids[2], 0, 1, timeout=5.0)
+                shards.prepare(RestoreRound(memberships[2], grids[2], 0, 5.0), 1)
             return
-        shards.prepare(rdzv, memberships[2], grids[2], 0, 1, timeout=5.0)
+        shards.prepare(RestoreRound(memberships[2], grids[2], 0, 5.0), 1)
         assert shards.restored_step == 8
     finally:
         shards.close()

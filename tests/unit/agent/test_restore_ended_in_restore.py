@@ -1,4 +1,4 @@
-"""Which generations a restore fills in from older shards (agent/snapshots/restorer.py):
+"""Which generations a restore fills in from older shards (agent/snapshots/restore/restorer.py):
 one that ended in its restore (some node said how its attempt went, no attempt was done
 on every member: its workers never started, its shards are relabelled copies), never
 one whose restore was done everywhere or that made no plan (its workers may have
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 from rtrain.agent.rendezvous.job import JobRendezvous
-from rtrain.agent.snapshots.restorer import Restorer
+from rtrain.agent.snapshots.peers.transport import TcpTransport
+from rtrain.agent.snapshots.restore.restorer import Restorer
 from rtrain.agent.snapshots.shard_store import ShardStore
 from rtrain.core.rendezvous.protocol import MemberInfo, Membership
 from rtrain.core.snapshots.restore_plan import ShardId
@@ -44,7 +45,7 @@ def test_a_generation_ended_in_its_restore_when_no_attempt_was_done_everywhere(
     for (attempt, node), complete in outcomes.items():
         key = rdzv.keys.restore_outcome(1, node, attempt)
         rdzv.store.set(key, RestoreOutcome(complete).encode())
-    restorer = Restorer(rdzv, ShardStore(str(tmp_path), 2**20), b"s", "127.0.0.1")
+    restorer = Restorer(rdzv, ShardStore(str(tmp_path), 2**20), TcpTransport(b"s", "127.0.0.1"))
     assert restorer._ended_in_restore(1, PARTIAL) is ended
 
 
@@ -52,6 +53,6 @@ def test_a_generation_holding_a_step_of_every_rank_is_never_filled_in(tmp_path: 
     rdzv = JobRendezvous.over(memory_store(), launch_spec(*FLAGS))
     rdzv.store.set(rdzv.keys.closed(1), Membership(1, [A, B]).encode())
     rdzv.store.set(rdzv.keys.restore_outcome(1, 0, 0), RestoreOutcome(True).encode())
-    restorer = Restorer(rdzv, ShardStore(str(tmp_path), 2**20), b"s", "127.0.0.1")
+    restorer = Restorer(rdzv, ShardStore(str(tmp_path), 2**20), TcpTransport(b"s", "127.0.0.1"))
     whole = {0: [ShardId(1, 0, 5)], 1: [ShardId(1, 1, 5)]}
     assert restorer._ended_in_restore(1, whole) is False

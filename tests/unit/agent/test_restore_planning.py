@@ -9,7 +9,8 @@ import os
 import pytest
 import torch
 from rtrain.agent.rendezvous.job import JobRendezvous
-from rtrain.agent.snapshots.restorer import Restorer, RestoreRound
+from rtrain.agent.snapshots.peers.transport import TcpTransport
+from rtrain.agent.snapshots.restore.restorer import Restorer, RestoreRound
 from rtrain.agent.snapshots.service import SnapshotService
 from rtrain.agent.snapshots.shard_store import allocate
 from rtrain.core.config.component_specs import SnapshotPart
@@ -34,7 +35,9 @@ def service(tmp_path):
     spec = launch_spec(*FLAGS)
     part = SnapshotPart(SnapshotSpec(memory=2**22, copies=1), spec.rdzv.run_id)
     shards = SnapshotService(str(tmp_path), "127.0.0.1", part, secret=b"s")
-    yield JobRendezvous.over(memory_store(), spec), shards
+    rdzv = JobRendezvous.over(memory_store(), spec)
+    shards.start(rdzv)
+    yield rdzv, shards
     shards.close()
 
 
@@ -45,7 +48,7 @@ def test_a_refused_inventory_costs_its_node_only_its_shards(service, address: st
     rdzv, shards = service
     rdzv.store.set(rdzv.keys.inventory(0, 1), '{"shards": "not a list"')
     rdzv.store.set(rdzv.keys.shards(0, 1), address)
-    env = shards.prepare(rdzv, MEMBERSHIP, TOPOLOGY, 0, 1, timeout=5.0)
+    env = shards.prepare(RestoreRound(MEMBERSHIP, TOPOLOGY, 0, 5.0), 1)
     assert env[SNAPSHOT_DIR].endswith("gen0")
     pooled = _restorer(rdzv, shards).gather(RestoreRound(MEMBERSHIP, TOPOLOGY, 0, 1.0))
     assert pooled.inventory[1] == [] and pooled.reached[1].newest is None
@@ -54,9 +57,9 @@ def test_a_refused_inventory_costs_its_node_only_its_shards(service, address: st
 
 
 def test_a_peer_that_never_publishes_is_a_tempfail_not_a_hang(service) -> None:
-    rdzv, shards = service
+    _, shards = service
     with pytest.raises(Exception) as error:
-        shards.prepare(rdzv, MEMBERSHIP, TOPOLOGY, 0, 1, timeout=0.2)
+        shards.prepare(RestoreRound(MEMBERSHIP, TOPOLOGY, 0, 0.2), 1)
     assert getattr(error.value, "exit_code", None) == 75
     assert "node 1 did not publish its shards" in str(error.value)
 
@@ -69,15 +72,15 @@ def test_a_step_committed_just_before_the_failure_counts_toward_the_ceiling(serv
     rdzv, shards = service
     rdzv.store.set(rdzv.keys.inventory(0, 1), '{"shards": [], "reached": null}')
     rdzv.store.set(rdzv.keys.shards(0, 1), encode_master("127.0.0.2", 5555))
-    env = shards.prepare(rdzv, MEMBERSHIP, TOPOLOGY, 0, 1, timeout=5.0)
-    assert shards._replicator is not None
-    shards._replicator.pause()  # as at a failure: the replicator never gets to look
+    env = shards.prepare(RestoreRound(MEMBERSHIP, TOPOLOGY, 0, 5.0), 1)
+    assert shards._replication is not None
+    shards._replication.pause()  # as at a failure: the replicator never gets to look
     layout = plan_shard({"w": torch.ones(4)})
     slot = allocate(os.path.join(env[SNAPSHOT_DIR], "rank0.slot0"), layout.size)
     write_shard(slot, layout, 8)
     later = Membership(1, MEMBERSHIP.members)
     with pytest.raises(RtrainError, match="node 1 did not publish"):
-        shards.prepare(rdzv, later, build_grid(Layout(), 1, NODES), 0, 1, timeout=0.2)
+        shards.prepare(RestoreRound(later, build_grid(Layout(), 1, NODES), 0, 0.2), 1)
     published = json.loads(rdzv.store.get(rdzv.keys.inventory(1, 0)))
     assert published["reached"] == 8
     assert [0, 0, 8] in published["shards"]
@@ -106,4 +109,4 @@ def test_an_inventory_of_the_wrong_shape_is_refused_not_read_as_shards(service, 
 
 
 def _restorer(rdzv: JobRendezvous, shards: SnapshotService) -> Restorer:
-    return Restorer(rdzv, shards.store, b"s", "127.0.0.1")
+    return Restorer(rdzv, shards.store, TcpTransport(b"s", "127.0.0.1"))

@@ -13,14 +13,15 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 from typing import BinaryIO
 
 import pytest
 import torch
-from rtrain.agent.snapshots.peers.client import Peers
 from rtrain.agent.snapshots.peers.server import ShardServer
-from rtrain.agent.snapshots.replicator import Replicator
-from rtrain.agent.snapshots.restorer import restore_once
+from rtrain.agent.snapshots.peers.transport import Peers, TcpTransport
+from rtrain.agent.snapshots.replication.replicator import Replicator
+from rtrain.agent.snapshots.restore.copies import restore_once
 from rtrain.agent.snapshots.shard_store import ShardStore
 from rtrain.core.layout.topology import Layout, NodeSlot, build_grid, recompute_topology
 from rtrain.core.snapshots.format import (
@@ -103,7 +104,7 @@ def test_restore_takes_the_newest_step_whose_headers_fit(tmp_path):
     write_slots(store, {0: [3, 4, 5], 1: [4, 5, 6]})
     rewrite_header(slot_paths(store.snap_dir(0), 0)[2], step=6, data_len=2**36)
     result = restore_once(
-        store, Peers(SECRET, None, {}), one_node_restart(), 0, {0: store.inventory()}
+        store, Peers(TcpTransport(SECRET), {}), one_node_restart(), 0, {0: store.inventory()}
     )
     assert result.step == 4
     assert restored(store, 0) == (4.0, 4) and restored(store, 1) == (1004.0, 4)
@@ -121,7 +122,7 @@ def test_a_copy_whose_skeleton_does_not_fit_is_unusable_and_the_plan_is_made_aga
         handle.seek(0)
         handle.write(HEADER.pack(*fields))
     result = restore_once(
-        store, Peers(SECRET, None, {}), one_node_restart(), 0, {0: store.inventory()}
+        store, Peers(TcpTransport(SECRET), {}), one_node_restart(), 0, {0: store.inventory()}
     )
     assert result.step == 4
     assert restored(store, 0) == (4.0, 4) and restored(store, 1) == (1004.0, 4)
@@ -138,7 +139,8 @@ def test_the_replicator_sends_no_size_a_header_does_not_fit_and_lives_on(tmp_pat
     Path(slots[0]).write_bytes(data)
     rewrite_header(slots[1], step=6, data_len=2**36)
     passes = threading.Semaphore(0)
-    replicator = Replicator(sender, SECRET, on_pass=passes.release)
+    listener = SimpleNamespace(committed=lambda rank, step: None, between_passes=passes.release)
+    replicator = Replicator(sender, TcpTransport(SECRET), listener)
     try:
         replicator.follow(0, [("127.0.0.1", server.port)], world_size=1, local_ranks=1)
         for _ in range(20):  # passes with every slot file found
@@ -293,7 +295,9 @@ def test_restore_picks_the_newest_intact_step_whatever_is_written_over_headers(t
         }
         common = set.intersection(*intact.values())
         topology = one_node_restart()
-        result = restore_once(store, Peers(SECRET, None, {}), topology, 0, {0: store.inventory()})
+        result = restore_once(
+            store, Peers(TcpTransport(SECRET), {}), topology, 0, {0: store.inventory()}
+        )
         if common:
             step = max(common)
             assert result.step == step, (hits, result)

@@ -1,4 +1,4 @@
-"""JobInterval (agent/snapshots/interval.py): the nodes' agents agree on one snapshot
+"""JobInterval (agent/snapshots/replication/interval.py): the nodes' agents agree on one snapshot
 interval through the real store (torch's HashStore under the typed seam), and hand the
 same schedule to every node's workers, at a store cost of one key per change."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rtrain.agent.snapshots.interval import JobInterval
+from rtrain.agent.snapshots.replication.interval import JobInterval
 from rtrain.core.rendezvous.keys import StoreKeys
 from rtrain.core.snapshots.interval import INTERVAL_FILE, Change, Schedule
 

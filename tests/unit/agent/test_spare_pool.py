@@ -14,9 +14,11 @@ import pytest
 import torch
 from rtrain.agent.rendezvous.job import JobRendezvous
 from rtrain.agent.snapshots.checksums import checksums
-from rtrain.agent.snapshots.peers.client import Peers, ShardClient
+from rtrain.agent.snapshots.peers.client import ShardClient
 from rtrain.agent.snapshots.peers.server import ShardServer
-from rtrain.agent.snapshots.restorer import restore_once
+from rtrain.agent.snapshots.peers.transport import Peers, TcpTransport
+from rtrain.agent.snapshots.restore.copies import restore_once
+from rtrain.agent.snapshots.restore.restorer import RestoreRound
 from rtrain.agent.snapshots.service import SnapshotService
 from rtrain.agent.snapshots.shard_store import ShardStore
 from rtrain.agent.waiting import SYSTEM_CLOCK
@@ -64,7 +66,7 @@ def restore_from(server: ShardServer, store: ShardStore, generation: int) -> int
     topology = recompute_topology(Layout(), generation, [NodeSlot("new", 1)], before)
     topology = replace(topology, coords=tuple(replace(c, node_rank=1) for c in topology.coords))
     inventory = {0: [ShardId(generation - 1, 0, STEPS[generation - 1])], 1: []}
-    peers = Peers(SECRET, None, {0: ("127.0.0.1", server.port)})
+    peers = Peers(TcpTransport(SECRET), {0: ("127.0.0.1", server.port)})
     result = restore_once(store, peers, topology, 1, inventory)
     assert result.fetched == 1
     return result.step
@@ -134,7 +136,8 @@ def test_the_service_fills_the_pool_after_a_generations_first_commit(tmp_path):
         rdzv = JobRendezvous.over(memory_store(), spec)
         membership = Membership(0, (MemberInfo("a", "127.0.0.1", 1),))
         topology = build_grid(Layout(), 0, [NodeSlot("a", 1)])
-        env = service.prepare(rdzv, membership, topology, 0, 1, timeout=5.0)
+        service.start(rdzv)
+        env = service.prepare(RestoreRound(membership, topology, 0, 5.0), 1)
         assert service.store.pool.count() == 0  # nothing committed: no size to go by
         data = shard_bytes(1.0, 3)
         Path(slot_paths(env[SNAPSHOT_DIR], 0)[0]).write_bytes(data)

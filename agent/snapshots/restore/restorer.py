@@ -4,7 +4,7 @@ Every agent publishes what it holds (its workers' slots, the replicas it keeps),
 far its own workers got, and where its ShardServer listens; once all members have, each
 computes the same plan (core.snapshots.restore_plan) and puts each of its new workers' shards
 into that worker's slot, from local memory or from a peer, checksum verified and checked
-as the worker will read it (restore_copies.py). A corrupt, unreadable or unreachable
+as the worker will read it (copies.py). A corrupt, unreadable or unreachable
 copy is reported and the next holder is tried; if a rank has none left,
 the agents agree on a new plan without the bad copies (Restorer.agree). Then
 rtrain.core.restore() in the worker reads its slot.
@@ -18,12 +18,12 @@ import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from ...core.clock import Clock
-from ...core.errors import RendezvousError, RtrainError
-from ...core.layout.topology import NodeSlot, Topology, build_grid, recompute_topology
-from ...core.rendezvous.protocol import Membership, ProtocolError, decode_master, encode_master
-from ...core.snapshots.carry_over import fill_in
-from ...core.snapshots.restore_plan import (
+from ....core.clock import Clock
+from ....core.errors import RendezvousError, RtrainError
+from ....core.layout.topology import NodeSlot, Topology, build_grid, recompute_topology
+from ....core.rendezvous.protocol import Membership, ProtocolError, decode_master, encode_master
+from ....core.snapshots.carry_over import fill_in
+from ....core.snapshots.restore_plan import (
     Lineage,
     Reached,
     ShardId,
@@ -32,21 +32,18 @@ from ...core.snapshots.restore_plan import (
     plan_restore,
     snapshots_existed,
 )
-from ...core.snapshots.restore_records import Inventory, RestoreOutcome
-from ..rendezvous.job import JobRendezvous
-from ..waiting import SYSTEM_CLOCK
-from .disk_checkpoints import CheckpointDir
-from .peers.client import Peers
-from .restore_copies import (
+from ....core.snapshots.restore_records import Inventory, RestoreOutcome
+from ...rendezvous.job import JobRendezvous
+from ...waiting import SYSTEM_CLOCK
+from ..disk.checkpoints import CheckpointDir
+from ..peers.transport import Peers, ShardTransport
+from ..shard_store import ShardStore
+from .copies import (
     MAX_ATTEMPTS,
     RestoreResult,
     restore_from_disk,
-    restore_once,
     restore_planned,
 )
-from .shard_store import ShardStore
-
-__all__ = ["Pooled", "RestoreResult", "RestoreRound", "Restorer", "restore_once"]
 
 logger = logging.getLogger(__name__)
 
@@ -100,17 +97,15 @@ class Restorer:
         self,
         rdzv: JobRendezvous,
         store: ShardStore,
-        secret: bytes,
-        host: str,
+        transport: ShardTransport,
         checkpoint_dir: CheckpointDir | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        """host: this node's job address (peers' servers judge its requests by it)."""
+        """transport: how this node fetches its peers' shards (peers/transport.py)."""
         self._rdzv = rdzv
         self._keys = rdzv.keys
         self._store = store
-        self._secret = secret
-        self._host = host
+        self._transport = transport
         self._checkpoint_dir = checkpoint_dir
         self._clock = clock
 
@@ -178,7 +173,7 @@ class Restorer:
         """
         started = self._clock.now()
         topology, node_rank = round_.topology, round_.node_rank
-        peers = Peers(self._secret, self._host, pooled.servers)
+        peers = Peers(self._transport, pooled.servers)
         unusable: set[tuple[ShardId, int]] = set()
         ceiling = job_ceiling(pooled.reached.values())
         inventory, real, source = self._carried(round_, pooled)

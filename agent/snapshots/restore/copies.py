@@ -16,16 +16,16 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from ...core.errors import RtrainError
-from ...core.layout.topology import Topology
-from ...core.snapshots.format import HEADER_SIZE, SnapshotError, check_shard, set_replicated
-from ...core.snapshots.restore_plan import RestoreSource, ShardId, plan_restore
-from ..observe.progress import WaitProgress
-from .checksums import verify
-from .disk_checkpoints import CheckpointDir, load_verified, newest_complete
-from .peers.client import Peers, ShardClient
-from .peers.wire import ShardError
-from .shard_store import ShardStore
+from ....core.errors import RtrainError
+from ....core.layout.topology import Topology
+from ....core.snapshots.format import HEADER_SIZE, SnapshotError, check_shard, set_replicated
+from ....core.snapshots.restore_plan import RestoreSource, ShardId, plan_restore
+from ...observe.progress import WaitProgress
+from ..checksums import verify
+from ..disk.checkpoints import CheckpointDir, load_verified, newest_complete
+from ..peers.transport import Peers
+from ..peers.wire import ShardError
+from ..shard_store import ShardStore
 
 logger = logging.getLogger(__name__)
 
@@ -147,9 +147,7 @@ def _restore_one(
                     target = store.restore_target(generation, rank, size)
                     memoryview(target)[:size] = memoryview(buffer)[:size]
             else:
-                host, port = peers.servers[holder]
-                client = ShardClient(host, port, peers.secret, peers.source)
-                target = _fetch(client, store, source.shard, generation, rank)
+                target = _fetch(peers, holder, store, source.shard, generation, rank)
                 try:
                     check_shard(target)
                 except SnapshotError:
@@ -169,19 +167,16 @@ def _restore_one(
 
 
 def _fetch(
-    client: ShardClient, store: ShardStore, shard: ShardId, generation: int, rank: int
+    peers: Peers, holder: int, store: ShardStore, shard: ShardId, generation: int, rank: int
 ) -> Any:
-    """Fetch `shard` from a peer straight into the new worker's slot."""
+    """Fetch `shard` from node `holder` straight into the new worker's slot."""
     targets: list[Any] = []
 
     def into(size: int) -> Any:
         targets.append(store.restore_target(generation, rank, size))
         return targets[-1]
 
-    try:
-        client.get(shard, into)
-    finally:
-        client.close()
+    peers.transport.fetch_shard(peers.servers[holder], shard, into)
     return targets[-1]
 
 

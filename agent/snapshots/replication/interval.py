@@ -35,9 +35,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ...core.errors import RendezvousError, StoreUnavailable
-from ...core.rendezvous.keys import StoreKeys
-from ...core.snapshots.interval import (
+from ....core.errors import RendezvousError, StoreUnavailable
+from ....core.rendezvous.keys import StoreKeys
+from ....core.snapshots.interval import (
     DEFAULT_POLICY,
     INTERVAL_FILE,
     POLICY_VARIABLE,
@@ -48,9 +48,9 @@ from ...core.snapshots.interval import (
     lead_indices,
     needs_change,
 )
-from ..net.limits import RateLimitedLog
-from ..observe.events import emit
-from ..store.kv import KeyValueStore
+from ...net.limits import RateLimitedLog
+from ...observe.events import emit
+from ...store.kv import KeyValueStore
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import os
 import select
 import threading
 
-from ...core.snapshots.format import WAKE_FIFO
+from ....core.snapshots.format import WAKE_FIFO
 
 logger = logging.getLogger(__name__)
 

@@ -18,11 +18,11 @@ import mmap
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from ...core.snapshots.format import (
+from ....core.snapshots.format import (
     HEADER_SIZE,
     SLOTS_PER_RANK,
     replicated_step,
@@ -31,15 +31,16 @@ from ...core.snapshots.format import (
     shard_gap,
     shard_interval,
 )
-from ...core.snapshots.restore_plan import ShardId
-from ..net.limits import RateLimitedLog
-from ..observe.events import emit
-from .checksums import checksums
-from .disk_checkpoints import DiskCheckpointer
-from .peers.client import ShardClient
-from .peers.wire import ShardError
-from .shard_store import SLOT, ShardStore
-from .slot_check import fitting_header
+from ....core.snapshots.restore_plan import ShardId
+from ...net.limits import RateLimitedLog
+from ...observe.events import emit
+from ..checksums import checksums
+from ..disk.checkpoints import DiskCheckpointer
+from ..peers.transport import Address, ShardTransport
+from ..peers.wire import ShardError
+from ..shard_store import SLOT, ShardStore
+from ..slot_check import fitting_header
+from .interval import JobInterval
 from .wake_fifo import WakeFifo
 
 logger = logging.getLogger(__name__)
@@ -61,6 +62,19 @@ RESCAN_S = 0.5
 # A `replication` event for the traffic so far at most this often (and at a
 # generation's end): the throughput over time without an event per replica.
 EVENT_S = 30.0
+
+
+class CommitListener(Protocol):
+    """What the rest of the agent learns from the replicating thread, on that thread."""
+
+    def committed(self, rank: int, step: int) -> None:
+        """A worker of this node committed `step` (seen before its replica is sent)."""
+        ...
+
+    def between_passes(self) -> None:
+        """After every pass: the workers' shard requests are looked for here, so that
+        they cost no wakeups of their own."""
+        ...
 
 
 @dataclass
@@ -90,31 +104,25 @@ class Replicator:
     def __init__(
         self,
         store: ShardStore,
-        secret: bytes,
+        transport: ShardTransport,
+        listener: CommitListener | None = None,
+        interval: JobInterval | None = None,
         checkpointer: DiskCheckpointer | None = None,
-        source: str | None = None,
-        on_local_step: Callable[[int, int], None] | None = None,
-        on_pass: Callable[[], None] | None = None,
-        on_interval: Callable[[int, int, int, int, float], None] | None = None,
     ) -> None:
-        """source: this node's job address (peers accept replicas from it only);
-        on_local_step: told (rank, step) of every snapshot this node's own workers commit;
-        on_pass: called after every pass (the workers' shard requests are looked for
-        there, so that they cost no wakeups of their own); on_interval: told (rank, step,
-        wanted interval, step gap, the rank's last replica's seconds) of every shard, for
-        the job-wide interval (agent/snapshots/interval.py), which then says when it
-        changes instead of this."""
+        """transport: how replicas reach the peers (peers/transport.py); listener: told
+        of every snapshot this node's own workers commit, and after every pass;
+        interval: the job-wide interval under the adapt policy (interval.py), told
+        (rank, step, wanted interval, step gap, the rank's last replica's seconds) of
+        every shard, which then says when it changes instead of this; checkpointer:
+        handed every shard replicated, for --checkpoint-dir."""
         self._store = store
-        self._on_interval = on_interval
-        self._on_pass = on_pass
-        self._secret = secret
-        self._source = source
-        self._on_local_step = on_local_step
+        self._transport = transport
+        self._listener = listener
+        self._interval = interval
         self._checkpointer = checkpointer
         self._world_size = 0
         self._generation: int | None = None
-        self._peers: list[tuple[str, int]] = []
-        self._clients: dict[tuple[str, int], ShardClient] = {}
+        self._peers: list[Address] = []
         self._maps: dict[str, tuple[tuple[int, int], mmap.mmap]] = {}  # (inode, size)
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -136,7 +144,7 @@ class Replicator:
     def follow(
         self,
         generation: int,
-        peers: list[tuple[str, int]],
+        peers: list[Address],
         world_size: int,
         local_ranks: int,
         twins: Mapping[int, list[int | None]] | None = None,
@@ -154,9 +162,7 @@ class Replicator:
             self._intervals = {}
             self._wake.follow(self._store.snap_dir(generation))
             self._world_size = world_size
-            for client in self._clients.values():
-                client.close()
-            self._clients = {}
+            self._transport.hang_up()
             for _, buffer in self._maps.values():
                 buffer.close()
             self._maps = {}
@@ -217,8 +223,8 @@ class Replicator:
                     busy = False
                 if time.monotonic() - self._emitted >= EVENT_S:
                     self._emit()
-            if self._on_pass is not None:
-                self._on_pass()
+            if self._listener is not None:
+                self._listener.between_passes()
             longest = IDLE_POLL_S if self._paths else NO_SLOTS_POLL_S
             pause = POLL_S if busy else min(pause * 2, longest)
             if not busy:
@@ -257,8 +263,8 @@ class Replicator:
             crcs = checksums(buffer, header.size)
             if bytes(buffer[:HEADER_SIZE]) != head:
                 continue  # rewritten while it was checksummed: the next pass takes it
-            if self._on_local_step is not None:
-                self._on_local_step(shard.rank, header.step)
+            if self._listener is not None:
+                self._listener.committed(shard.rank, header.step)
             self._store.remember_crcs(shard, crcs)
             error = self._send(shard, buffer, header.size, crcs)
             if error is not None:
@@ -284,17 +290,12 @@ class Replicator:
             twin = twins[index] if index < len(twins) else None
             base = None if twin is None else ShardId(shard.generation, twin, shard.step)
             try:
-                client = self._clients.get(peer) or ShardClient(
-                    peer[0], peer[1], self._secret, self._source
-                )
-                self._clients[peer] = client
                 began = time.monotonic()
-                sent = client.put(shard, buffer, size, crcs, base)
+                sent = self._transport.send_replica(peer, shard, buffer, size, crcs, base)
                 took = time.monotonic() - began
                 self.sent.add(sent, size, took)
                 self._unreported.add(sent, size, took)
             except (OSError, ShardError) as exc:
-                self._clients.pop(peer, None)
                 return f"{peer[0]}:{peer[1]}: {exc}"
         return None
 
@@ -303,8 +304,8 @@ class Replicator:
         if interval <= 0:
             return  # not written by a worker that keeps one
         previous, took = self._intervals.get(shard.rank, (1, 0.0))
-        if self._on_interval is not None:
-            self._on_interval(shard.rank, shard.step, interval, gap, took)
+        if self._interval is not None:
+            self._interval.note(shard.rank, shard.step, interval, gap, took)
             self._intervals[shard.rank] = (interval, took)
             return
         if interval != previous:

@@ -52,8 +52,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from ...core.errors import UsageError
-from .checksums import verify
+from ....core.errors import UsageError
+from ..checksums import verify
 
 logger = logging.getLogger(__name__)
 

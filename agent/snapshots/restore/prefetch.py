@@ -22,9 +22,7 @@ import mmap
 import os
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from ....core.snapshots.format import SnapshotError, check_shard
 from ....core.snapshots.restore_plan import ShardId
@@ -33,14 +31,11 @@ from ....core.worker.dcp.reads import writers_read
 from ....core.worker.peer_shards import prefetched_name
 from ...observe.events import emit
 from ..shard_store import ShardStore
-
-if TYPE_CHECKING:
-    from .fetcher import FetchContext
+from .shard_fetch import FetchContext, fetch_shard
 
 logger = logging.getLogger(__name__)
 
 MAX_PARALLEL = 4  # transfers at once: a handful of peers' shards per node
-Fetch = Callable[[ShardStore, "FetchContext", ShardId, str], tuple[int | None, str | None]]
 
 
 @dataclass
@@ -105,13 +100,13 @@ def _restored(path: str) -> tuple[int, SaveIndex] | None:
     return found
 
 
-def prefetch(store: ShardStore, context: FetchContext, fetch: Fetch) -> Prefetched | None:
+def prefetch(store: ShardStore, context: FetchContext) -> Prefetched | None:
     """Start fetching the shards planned() names, MAX_PARALLEL at a time, and return:
     the workers start meanwhile (their imports, their process group and their model take
     longer than the transfers), and a worker that wants a shard still on its way waits
     for it (each file has a `.pending` marker, made here, until its transfer ends). A
-    `prefetch` event says what it did. fetch: fetcher.fetch_shard (holders in turn,
-    verified)."""
+    `prefetch` event says what it did. Each shard comes through shard_fetch.fetch_shard
+    (holders in turn, verified)."""
     began = time.monotonic()
     plan = planned(store, context)
     if plan is None:
@@ -124,14 +119,63 @@ def prefetch(store: ShardStore, context: FetchContext, fetch: Fetch) -> Prefetch
     for path in files.values():
         with open(pending(path), "wb"):
             pass
-    lock, slots = threading.Lock(), threading.Semaphore(MAX_PARALLEL)
+    transfers = _Transfers(store, context, done, began)
+    threading.Thread(target=transfers.run, name="rtrain-prefetch", daemon=True).start()
+    return done
 
-    def one(shard: ShardId, path: str) -> None:
+
+class _Transfers:
+    """One prefetch's transfers, on threads of their own: what they left goes into
+    `done`, which is finished once every one ended."""
+
+    def __init__(
+        self, store: ShardStore, context: FetchContext, done: Prefetched, began: float
+    ) -> None:
+        self._store = store
+        self._context = context
+        self._done = done
+        self._began = began
+        self._lock = threading.Lock()
+        self._slots = threading.Semaphore(MAX_PARALLEL)
+
+    def run(self) -> None:
+        done = self._done
+        threads = [
+            threading.Thread(target=self._one, args=item, name=f"rtrain-prefetch-{item[0].rank}")
+            for item in done.wanted.items()
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        done.seconds = time.monotonic() - self._began
+        done.finished.set()
+        logger.info(
+            "prefetched %d of %d shards of step %d for the resharding load (%d local, %d "
+            "from peers) in %.3fs",
+            len(done.files),
+            len(done.wanted),
+            done.step,
+            done.local,
+            done.fetched,
+            done.seconds,
+        )
+        emit(
+            "prefetch",
+            step=done.step,
+            shards=len(done.wanted),
+            local=done.local,
+            fetched=done.fetched,
+            failed=done.failed,
+            seconds=round(done.seconds, 6),
+        )
+
+    def _one(self, shard: ShardId, path: str) -> None:
         holder: int | None = None
         why: str | None = "not fetched"
         try:
-            with slots:
-                holder, why = fetch(store, context, shard, f"{path}.part")
+            with self._slots:
+                holder, why = fetch_shard(self._store, self._context, shard, f"{path}.part")
                 if holder is not None:
                     os.replace(f"{path}.part", path)
         except Exception as exc:  # a prefetch only: the load asks again on demand
@@ -145,47 +189,13 @@ def prefetch(store: ShardStore, context: FetchContext, fetch: Fetch) -> Prefetch
                 os.remove(pending(path))  # after the file: a worker then finds it or not
         if holder is None:
             logger.warning("could not prefetch %s (%s): the load asks for it", shard, why)
-        with lock:
+        with self._lock:
             if holder is None:
-                done.failed += 1
+                self._done.failed += 1
             else:
-                done.files[shard] = path
-                done.local += holder == context.node_rank
-                done.fetched += holder != context.node_rank
-
-    def run() -> None:
-        threads = [
-            threading.Thread(target=one, args=item, name=f"rtrain-prefetch-{item[0].rank}")
-            for item in files.items()
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        done.seconds = time.monotonic() - began
-        done.finished.set()
-        logger.info(
-            "prefetched %d of %d shards of step %d for the resharding load (%d local, %d "
-            "from peers) in %.3fs",
-            len(done.files),
-            len(files),
-            step,
-            done.local,
-            done.fetched,
-            done.seconds,
-        )
-        emit(
-            "prefetch",
-            step=step,
-            shards=len(files),
-            local=done.local,
-            fetched=done.fetched,
-            failed=done.failed,
-            seconds=round(done.seconds, 6),
-        )
-
-    threading.Thread(target=run, name="rtrain-prefetch", daemon=True).start()
-    return done
+                self._done.files[shard] = path
+                self._done.local += holder == self._context.node_rank
+                self._done.fetched += holder != self._context.node_rank
 
 
 def pending(path: str) -> str:
