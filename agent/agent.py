@@ -118,7 +118,7 @@ class Agent:
         self._snapshots = SnapshotService.for_launch(
             snapshot_part(spec), self._runtime_dir, self.addr, secret
         )
-        self._repair = RepairCoordinator(self._runtime_dir, spec.rdzv.join_timeout)
+        self._repair = RepairCoordinator(self._runtime_dir, spec.rdzv.join_timeout, clock=clock)
         self._starter: Starts = starter or GenerationStarter(
             spec,
             self.node_id,
@@ -309,7 +309,9 @@ class Agent:
         if action is Next.LEAVE:
             assert ended.fault is not None
             return self._leave(rdzv, end, ended.fault)
-        if ended.fault is not None or not self._repair.park(gen, rdzv):
+        # A node whose own failure finds --max-restarts spent ends the job: no park.
+        restarts_left = action is Next.REJOIN or not self._policy.budget.exhausted
+        if not self._repair.park(gen, rdzv, ended.fault is not None, restarts_left):
             self._stop_workers()
         if action is Next.REJOIN:  # ours may have failed as the job moved on
             self._policy.record_failures(gen)

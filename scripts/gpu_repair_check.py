@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rtrain.core.worker.repair.wire import (  # noqa: E402
+from rtrain.core.contract.repair_files import (  # noqa: E402
     REQUEST_FILE,
     RESUME_FILE,
     Resume,

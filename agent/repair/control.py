@@ -1,5 +1,5 @@
 """WorkerControl: the agent's side of one local rank's repair folder (the wire is
-core/worker/repair/wire.py). The folder outlives the workers of that local rank; a
+core/contract/repair_files.py). The folder outlives the workers of that local rank; a
 fresh worker finds it empty."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 
-from ...core.worker.repair.wire import (
+from ...core.contract.repair_files import (
     REQUEST_FILE,
     RESUME_FILE,
     STATE_FILE,
@@ -47,5 +47,6 @@ class WorkerControl:
     def request(self, generation: int) -> None:
         self._write(REQUEST_FILE, encode_request(generation))
 
-    def resume(self, generation: int, env: dict[str, str]) -> None:
-        self._write(RESUME_FILE, encode_resume(Resume(generation, env)))
+    def resume(self, generation: int, pid: int, env: dict[str, str]) -> None:
+        """Hand process `pid` (no other) the next generation's environment."""
+        self._write(RESUME_FILE, encode_resume(Resume(generation, pid, env)))

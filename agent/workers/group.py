@@ -61,13 +61,17 @@ class Worker:
         return str(self.local_rank)
 
 
-class Handover(Protocol):
-    """Repair in place (agent/repair/): the variables every worker gets, and a worker
-    kept from the last generation handed this one's environment instead of a spawn."""
+class RepairSeam(Protocol):
+    """Repair in place (agent/repair/handover.py) as a group meets it, its one seam: the
+    variables every worker gets, a worker kept from the last generation handed this
+    one's environment instead of a spawn, a kept process that did not resume (ended
+    before its replacement starts), and a silent worker spared for the repair."""
 
     def env(self, local_rank: int) -> Mapping[str, str]: ...
 
     def resume(self, local_rank: int, env: Mapping[str, str]) -> int | None: ...
+
+    def stale(self, local_rank: int) -> int | None: ...
 
     def spares(self, worker: Worker, finding: HangFinding, silent_s: float) -> bool: ...
 
@@ -96,7 +100,8 @@ class WorkerGroup:
         self._warned_fresh = False
         self._stop_time = float("inf")  # wall clock when stop() began
         self.workers: list[Worker] = []
-        self.handover: Handover | None = None
+        self.handover: RepairSeam | None = None
+        self._exited_pids: set[int] = set()  # every exit the pool reported, the group's or not
         self.warm_up_wait_s = 0.0  # of start(): the spawns' wait for the pool's warm-up
 
     def start(self) -> None:
@@ -119,6 +124,9 @@ class WorkerGroup:
                     worker.pid = kept
                     self.workers.append(worker)
                     continue
+                stale = self.handover.stale(local_rank)
+                if stale is not None:
+                    self._end_stale(worker.worker_id, stale)
             plan = stream_plan(spec, local_rank)
             stdout_file = os.path.join(log_dir, "stdout.log") if plan.redirect & STDOUT else None
             stderr_file = os.path.join(log_dir, "stderr.log") if plan.redirect & STDERR else None
@@ -155,6 +163,17 @@ class WorkerGroup:
             a.world_size,
         )
 
+    def _end_stale(self, worker_id: str, pid: int) -> None:
+        """SIGKILL a kept process that will not resume and wait for its exit, before its
+        replacement (of the same worker id) is spawned: a stopped one continued later
+        must never train beside it."""
+        self._pool.signal(worker_id, signal.SIGKILL)
+        reaped = wait_until(
+            lambda: pid in self._exited_pids, KILL_WAIT_S, 0.05, time.monotonic, self.poll
+        )
+        if not reaped:
+            logger.warning("kept worker pid %d not reaped %gs after SIGKILL", pid, KILL_WAIT_S)
+
     def _entry(self, env: Mapping[str, str]) -> dict[str, object]:
         """How the worker runs the entrypoint: forked from the pool, or as a fresh
         interpreter (--start-method spawn, or the pool's torch was imported under other
@@ -182,6 +201,7 @@ class WorkerGroup:
         return fresh_interpreter(request)
 
     def poll(self, timeout: float) -> None:
+        """Take the exits reported within `timeout` (the wait for the first)."""
         try:
             exits = self._pool.poll_exits(timeout)
         except PoolDied:
@@ -196,6 +216,7 @@ class WorkerGroup:
                 # Reaped before the stop began: it failed on its own, even if its report
                 # arrived late (a loaded machine); it may be the root cause.
                 worker.stopped_by_agent = self._stopping and event.time >= self._stop_time
+        self._exited_pids.update(event.pid for event in exits)
 
     def _mark_all_lost(self) -> None:
         for worker in self.workers:
@@ -234,7 +255,7 @@ class WorkerGroup:
 
     def kill_hung(self, worker: Worker, finding: HangFinding) -> None:
         """SIGKILL one hung worker (SIGTERM would stay pending on a stopped process);
-        not a victim a repair in place will free (Handover.spares)."""
+        not a victim a repair in place will free (RepairSeam.spares)."""
         if self.handover is not None and self._hangs is not None:
             silent = self._hangs.silent_for(worker.local_rank)
             if self.handover.spares(worker, finding, silent):

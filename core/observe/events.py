@@ -91,6 +91,13 @@ SCHEMA: dict[str, tuple[tuple[str, ...], str]] = {
         "nothing to replace) and parked: when (unix seconds) the agent saw the fault, "
         "began forking the replacements and had its survivors parked",
     ),
+    "repair_lost": (
+        ("from_generation", "rank", "pid", "why"),
+        "a worker that the repair of from_generation kept (its rank then, its pid) could "
+        "not enter the next generation: stopped or a zombie while parked (ended, SIGKILL "
+        "and reaped, before its replacement started) or gone; it was replaced, so the "
+        "repair kept one rank fewer than its `repair` event says",
+    ),
     "repair_fallback": (
         ("from_generation", "at_generation", "by_node", "failed_generations"),
         "this node stops repairing in place for the rest of the job: the job's repairs of "

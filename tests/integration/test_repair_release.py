@@ -1,5 +1,5 @@
 """rtrain.repairable's worker side with real processes over gloo, the test playing the
-agent through the control files (core/worker/repair/wire.py): a survivor blocked in a
+agent through the control files (core/contract/repair_files.py): a survivor blocked in a
 collective on a stopped peer is released when asked, parks, and trains on in the next
 generation in the same process; a worker whose own code raises fails as today."""
 
@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import torch.distributed as dist
-from rtrain.core.worker.repair.wire import (
+from rtrain.core.contract.repair_files import (
     PARKED,
     REPAIR_DIR,
     REPAIR_WAIT,
@@ -131,7 +131,7 @@ def test_survivors_blocked_on_a_stopped_peer_are_released_and_train_on_in_place(
         workers.start(2, 1, port, PROBE_STEPS="20")
         for rank in (0, 1):
             env = {**workers.env(rank, 1, port, 3), "PROBE_STEPS": "20"}
-            data = encode_resume(Resume(1, env))
+            data = encode_resume(Resume(1, workers.procs[rank].pid, env))
             (workers.folder(rank) / RESUME_FILE).write_bytes(data)
         for rank in range(3):
             assert workers.procs[rank].wait(60) == 0
@@ -198,7 +198,7 @@ def test_twenty_repairs_in_a_row_leak_no_threads_descriptors_or_memory(tmp_path:
             for rank in range(2):
                 (workers.out / f"step_rank{rank}").unlink()
                 env = workers.env(rank, generation + 1, port, 2)
-                data = encode_resume(Resume(generation + 1, env))
+                data = encode_resume(Resume(generation + 1, workers.procs[rank].pid, env))
                 (workers.folder(rank) / RESUME_FILE).write_bytes(data)
         for rank in range(2):
             assert workers.record(f"enter_gen{repairs}_rank{rank}.json")["repairs"] == repairs

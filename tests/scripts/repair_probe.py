@@ -1,5 +1,5 @@
 """A repairable worker for tests that play the agent themselves (the control files of
-core/worker/repair/wire.py): all_reduce in a loop, PROBE_STEPS steps a generation.
+core/contract/repair_files.py): all_reduce in a loop, PROBE_STEPS steps a generation.
 
 Writes $PROBE_OUT/enter_gen<G>_rank<R>.json at each entry (pid, world size, repairs)
 and $PROBE_OUT/done_gen<G>_rank<R>.json (the sum of the last all_reduce), and

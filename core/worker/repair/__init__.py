@@ -1,7 +1,7 @@
 """Repair in place, the worker's side: rtrain.repairable and what it rests on.
 
-repairable.py (the training function re-entered in each generation), wire.py (the
-control files' records the agent and the worker exchange, checked), asked.py (ASKED:
+repairable.py (the training function re-entered in each generation; the control
+files it exchanges with its agent are core/contract/repair_files.py), asked.py (ASKED:
 the repair request, seen by waits that are not collectives), group.py (the
 generation's process groups, opened by rtrain and released while a collective may be
 blocked in them), group_sockets.py (a process's sockets, listed and shut down one by

@@ -10,7 +10,7 @@ objects) lives on into the next generation.
 
 The function is called once per generation this process takes part in. On a fault
 elsewhere the agent asks the worker to repair (request.json in its control folder,
-core/worker/repair/wire.py): a watcher thread shuts down the group's connections, so
+core/contract/repair_files.py): a watcher thread shuts down the group's connections, so
 the collective the function is blocked in (or its next one) raises; the function's
 frames unwind; rtrain destroys the group, says "parked", waits for the next
 generation's environment, opens the new group (new rank, world size, store) and calls
@@ -34,10 +34,7 @@ from typing import Any, TypeVar, overload
 
 from ...clock import wait_until
 from ...config.worker_env import RTRAIN_GENERATION
-from .asked import ASKED
-from .group import TrainingGroup
-from .mesh_caches import forget_meshes
-from .wire import (
+from ...contract.repair_files import (
     PARKED,
     REPAIR_DIR,
     REPAIR_WAIT,
@@ -53,6 +50,9 @@ from .wire import (
     decode_resume,
     encode_state,
 )
+from .asked import ASKED
+from .group import TrainingGroup
+from .mesh_caches import forget_meshes
 
 __all__ = ["RepairError", "repairable", "repairs"]
 
@@ -123,7 +123,8 @@ class _Control:
 
         def arrived() -> bool:
             resume = decode_resume(_read(os.path.join(self.folder, RESUME_FILE)))
-            if resume is not None and resume.generation > generation:
+            # addressed to this process: a stale one (stopped, replaced) never enters
+            if resume is not None and resume.generation > generation and resume.pid == os.getpid():
                 found.append(resume)
             return bool(found)
 

@@ -34,6 +34,7 @@ class PaperWorker:
     local_rank: int
     rank: int
     pid: int = 0
+    exitcode: int | None = None  # as Worker's; the repair's view reads it
 
 
 class PaperGroup:

@@ -4,17 +4,18 @@ failed (a released collective's error included): with a repair asked, the worker
 kept (parked, then called again in the next generation), as after a released
 collective's RuntimeError; with none, it fails as today; KeyboardInterrupt and
 SystemExit still end the process. The test plays the agent through the control files
-(core/worker/repair/wire.py); the save is torch's real dcp.save, in one process."""
+(core/contract/repair_files.py); the save is torch's real dcp.save, in one process."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import rtrain
 import torch
 import torch.distributed.checkpoint as dcp
-from rtrain.core.worker.repair.wire import (
+from rtrain.core.contract.repair_files import (
     REPAIR_DIR,
     REPAIR_WAIT,
     REQUEST_FILE,
@@ -63,7 +64,9 @@ def _save(tmp_path: Path, control: Path | None) -> None:
 def test_a_checkpoint_exception_under_a_repair_keeps_the_worker(
     tmp_path: Path, control: Path
 ) -> None:
-    (control / RESUME_FILE).write_bytes(encode_resume(Resume(1, {"RTRAIN_GENERATION": "1"})))
+    (control / RESUME_FILE).write_bytes(
+        encode_resume(Resume(1, os.getpid(), {"RTRAIN_GENERATION": "1"}))
+    )
     calls: list[int] = []
 
     @rtrain.repairable

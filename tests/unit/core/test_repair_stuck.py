@@ -10,8 +10,8 @@ import threading
 import time
 
 import pytest
+from rtrain.core.contract.repair_files import STUCK, WorkerState, decode_state, encode_state
 from rtrain.core.worker.repair.asked import ASKED
-from rtrain.core.worker.repair.wire import STUCK, WorkerState, decode_state, encode_state
 
 # the module (the package's name `repairable` is the decorator)
 repairable = importlib.import_module("rtrain.core.worker.repair.repairable")

@@ -1,11 +1,11 @@
-"""The repair control files (core/worker/repair/wire.py): what one side writes the
+"""The repair control files (core/contract/repair_files.py): what one side writes the
 other reads back; anything else (garbage, wrong types, oversized) is refused as None."""
 
 from __future__ import annotations
 
 import json
 
-from rtrain.core.worker.repair.wire import (
+from rtrain.core.contract.repair_files import (
     MAX_BYTES,
     PARKED,
     RUNNING,
@@ -24,8 +24,10 @@ def test_each_file_reads_back_what_was_written() -> None:
     for state in (WorkerState(RUNNING, 0, 12), WorkerState(PARKED, 7, 99)):
         assert decode_state(encode_state(state)) == state
     assert decode_request(encode_request(3)) == 3
-    resume = Resume(4, {"RANK": "1", "MASTER_PORT": "29500"})
+    resume = Resume(4, 321, {"RANK": "1", "MASTER_PORT": "29500"})
     assert decode_resume(encode_resume(resume)) == resume
+    # a hand-over names its process: one without a pid is not a hand-over
+    assert decode_resume(b'{"generation": 4, "env": {}}') is None
 
 
 def test_anything_else_is_refused() -> None:

@@ -11,9 +11,10 @@ file renamed over it), so a reader sees the old content or the new, never a part
                 generation g (gloo's limit, core/worker/repair/group.py): the agent
                 restarts it now rather than after its wait for the answer.
   request.json  agent -> worker   {"generation": g}: leave generation g and park.
-  resume.json   agent -> worker   {"generation": g2, "env": {...}}: enter generation g2
-                with this environment (RANK, WORLD_SIZE, MASTER_ADDR, ... as a new
-                worker of g2 gets at its start).
+  resume.json   agent -> worker   {"generation": g2, "pid": p, "env": {...}}: the
+                process p (and no other: a hand-over names the process it is for) enters
+                generation g2 with this environment (RANK, WORLD_SIZE, MASTER_ADDR, ...
+                as a new worker of g2 gets at its start).
 
 Pure: the names and the checked decoding; the files are read and written by the two
 sides (core/worker/repair/repairable.py, agent/repair/control.py). Nothing is unpickled.
@@ -51,6 +52,7 @@ class WorkerState:
 @dataclass(frozen=True)
 class Resume:
     generation: int
+    pid: int  # the process the hand-over is for
     env: dict[str, str]
 
 
@@ -65,7 +67,9 @@ def encode_request(generation: int) -> bytes:
 
 
 def encode_resume(resume: Resume) -> bytes:
-    return json.dumps({"generation": resume.generation, "env": resume.env}).encode()
+    return json.dumps(
+        {"generation": resume.generation, "pid": resume.pid, "env": resume.env}
+    ).encode()
 
 
 def _object(data: bytes | None) -> dict[str, Any] | None:
@@ -101,9 +105,13 @@ def decode_resume(data: bytes | None) -> Resume | None:
     found = _object(data)
     if found is None:
         return None
-    generation, env = _integer(found.get("generation")), found.get("env")
-    if generation is None or not isinstance(env, dict):
+    generation, pid, env = (
+        _integer(found.get("generation")),
+        _integer(found.get("pid")),
+        found.get("env"),
+    )
+    if generation is None or pid is None or not isinstance(env, dict):
         return None
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         return None
-    return Resume(generation, dict(env))
+    return Resume(generation, pid, dict(env))

@@ -1,0 +1,129 @@
+"""Handover: a repair in place as the next generation's worker group meets it (the
+group's one seam with repair, agent/workers/group.py's RepairSeam): the variables every
+worker gets, a kept worker handed this generation's environment instead of a spawn, a
+kept worker that cannot resume named so that the group ends it before its replacement
+starts, and a silent worker spared for the repair instead of killed as hung."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from ...core.contract.repair_files import REPAIR_DIR, REPAIR_WAIT, RESUME_WAIT
+from ...core.repair.decisions import WorkerView, resumes, spares_victim
+from ..observe.events import emit
+from ..workers.group import Worker
+from ..workers.hang_watch import HangFinding
+from .control import WorkerControl
+
+logger = logging.getLogger(__name__)
+
+WORKER_WAIT_S = 30.0  # a worker whose collective broke waits this long to be asked
+# A victim of a hung peer (silent, waiting in a collective, not held) is left to the
+# repair for this many hang timeouts of silence: the culprit's node kills the culprit
+# and moves the job on, and the repair frees the victim; past it, it is killed as today.
+SPARE_VICTIMS_FOR = 2.0
+
+
+@dataclass
+class Parked:
+    generation: int
+    kept: dict[int, int] = field(default_factory=dict)  # local rank -> pid
+    ranks: dict[int, int] = field(default_factory=dict)  # local rank -> global rank then
+
+
+class Handover:
+    def __init__(
+        self,
+        control: Callable[[int], WorkerControl],
+        parked: Parked | None,
+        generation: int,
+        hang_s: float,
+        resume_wait_s: float,
+        job_repairs: Callable[[], bool],
+        process: Callable[[int], str | None],
+    ) -> None:
+        self._control = control
+        self._parked = parked
+        self._generation = generation
+        self._hang_s = hang_s
+        self._resume_wait_s = resume_wait_s
+        self._job_repairs = job_repairs
+        self._process = process
+        self._spared: set[int] = set()
+        self._stale: dict[int, int] = {}  # local rank -> a kept pid that did not resume
+
+    def env(self, local_rank: int) -> Mapping[str, str]:
+        return {
+            REPAIR_DIR: self._control(local_rank).folder,
+            REPAIR_WAIT: str(WORKER_WAIT_S),
+            RESUME_WAIT: str(self._resume_wait_s),
+        }
+
+    def resume(self, local_rank: int, env: Mapping[str, str]) -> int | None:
+        """The kept worker's pid, handed `env` (addressed to that pid alone); None: a
+        fresh worker starts, its folder cleared (and a kept one that cannot resume is
+        left for stale())."""
+        control = self._control(local_rank)
+        pid = None if self._parked is None else self._parked.kept.get(local_rank)
+        state = None if pid is None else self._process(pid)
+        if pid is not None and resumes(pid, state):
+            control.resume(self._generation, pid, dict(env))
+            return pid
+        control.clear()
+        if pid is not None and self._parked is not None:
+            self._lost(local_rank, pid, state)
+        return None
+
+    def _lost(self, local_rank: int, pid: int, state: str | None) -> None:
+        """A kept worker that cannot resume: ended before its replacement, and said."""
+        assert self._parked is not None
+        why = "gone" if state is None else f"{state} while parked"
+        if state is not None:
+            self._stale[local_rank] = pid
+        rank = self._parked.ranks.get(local_rank, -1)
+        logger.warning("rank %d (pid %d) %s: replaced", rank, pid, why)
+        emit(
+            "repair_lost",
+            from_generation=self._parked.generation,
+            rank=rank,
+            pid=pid,
+            why=why,
+        )
+
+    def stale(self, local_rank: int) -> int | None:
+        """A kept process of this local rank that did not resume: the group ends it
+        (SIGKILL, reaped) before its replacement starts, so it can never come back."""
+        return self._stale.pop(local_rank, None)
+
+    def spares(self, worker: Worker, finding: HangFinding, silent_s: float) -> bool:
+        """Whether to leave a silent worker alive for the repair: an opted-in one whose
+        process is not held (likely waiting on a hung peer), for a bounded time."""
+        state = self._control(worker.local_rank).state()
+        view = WorkerView(
+            worker.local_rank,
+            worker.rank,
+            worker.pid,
+            exited=False,
+            said=None if state is None else state.state,
+            said_generation=None if state is None else state.generation,
+            said_pid=None if state is None else state.pid,
+        )
+        spare = spares_victim(
+            self._job_repairs(),
+            view.opted_in(self._generation),
+            finding.held,
+            silent_s,
+            self._hang_s,
+            SPARE_VICTIMS_FOR,
+        )
+        if spare and worker.local_rank not in self._spared:
+            self._spared.add(worker.local_rank)
+            logger.warning(
+                "worker rank %d is silent in a collective (a victim of a hung peer): left "
+                "for the repair in place, killed if still silent after %gs",
+                worker.rank,
+                SPARE_VICTIMS_FOR * self._hang_s,
+            )
+        return spare
