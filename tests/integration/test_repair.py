@@ -244,3 +244,22 @@ def _stop_once_counted(cluster: LocalCluster, node: int, rank: int) -> int:
         time.sleep(0.002)
     raise AssertionError(f"no repair event kept rank {rank}")
 
+
+def test_a_runtime_error_of_the_script_fails_only_its_worker_and_is_repaired_in_seconds(
+    tmp_path: Path, reference: dict[int, str]
+) -> None:
+    # torch's OutOfMemoryError is a RuntimeError: the raising rank fails at once (not
+    # after every rank waited 30 s for a repair request) and the others are kept
+    cluster = _run(tmp_path, PROBE_FAULT="rank=1,step=10,action=raise")
+    finals = _finals(cluster)
+    assert {rank: rec["digest"] for rank, rec in finals.items()} == reference
+    for rank in (0, 2, 3):
+        assert finals[rank]["pid"] == _entered(cluster, 0, rank)["pid"]
+    repairs = {e.node: e.fields for e in cluster.events("repair")}
+    assert repairs[0]["kept"] == [0] and repairs[0]["restarted"] == [1]
+    assert repairs[1]["kept"] == [2, 3] and not repairs[1]["fallback"]
+    (fault,) = [e.fields for e in cluster.events("fault") if e.fields["rank"] == 1]
+    assert fault["kind"] == "exit" and not fault["victim"]
+    raised = _json(cluster, "fault.json")["t_fault"]
+    (start,) = [e for e in cluster.events("generation_start") if e.node == 0 and e.generation == 1]
+    assert start.t - raised < 10, start.t - raised  # was 30 s and more

@@ -12,10 +12,11 @@ first_step_gen<G>_rank<R>.json when a generation after the first completes its f
 step (t, step),
 $PROBE_OUT/final_rank<R>.json (pid, digest of parameters and optimizer state) and, on
 rank 0, $PROBE_OUT/progress (steps applied). Faults: PROBE_FAULT="rank=R,step=S,
-action=kill|stop[,gen=G]" (in generation G, 0 if not given, once), several separated
-by ";" (the first writes fault.json, the i-th faulti.json); PROBE_IGNORE=R: rank R,
-once its collective breaks, never leaves the function (a survivor that ignores the
-repair request; its replacement ignores the next one too).
+action=kill|stop|raise[,gen=G]" (raise: a RuntimeError of its own; in generation G,
+0 if not given, once), several separated by ";" (the first writes fault.json, the
+i-th faulti.json); PROBE_IGNORE=R: rank R, once its collective breaks, never leaves
+the function (a survivor that ignores the repair request; its replacement ignores the
+next one too).
 A step of -1 is the function's entry (its group open, before the first step).
 PROBE_DIE_ON_BREAK=R, PROBE_DIE_PARKED=R: a second fault during generation 0's repair
 (second_fault). PROBE_USAGE=1: each entry records the process's resources (usage).
@@ -95,6 +96,8 @@ def inject(rank: int, step: int, generation: int) -> None:
         if os.path.exists(os.path.join(OUT, name)):
             continue
         write(name, {"t_fault": time.time(), "step": step})
+        if fault.get("action") == "raise":  # its own bug, of the type torch's OOM is
+            raise RuntimeError(f"rank {rank}'s own RuntimeError at step {step}")
         sig = signal.SIGSTOP if fault.get("action") == "stop" else signal.SIGKILL
         os.kill(os.getpid(), sig)
 

@@ -29,6 +29,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
@@ -50,6 +51,7 @@ from ...contract.repair_files import (
     decode_resume,
     encode_state,
 )
+from ...rendezvous.failures import is_collective_error
 from .asked import ASKED
 from .group import TrainingGroup
 from .mesh_caches import forget_meshes
@@ -190,9 +192,20 @@ def _checkpoint_failure(exc: BaseException) -> bool:
 
 
 def _peer_may_have_failed(exc: BaseException) -> bool:
-    """Whether `exc` is what a collective raises when a peer fails (a RuntimeError, or
-    DCP's CheckpointException around one): worth waiting for the agent's request."""
-    return isinstance(exc, RuntimeError) or _checkpoint_failure(exc)
+    """Whether `exc` is what a collective raises when a peer fails: worth waiting for
+    the agent's request. A RuntimeError says so only in its type, text or traceback (a
+    gloo transport error, an aborted NCCL communicator, DistBackendError: the markers
+    core/rendezvous/failures.py reads victims by); any other, torch's OutOfMemoryError
+    or the script's own RuntimeError, fails this worker at once, as a ValueError does,
+    rather than leave every rank waiting WORKER_WAIT_S for a request that never comes.
+    DCP's CheckpointException is raised on every rank when one rank's part failed."""
+    if _checkpoint_failure(exc):
+        return True
+    if not isinstance(exc, RuntimeError):
+        return False
+    names = " ".join(cls.__name__ for cls in type(exc).__mro__)
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return is_collective_error(f"{names}\n{text}")
 
 
 def _generation() -> int:
