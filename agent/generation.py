@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.config.launch_spec import LaunchSpec
-from ..core.config.worker_env import TOPOLOGY_FILE
+from ..core.contract.environment import TOPOLOGY_FILE
 from ..core.errors import RendezvousError
 from ..core.layout.topology import Layout, NodeSlot, Topology, build_grid, recompute_topology
 from ..core.rendezvous.place import Place

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.config.launch_spec import LaunchSpec
-from ..core.config.worker_env import RECYCLE_PLAN_FILE
+from ..core.contract.environment import RECYCLE_PLAN_FILE
 from ..core.layout.recycle import (
     PositionsError,
     decode_positions,

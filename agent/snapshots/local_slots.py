@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 
-from ...core.config.worker_env import SNAPSHOT_BUDGET, SNAPSHOT_DIR
+from ...core.contract.environment import SNAPSHOT_BUDGET, SNAPSHOT_DIR
 from ...core.snapshots.admission import StepCeiling
 from ...core.snapshots.format import SLOTS_PER_RANK
 from ...core.snapshots.restore_plan import Reached, Written

@@ -27,8 +27,9 @@ from collections.abc import Sequence
 from types import ModuleType, TracebackType
 from typing import Any, NoReturn
 
+from ...core.contract.environment import STACK_FILE
 from ...core.rendezvous.failures import error_file_payload
-from .hang_watch import STACK_FILE, STACK_SIGNAL
+from .hang_watch import STACK_SIGNAL
 
 PR_SET_PDEATHSIG = 1
 EXEC_FAILED = 127

@@ -37,7 +37,12 @@ from dataclasses import dataclass
 
 import psutil
 
-from ...core.config.worker_env import HEARTBEAT_FILE, HEARTBEAT_FORMAT, HEARTBEAT_SIZE
+from ...core.contract.environment import (
+    HEARTBEAT_FILE,
+    HEARTBEAT_FORMAT,
+    HEARTBEAT_SIZE,
+    STACK_FILE,
+)
 from ...core.rendezvous.failures import RecordError, is_collective_error, parse_error_file
 from ...core.rendezvous.liveness import StalenessTracker
 from ..runtime_dir import write_small_file
@@ -45,7 +50,6 @@ from ..waiting import SYSTEM_CLOCK
 
 logger = logging.getLogger(__name__)
 
-STACK_FILE = "RTRAIN_STACK_FILE"
 # The signal the worker's faulthandler dumps its stack on: a real-time signal that
 # Slurm, Lightning and the like do not use (they take SIGUSR1/SIGUSR2).
 STACK_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2

@@ -5,24 +5,13 @@ from __future__ import annotations
 
 import posixpath
 import re
-import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..contract.environment import RTRAIN_GENERATION
 from .launch_spec import LaunchSpec
 
 STDOUT, STDERR = 1, 2
-# Variables rtrain adds for its own worker API; documented in README.md.
-RTRAIN_GENERATION = "RTRAIN_GENERATION"
-# Files the agent hands each worker, read and written by rtrain.core.worker.
-HEARTBEAT_FILE = "RTRAIN_HEARTBEAT_FILE"
-TOPOLOGY_FILE = "RTRAIN_TOPOLOGY_FILE"
-SNAPSHOT_DIR = "RTRAIN_SNAPSHOT_DIR"
-SNAPSHOT_BUDGET = "RTRAIN_SNAPSHOT_BUDGET"  # bytes one slot may take
-RECYCLE_PLAN_FILE = "RTRAIN_RECYCLE_PLAN"
-# The heartbeat file: count (u64, bumped by every call), step (i64, -1 when not given).
-HEARTBEAT_FORMAT = "<Qq"
-HEARTBEAT_SIZE = struct.calcsize(HEARTBEAT_FORMAT)
 
 # torch's flight recorder: ProcessGroupNCCL keeps each rank's last collectives in a ring
 # and, on its watchdog's timeout or a collective error, dumps them to <prefix><rank>.

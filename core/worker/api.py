@@ -11,7 +11,7 @@ import os
 import struct
 from dataclasses import dataclass
 
-from ..config.worker_env import HEARTBEAT_FILE, HEARTBEAT_FORMAT, HEARTBEAT_SIZE, TOPOLOGY_FILE
+from ..contract.environment import HEARTBEAT_FILE, HEARTBEAT_FORMAT, HEARTBEAT_SIZE, TOPOLOGY_FILE
 from ..layout.topology import Layout, NodeSlot, Topology, build_grid
 
 __all__ = ["HEARTBEAT_FILE", "TOPOLOGY_FILE", "WorkerTopology", "heartbeat", "topology"]

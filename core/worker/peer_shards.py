@@ -3,19 +3,14 @@
 A resharding load (torch.distributed.checkpoint after the mesh changed) needs chunks of
 shards that other ranks wrote, held in peers' memory. The worker does not talk to
 peers (it has no job secret to prove itself with): it asks its agent through two files
-in its snapshot folder, and the agent fetches each shard from a holder, local memory
-first, verifies its checksums and puts it next to the request:
-
-  rank<R>.fetch.json     {"id": hex, "step": S, "ranks": [r, ...]}   (the worker)
-  rank<R>.fetched.json   {"id": hex, "files": {"r": name | null},    (the agent)
-                          "errors": {"r": why}}
-
-The agent picks the request up on its replicator's next pass (a few ms; 0.25 s while
-this generation has written no snapshot). The shards themselves are read like any
-other: a checked skeleton, no pickle.
+in its snapshot folder (core/contract/peer_shards.py), and the agent fetches each shard
+from a holder, local memory first, verifies its checksums and puts it next to the
+request. The agent picks the request up on its replicator's next pass (a few ms; 0.25 s
+while this generation has written no snapshot). The shards themselves are read like
+any other: a checked skeleton, no pickle.
 
 As the workers start, the agent fetches the shards it expects the load to read
-(agent/snapshots/peers/prefetch.py) and leaves each, verified, in the snapshot folder
+(agent/snapshots/restore/prefetch.py) and leaves each, verified, in the snapshot folder
 as prefetched-r<R>-s<S>.shard: those are read from there, with no request (one still
 marked .pending is on its way: waited for); only the others are asked for. The agent
 removes them once a newer step is committed.
@@ -27,32 +22,23 @@ import contextlib
 import json
 import mmap
 import os
-import re
 import secrets
 import time
 from functools import partial
 from typing import Any
 
 from ..clock import wait_until
-from ..config.worker_env import SNAPSHOT_DIR
+from ..contract.environment import SNAPSHOT_DIR
+from ..contract.peer_shards import (
+    FETCHED_NAME,
+    MAX_RESPONSE,
+    prefetched_name,
+    request_path,
+    response_path,
+)
 from ..snapshots.format import SnapshotError, read_shard
 
 FETCH_TIMEOUT_S = 300.0
-MAX_RESPONSE = 1 << 20
-NAME = re.compile(r"fetched-r[0-9]+-s[0-9]+-[0-9a-f]+\.shard")
-
-
-def prefetched_name(rank: int, step: int) -> str:
-    """The file the agent leaves rank `rank`'s shard of `step` in, fetched beforehand."""
-    return f"prefetched-r{rank}-s{step}.shard"
-
-
-def request_path(directory: str, rank: int) -> str:
-    return os.path.join(directory, f"rank{rank}.fetch.json")
-
-
-def response_path(directory: str, rank: int) -> str:
-    return os.path.join(directory, f"rank{rank}.fetched.json")
 
 
 def fetch_previous_shards(
@@ -121,7 +107,7 @@ def _ask(directory: str, step: int, ranks: list[int], timeout: float) -> dict[in
     try:
         for rank in sorted(set(ranks)):
             name = files.get(str(rank))
-            if not (isinstance(name, str) and NAME.fullmatch(name)):
+            if not (isinstance(name, str) and FETCHED_NAME.fullmatch(name)):
                 why = str(errors.get(str(rank), "no answer"))[:200]
                 raise SnapshotError(
                     f"no intact copy of rank {rank}'s shard of step {step} survives: {why}"
@@ -129,7 +115,7 @@ def _ask(directory: str, step: int, ranks: list[int], timeout: float) -> dict[in
             found[rank] = _read(os.path.join(directory, name))
     finally:
         for name in files.values():
-            if isinstance(name, str) and NAME.fullmatch(name):
+            if isinstance(name, str) and FETCHED_NAME.fullmatch(name):
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(os.path.join(directory, name))
     return found

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..config.worker_env import RECYCLE_PLAN_FILE
+from ..contract.environment import RECYCLE_PLAN_FILE
 from ..planner.job import Worker
 
 

@@ -50,7 +50,7 @@ import time
 from typing import Any
 
 from ..clock import wait_until
-from ..config.worker_env import SNAPSHOT_BUDGET, SNAPSHOT_DIR
+from ..contract.environment import SNAPSHOT_BUDGET, SNAPSHOT_DIR
 from ..snapshots.format import (
     COMMITTED,
     EMPTY,

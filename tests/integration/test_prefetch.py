@@ -20,11 +20,12 @@ from rtrain.agent.snapshots.peers.transport import TcpTransport
 from rtrain.agent.snapshots.restore.fetcher import PeerFetcher
 from rtrain.agent.snapshots.restore.shard_fetch import FetchContext
 from rtrain.agent.snapshots.shard_store import ShardStore
+from rtrain.core.contract.dcp_index import MARK, Item, SaveIndex
+from rtrain.core.contract.peer_shards import prefetched_name
+from rtrain.core.snapshots.dcp_reads import writers_read
 from rtrain.core.snapshots.format import plan_shard, write_shard
 from rtrain.core.snapshots.restore_plan import ShardId
-from rtrain.core.worker.dcp.index import MARK, Item, SaveIndex
-from rtrain.core.worker.dcp.reads import writers_read
-from rtrain.core.worker.peer_shards import fetch_previous_shards, prefetched_name
+from rtrain.core.worker.peer_shards import fetch_previous_shards
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 STEP, ROWS, WIDTH = 7, 33, 1000  # 33 rows over 3 writers (11 each), read by 2 ranks

@@ -2,7 +2,8 @@
 
 - cli -> agent -> core, never backwards;
 - core/worker (the training script's API) imports nothing of rtrain but core, and the
-  rest of core does not depend on it;
+  rest of core does not depend on it; agent/ and cli/ do not either: what they share
+  with workers is core/contract's;
 - the pure part of core (all of it but core/worker) imports nothing that does I/O,
   starts threads or processes, or sleeps, and calls no open(), print() or input();
 - exit codes are named (core/errors.ExitCode), never written as numbers where an error
@@ -69,6 +70,19 @@ def test_imports_follow_the_layers() -> None:
         for module, line in imports(name, path, tree)
         if (target := rtrain_layer(module)) is not None
         and LAYERS[target] > LAYERS[name.split(".")[0]]
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_agent_and_the_cli_meet_workers_only_through_the_contract() -> None:
+    """What an agent and its workers share (files, variables, records) is core/contract's;
+    agent/ and cli/ never import the worker API's internals (core/worker)."""
+    wrong = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for name, path, tree in ALL
+        if not name.startswith("core")
+        for module, line in imports(name, path, tree)
+        if module.startswith("rtrain.core.worker")
     ]
     assert not wrong, "\n".join(wrong)
 

@@ -23,8 +23,8 @@ import secrets
 import threading
 import time
 
+from ....core.contract.peer_shards import MAX_RESPONSE, request_path, response_path
 from ....core.snapshots.restore_plan import ShardId
-from ....core.worker.peer_shards import MAX_RESPONSE, request_path, response_path
 from ...observe.events import emit
 from ..peers.wire import IO_TIMEOUT_S
 from ..shard_store import ShardStore

@@ -1,9 +1,9 @@
 """The shards a resharding load will read, fetched before the workers start.
 
 After the restore put each new worker's own shard in its slot, the agent reads the DCP
-save's index from those shards (every shard carries it: core/worker/dcp/index.py),
+save's index from those shards (every shard carries it: core/contract/dcp_index.py),
 predicts which other writers' shards each of its new ranks will read in the new world
-(core/worker/dcp/reads.py) and fetches them, all at once: a local copy is hard-linked,
+(core/snapshots/dcp_reads.py) and fetches them, all at once: a local copy is hard-linked,
 a peer's received over TCP, each verified against its checksums and checked as the
 worker will read it, and left in the generation's snapshot folder as
 prefetched-r<R>-s<S>.shard (core/worker/peer_shards.py), where the workers' load finds
@@ -24,11 +24,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from ....core.contract.dcp_index import SaveIndex, dcp_mark
+from ....core.contract.peer_shards import prefetched_name
+from ....core.snapshots.dcp_reads import writers_read
 from ....core.snapshots.format import SnapshotError, check_shard
 from ....core.snapshots.restore_plan import ShardId
-from ....core.worker.dcp.index import SaveIndex, dcp_mark
-from ....core.worker.dcp.reads import writers_read
-from ....core.worker.peer_shards import prefetched_name
 from ...observe.events import emit
 from ..shard_store import ShardStore
 from .shard_fetch import FetchContext, fetch_shard

@@ -5,7 +5,7 @@
 
 The writer puts this rank's items (tensor chunks and plain values) into its snapshot
 slot, exactly as snapshot() does, so the agent checksums and replicates them to peers;
-the coordinator's index of the whole save (core/worker/dcp/index.py) goes into every
+the coordinator's index of the whole save (core/contract/dcp_index.py) goes into every
 rank's shard. The reader takes the index from the shard the agent restored for this
 rank and the chunks from it, or, for chunks other ranks wrote, from their shards in
 peers' memory (core/worker/peer_shards.py). DCP's planner decides which chunks each
@@ -51,10 +51,10 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
+from ...contract.dcp_index import MARK, Item, Location, SaveIndex, parse_index
 from ...snapshots.format import SnapshotError
 from ..peer_shards import FETCH_TIMEOUT_S, fetch_previous_shards
 from ..snapshots import restore, snapshot, snapshots_kept
-from .index import MARK, Item, Location, SaveIndex, parse_index
 
 KIND = {WriteItemType.TENSOR: "t", WriteItemType.SHARD: "s", WriteItemType.BYTE_IO: "b"}
 

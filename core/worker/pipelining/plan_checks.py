@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage
 
-from ...config.worker_env import RTRAIN_GENERATION
+from ...contract.environment import RTRAIN_GENERATION
 from ..recycle import WorkerPlan, recycle_worker_plan
 from . import reduction
 

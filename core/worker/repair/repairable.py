@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
 from ...clock import wait_until
-from ...config.worker_env import RTRAIN_GENERATION
+from ...contract.environment import RTRAIN_GENERATION
 from ...contract.repair_files import (
     PARKED,
     REPAIR_DIR,

@@ -16,7 +16,7 @@ import psutil
 import pytest
 from rtrain.agent.workers.hang_watch import HangWatch, inspect_hang, process_state
 from rtrain.core.clock import wait_until
-from rtrain.core.config.worker_env import HEARTBEAT_FILE
+from rtrain.core.contract.environment import HEARTBEAT_FILE
 from rtrain.core.rendezvous.failures import error_file_payload
 
 TIMEOUT = 2.0

@@ -15,7 +15,7 @@ from rtrain.agent.snapshots.service import SnapshotService
 from rtrain.agent.snapshots.shard_store import allocate
 from rtrain.core.config.component_specs import SnapshotPart
 from rtrain.core.config.launch_spec import SnapshotSpec
-from rtrain.core.config.worker_env import SNAPSHOT_DIR
+from rtrain.core.contract.environment import SNAPSHOT_DIR
 from rtrain.core.errors import RtrainError
 from rtrain.core.layout.topology import Layout, NodeSlot, build_grid, recompute_topology
 from rtrain.core.rendezvous.protocol import MemberInfo, Membership

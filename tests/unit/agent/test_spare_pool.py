@@ -24,7 +24,7 @@ from rtrain.agent.snapshots.shard_store import ShardStore
 from rtrain.agent.waiting import SYSTEM_CLOCK
 from rtrain.core.config.component_specs import SnapshotPart
 from rtrain.core.config.launch_spec import SnapshotSpec
-from rtrain.core.config.worker_env import SNAPSHOT_DIR
+from rtrain.core.contract.environment import SNAPSHOT_DIR
 from rtrain.core.layout.topology import Layout, NodeSlot, build_grid, recompute_topology
 from rtrain.core.rendezvous.protocol import MemberInfo, Membership
 from rtrain.core.snapshots.format import HEADER_SIZE, plan_shard, read_shard, write_shard

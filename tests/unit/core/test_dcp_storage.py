@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from rtrain.core.contract.dcp_index import parse_index
 from rtrain.core.snapshots.format import SnapshotError
 from rtrain.core.worker import snapshots as snapshot_api
-from rtrain.core.worker.dcp.index import parse_index
 
 from tests.unit.core.test_snapshot_api import _mark_replicated
 

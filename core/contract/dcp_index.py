@@ -21,8 +21,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ...snapshots.format import SnapshotError
-from ...snapshots.skeleton import TORCH_DTYPES
+from ..snapshots.format import SnapshotError
+from ..snapshots.skeleton import TORCH_DTYPES
 
 FORMAT = "rtrain-dcp-1"
 MARK = "rtrain.dcp"  # the key that tells a DCP shard from a snapshot() one

@@ -14,7 +14,7 @@ kept on one writer) are read whole by every rank. Pure: no I/O.
 
 from __future__ import annotations
 
-from .index import Item, SaveIndex
+from ..contract.dcp_index import Item, SaveIndex
 
 
 def rows_of(rank: int, world: int, rows: int) -> tuple[int, int]:
