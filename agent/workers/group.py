@@ -23,6 +23,7 @@ from ...core.config.worker_env import (
     attempt_dir,
     flight_recorder_note,
     import_time_differences,
+    import_time_names_set,
     stream_plan,
     tee_prefix,
     worker_environment,
@@ -186,17 +187,24 @@ class WorkerGroup:
         }
         if self._spec.fresh_workers:
             return fresh_interpreter(request)
+        if entry.kind == "exec":
+            return request
         differences = import_time_differences(self._pool.env, env)
-        if not differences or entry.kind == "exec":
+        set_by_script = script_sets_import_time(entry.kind, entry.target)
+        if not differences and not set_by_script:
             return request
         if not self._warned_fresh:  # the same for every worker of the group: say it once
             self._warned_fresh = True
+            why = (
+                f"{', '.join(differences)} differ{'s' if len(differences) == 1 else ''} "
+                "from the pool's"
+                if differences
+                else f"the script sets {', '.join(set_by_script)} itself"
+            )
             logger.warning(
                 "starting workers as fresh interpreters, without the preloaded pool: "
-                "%s differ%s from the pool's, and torch reads %s at import",
-                ", ".join(differences),
-                "s" if len(differences) == 1 else "",
-                "it" if len(differences) == 1 else "them",
+                "%s, and torch reads such variables at import",
+                why,
             )
         return fresh_interpreter(request)
 
@@ -382,6 +390,22 @@ class WorkerGroup:
             traceback=trace,
             error_file=worker.error_file if os.path.exists(worker.error_file) else "",
         )
+
+
+@functools.cache
+def script_sets_import_time(kind: str, target: str) -> list[str]:
+    """The import-time variables (OMP_NUM_THREADS, MKL_NUM_THREADS, ...) a script file
+    sets for itself (core/config/worker_env.py's import_time_names_set): such a script
+    starts as a fresh interpreter, as under torchrun, not forked from the pool whose
+    torch read them already. Read once per script and path; a module entry point is not
+    read (its file is known only once imported)."""
+    if kind != "script":
+        return []
+    try:
+        with open(target, encoding="utf-8", errors="replace") as handle:
+            return import_time_names_set(handle.read(1 << 22))
+    except OSError:
+        return []
 
 
 @functools.cache

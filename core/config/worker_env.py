@@ -3,6 +3,7 @@ its output goes. Pure functions over a LaunchSpec and this generation's assignme
 
 from __future__ import annotations
 
+import ast
 import posixpath
 import re
 from collections.abc import Mapping
@@ -97,6 +98,46 @@ IMPORT_TIME_NAMES = frozenset({"GLIBC_TUNABLES", "TORCH_LOGS", "TORCH_CPP_LOG_LE
 
 def is_import_time(name: str) -> bool:
     return name in IMPORT_TIME_NAMES or name.startswith(IMPORT_TIME_PREFIXES)
+
+
+def import_time_names_set(source: str) -> list[str]:
+    """The import-time variables a script's source sets for itself (os.environ[N] = v,
+    os.environ.setdefault(N, v), os.environ.update({N: v}), os.putenv(N, v) with N a
+    literal), sorted: a script that sets OMP_NUM_THREADS before importing torch gets
+    that under torchrun, and a worker forked from the pool, whose torch is imported
+    already, would not. A source that does not parse sets nothing known."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        names.update(_names_set_by(node))
+    return sorted(n for n in names if is_import_time(n))
+
+
+def _names_set_by(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Assign):
+        return [
+            t.slice.value
+            for t in node.targets
+            if isinstance(t, ast.Subscript)
+            and isinstance(t.slice, ast.Constant)
+            and isinstance(t.slice.value, str)
+        ]
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+        return []
+    if node.func.attr in ("setdefault", "putenv") and node.args:
+        first = node.args[0]
+        return (
+            [first.value]
+            if isinstance(first, ast.Constant) and isinstance(first.value, str)
+            else []
+        )
+    if node.func.attr == "update" and node.args and isinstance(node.args[0], ast.Dict):
+        keys = node.args[0].keys
+        return [k.value for k in keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+    return []
 
 
 def pool_environment(base_env: Mapping[str, str], local_world_size: int) -> dict[str, str]:

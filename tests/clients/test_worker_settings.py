@@ -47,3 +47,24 @@ def test_a_forked_worker_is_scheduled_as_under_torchrun(tmp_path: Path) -> None:
         mine = (os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0))
         for thread in ours[rank]["threads"]:
             assert (thread["nice"], thread["policy"]) == mine, thread
+
+
+def test_thread_counts_a_script_sets_before_importing_torch_are_torchruns(
+    tmp_path: Path,
+) -> None:
+    # The pool imported torch under OMP_NUM_THREADS=1 (two workers, as torchrun sets);
+    # a script that sets 2 itself before its import gets 2 under torchrun, and so under
+    # rtrain (started as a fresh interpreter, decided from the script's source; forked
+    # from the pool it had 1).
+    found = {}
+    for launcher in ("torchrun", "rtrain"):
+        out = tmp_path / launcher
+        out.mkdir()
+        args = [*LAUNCH, str(SCRIPTS / "threads_probe.py"), "--out", str(out)]
+        if launcher == "torchrun":
+            result = run_torchrun(args, probe_env(out), timeout=120)
+        else:
+            result = run([*RTRAIN, *args], probe_env(out), timeout=120)
+        assert result.returncode == 0, result.stderr[-3000:]
+        found[launcher] = [json.loads((out / f"threads_rank{r}.json").read_text()) for r in (0, 1)]
+    assert found["rtrain"] == found["torchrun"] == [{"intra": 2, "inter": 2}] * 2

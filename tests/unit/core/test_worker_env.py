@@ -4,11 +4,17 @@ may be forked from it (pure functions in core/config/worker_env.py)."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
-from rtrain.agent.workers.group import WorkerGroup
+from rtrain.agent.workers.group import WorkerGroup, script_sets_import_time
 from rtrain.core.config.launch_spec import build_launch_spec
-from rtrain.core.config.worker_env import import_time_differences, is_import_time, pool_environment
+from rtrain.core.config.worker_env import (
+    import_time_differences,
+    import_time_names_set,
+    is_import_time,
+    pool_environment,
+)
 
 
 def test_the_pool_gets_omp_num_threads_1_for_several_workers_as_torchrun_sets() -> None:
@@ -74,3 +80,33 @@ def test_start_method_spawn_starts_every_worker_as_a_fresh_interpreter() -> None
     for method in (None, "fork", "forkserver"):
         spec = build_launch_spec({"training_script": "t.py", "start_method": method})
         assert not spec.fresh_workers and spec.preload == ("torch",)
+
+
+def test_the_import_time_variables_a_script_sets_for_itself_are_found() -> None:
+    source = """
+import os
+os.environ["OMP_NUM_THREADS"] = "2"
+os.environ.setdefault("MKL_NUM_THREADS", "2")
+os.environ.update({"KMP_AFFINITY": "compact", "MY_OWN": "x"})
+os.putenv("MALLOC_ARENA_MAX", "2")
+threads = os.environ.get("OPENBLAS_NUM_THREADS")  # read, not set
+os.environ["MASTER_PORT"] = "1"  # set, but not read at import
+import torch
+"""
+    found = import_time_names_set(source)
+    assert found == ["KMP_AFFINITY", "MALLOC_ARENA_MAX", "MKL_NUM_THREADS", "OMP_NUM_THREADS"]
+    assert import_time_names_set("import torch\nprint(torch.get_num_threads())\n") == []
+    assert import_time_names_set("def broken(:\n") == []  # the script's own error, later
+
+
+def test_a_script_that_sets_omp_num_threads_itself_runs_as_a_fresh_interpreter(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "t.py"
+    script.write_text('import os\nos.environ["OMP_NUM_THREADS"] = "2"\nimport torch\n')
+    spec = build_launch_spec({"training_script": str(script), "training_script_args": []})
+    group = WorkerGroup(SimpleNamespace(env={}), spec, None, "", {}, None)  # type: ignore[arg-type]
+    assert group._entry({})["kind"] == "exec"  # the same environment: the script decides
+    script.write_text("import torch\n")
+    script_sets_import_time.cache_clear()
+    assert group._entry({})["kind"] == "script"
