@@ -23,15 +23,27 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Sequence
-from types import ModuleType, TracebackType
+from collections.abc import Mapping, Sequence
+from types import CodeType, ModuleType, TracebackType
 from typing import Any, NoReturn
 
-from ...core.contract.environment import STACK_FILE
+from ...core.contract.environment import RTRAIN_GENERATION, STACK_FILE
 from ...core.rendezvous.failures import error_file_payload
 from .hang_watch import STACK_SIGNAL
 
+# setproctitle (a maintained package, as gunicorn's and celery's workers use) rewrites the
+# process's argument area, which is what ps, top and /proc/PID/cmdline read. Doing it by
+# hand would mean finding argv's memory and moving environ out of its way so that a
+# title longer than the pool's own command line fits: its C code does both; prctl alone
+# names only the 15-byte comm. Missing (an install without its dependencies), the
+# workers keep the pool's title.
+try:
+    import setproctitle as _titles
+except ImportError:  # pragma: no cover
+    _titles = None  # type: ignore[assignment]
+
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
 EXEC_FAILED = 127
 
 # What the script left behind (its namespace, or the exception that ended it), kept until
@@ -45,6 +57,63 @@ _kept_alive: list[Any] = []
 # Opened once, in the zygote: a worker forked while the pool's warm-up thread was inside
 # dlopen must not call dlopen itself (the loader's lock is held by a thread it lacks).
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def prepare_titles() -> None:
+    """In the pool, before any fork: setproctitle takes the argument area and the
+    environment behind it now, while the environment is still the one exec gave this
+    process; a worker, which replaces its environment, then has room for a long title.
+    The pool's comm is put back (setproctitle's set-up renames it)."""
+    if _titles is not None:
+        comm = _own_comm()
+        _titles.getproctitle()
+        _name_comm(comm)
+
+
+_PLACE = (("rank", "RANK"), ("generation", RTRAIN_GENERATION))
+
+
+def worker_title(request: dict[str, Any], python: str = sys.executable) -> str:
+    """The command line torchrun would start this worker with (`python -u script ARGS`,
+    `python -u -m module ARGS`), and its rank and generation where the request has them."""
+    module = ["-m"] if request["kind"] == "module" else []
+    words = [python, "-u", *module, request["target"], *request["args"]]
+    env = request.get("env") or {}
+    place = [f"{what} {env[name]}" for what, name in _PLACE if env.get(name)]
+    return " ".join(words) + (f" [{', '.join(place)}]" if place else "")
+
+
+def _set_title(request: dict[str, Any]) -> None:
+    """Show the worker in ps, top and /proc/PID/cmdline as torchrun's (worker_title), one
+    string (setproctitle's form: a title longer than the pool's command line goes on over
+    the environment, where only the first NUL ends it). The comm (top's default column,
+    pgrep's name) stays the interpreter's, as under torchrun: setproctitle would set it
+    to the title's first 15 bytes."""
+    if _titles is None:
+        return
+    comm = _own_comm()
+    _titles.setproctitle(worker_title(request))
+    _name_comm(comm)
+
+
+# This process's comm as exec set it (the interpreter's file name), read before
+# setproctitle first renames it; a forked worker inherits it from the pool.
+_comm: list[bytes] = []
+
+
+def _own_comm() -> bytes:
+    if not _comm:
+        try:
+            with open("/proc/self/comm", "rb") as handle:
+                _comm.append(handle.read().rstrip(b"\n"))
+        except OSError:
+            _comm.append(b"")
+    return _comm[0]
+
+
+def _name_comm(comm: bytes) -> None:
+    if comm and _LIBC is not None:
+        _LIBC.prctl(PR_SET_NAME, ctypes.c_char_p(comm), 0, 0, 0)
 
 
 def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
@@ -77,8 +146,10 @@ def run_fresh_interpreter(argv: Sequence[str]) -> NoReturn:
     """A fresh interpreter's worker (fresh_interpreter): KIND TARGET ARGS..., run as
     boot() runs a forked one, from its std streams on; never returns."""
     kind, target, *args = argv
+    request = {"kind": kind, "target": target, "args": args, "env": dict(os.environ)}
+    _set_title(request)
     _arm_stack_dump()
-    _finish(_run_python({"kind": kind, "target": target, "args": args}))
+    _finish(_run_python(request))
 
 
 def reseed() -> None:
@@ -104,6 +175,7 @@ def boot(request: dict[str, Any], parent_pid: int, inherited_fds: Sequence[int])
         _become_worker(request, parent_pid, inherited_fds)
         if request["kind"] != "exec":
             reseed()
+            _set_title(request)
     except BaseException as exc:  # nothing may unwind back into the zygote's loop
         _safe_write(2, f"rtrain: worker setup failed: {exc!r}\n")
         os._exit(EXEC_FAILED)
@@ -198,19 +270,19 @@ def _run_python(request: dict[str, Any]) -> int:
             # may be reaped first and the agent stop this worker mid-shutdown, which,
             # with no error file older than the stop, counts as the agent's doing; the
             # culprit then left no record and its node was never charged.
-            _write_error_file(exc, _user_frames(exc.__traceback__), f"sys.exit({exc.code!r})")
+            _write_error_file(exc, f"sys.exit({exc.code!r})")
         return code
-    except KeyboardInterrupt:
-        traceback.print_exc()
+    except KeyboardInterrupt as exc:
+        traceback.print_exception(type(exc), exc, _user_frames(exc))
         # Die by SIGINT like a plain interpreter does, so the agent sees the signal.
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
         return 130
     except BaseException as exc:
         _kept_alive.append(exc)  # its frames hold the script's locals and globals
-        trimmed = _user_frames(exc.__traceback__)
+        trimmed = _user_frames(exc)
         sys.excepthook(type(exc), exc, trimmed)
-        _write_error_file(exc, trimmed)
+        _write_error_file(exc)
         return 1
 
 
@@ -237,14 +309,25 @@ def _run_script(path: str) -> None:
         module.__dict__.pop("__cached__", None)
 
 
-def _user_frames(tb: TracebackType | None) -> TracebackType | None:
-    """Drop rtrain's and runpy's frames so the traceback starts in the user's script."""
-    while tb is not None and (
-        tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__)
-        or "runpy" in tb.tb_frame.f_code.co_filename
-    ):
+def _user_frames(exc: BaseException) -> TracebackType | None:
+    """Drop this module's and runpy's frames from `exc`'s traceback, which then starts in
+    the user's script as under torchrun, and return it. Set on the exception itself:
+    sys.excepthook prints the exception's own __traceback__ when it has one, whatever
+    traceback it is handed (two frames of this module were printed above the user's)."""
+    tb = exc.__traceback__
+    while tb is not None and _is_launchers(tb.tb_frame.f_code, tb.tb_frame.f_globals):
         tb = tb.tb_next
+    exc.__traceback__ = tb
     return tb
+
+
+# The frames between the launcher and the script: matched by code object (a path
+# compares unequal after an install moved the .pyc) and by runpy's module name.
+_OWN_CODE = frozenset({_run_python.__code__, _run_script.__code__})
+
+
+def _is_launchers(code: CodeType, module_globals: Mapping[str, Any]) -> bool:
+    return code in _OWN_CODE or module_globals.get("__name__") == "runpy"
 
 
 def _system_exit_code(exc: SystemExit) -> int:
@@ -257,9 +340,7 @@ def _system_exit_code(exc: SystemExit) -> int:
     return 1
 
 
-def _write_error_file(
-    exc: BaseException, tb: TracebackType | None, message: str | None = None
-) -> None:
+def _write_error_file(exc: BaseException, message: str | None = None) -> None:
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path or os.path.exists(path):  # torch's @record already wrote it
         return
@@ -267,7 +348,7 @@ def _write_error_file(
         os.makedirs(os.path.dirname(path), exist_ok=True)
         payload = error_file_payload(
             message=message or f"{type(exc).__name__}: {exc}",
-            traceback="".join(traceback.format_exception(type(exc), exc, tb)),
+            traceback="".join(traceback.format_exception(type(exc), exc, _user_frames(exc))),
             timestamp=time.time(),
         )
         with open(path, "w") as handle:

@@ -49,7 +49,7 @@ import time
 from typing import Any
 
 from .autogroup import lead_own_session
-from .boot import boot, fresh_interpreter, set_parent_death_signal
+from .boot import boot, fresh_interpreter, prepare_titles, set_parent_death_signal
 from .spare import Spares
 from .warm_up import WarmUp, preload
 
@@ -293,6 +293,7 @@ def main(argv: list[str] | None = None) -> None:
     set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != parent:
         return
+    prepare_titles()  # while the environment is still exec's: each worker's own title
     # A session of its own: where the kernel groups CPU time by session (autogroup), the
     # warm-up's idle priority then counts against the workers' sessions (autogroup.py).
     lead_own_session()
