@@ -77,8 +77,8 @@ def run_report(logdir: Path, out: Path | None, as_json: bool, wide: bool = False
 
     print_report(report, wide)
     folder = out or logdir
-    if not have_matplotlib():
-        print("no picture: matplotlib is not installed (pip install 'rtrain[plan]')")
+    if not have_matplotlib():  # a dependency of rtrain's (setup.cfg): a broken install
+        print("no picture: matplotlib, a dependency of rtrain, is missing: pip install matplotlib")
         return 0
     try:
         folder.mkdir(parents=True, exist_ok=True)
