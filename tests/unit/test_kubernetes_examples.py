@@ -7,7 +7,11 @@ the command's flags go through rtrain's own parser (cli/launch_args.py) and
 build_launch_spec with exactly those variables, every $(VAR) the command uses must be
 one the pod has, and the manifest must not set a variable its controller sets. The exit
 code policies are checked against core/errors.ExitCode, the metrics port and the
-liveness path against the PodMonitor and the metrics server."""
+liveness path against the PodMonitor and the metrics server. Every rtrain pod runs the
+snapshotting script the image has, with the job secret from a Kubernetes Secret, in
+the image the Dockerfile's documented build makes, and asks for a GPU a worker where
+its script trains over NCCL (none over gloo). The schemas: test_kubernetes_schemas.py;
+the CPU variant run on emulated pods, a pod lost: test_kubernetes_example_job.py."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import rtrain
 import yaml
 from rtrain.agent.observe.metrics_http import HEALTH_PATH
 from rtrain.cli.launch_args import parse_launch_args
@@ -27,8 +32,17 @@ from rtrain.core.errors import ExitCode
 from tests.integration.pods import Controller
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "kubernetes"
-MANIFESTS = ("trainjob.yaml", "pytorchjob-elastic.yaml", "jobset.yaml", "etcd.yaml")
+MANIFESTS = (
+    "trainjob.yaml",
+    "pytorchjob-elastic.yaml",
+    "jobset.yaml",
+    "jobset-cpu.yaml",
+    "etcd.yaml",
+)
 POD_ADDRESS = "10.244.0.7"
+SECRET = ("rtrain-job-secret", "secret")  # the Secret every job's pods read RTRAIN_SECRET from
+SCRIPT = "/workspace/train_resilient.py"
+GPU = "nvidia.com/gpu"
 # Kubeflow's ExitCode restart policy recreates a pod on these; 1-127 fail the job.
 KUBEFLOW_RETRYABLE = {130, 137, 138, 143}
 
@@ -78,6 +92,8 @@ def container_env(container: Mapping[str, Any], pod: str) -> dict[str, str]:
     for item in container.get("env", []):
         if "value" in item:
             env[item["name"]] = str(item["value"])
+        elif "secretKeyRef" in item["valueFrom"]:
+            env[item["name"]] = "the Secret's value"
         else:
             env[item["name"]] = fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
     return env
@@ -115,15 +131,50 @@ def ports(container: Mapping[str, Any]) -> dict[str, int]:
 
 def check_pod(template: Mapping[str, Any], container: Mapping[str, Any], spec: LaunchSpec) -> None:
     """What every rtrain pod here has: metrics on the `metrics` port the PodMonitor
-    scrapes, a liveness probe on /healthz, /dev/shm in memory, a script the image has."""
+    scrapes, a liveness probe on /healthz, /dev/shm in memory, the snapshotting script
+    the image has, the job secret from the Secret, the image the Dockerfile builds."""
     assert spec.observe.metrics_port == ports(container)["metrics"]
+    assert spec.entrypoint.target == SCRIPT
+    (secret,) = [e for e in container.get("env", []) if e["name"] == "RTRAIN_SECRET"]
+    reference = secret["valueFrom"]["secretKeyRef"]
+    assert (reference["name"], reference["key"]) == SECRET and "value" not in secret
+    assert (container["image"], container["imagePullPolicy"]) == (built_image(), "IfNotPresent")
     probe = container["livenessProbe"]["httpGet"]
     assert (probe["path"], probe["port"]) == (HEALTH_PATH, "metrics")
     (shm,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/dev/shm"]
     (volume,) = [v for v in template["spec"]["volumes"] if v["name"] == shm["name"]]
     assert volume["emptyDir"]["medium"] == "Memory"
     assert template["metadata"]["labels"]["app.kubernetes.io/name"] == "rtrain"
-    assert spec.entrypoint.target in (EXAMPLES / "Dockerfile").read_text()
+    assert f"/workspace/{Path(SCRIPT).name}" in (EXAMPLES / "Dockerfile").read_text()
+
+
+def built_image() -> str:
+    """The tag of the Dockerfile's documented build, rtrain's version."""
+    (build,) = re.findall(
+        r"docker build -f examples/kubernetes/Dockerfile -t (\S+) \.",
+        (EXAMPLES / "Dockerfile").read_text(),
+    )
+    assert build.rsplit(":", 1)[1] == rtrain.__version__, build
+    return str(build)
+
+
+def backend(script_args: list[str]) -> str:
+    (chosen,) = [a.split("=", 1)[1] for a in script_args if a.startswith("--backend=")]
+    return chosen
+
+
+def check_devices(script_args: list[str], spec: LaunchSpec, gpus: int, nproc: str) -> None:
+    """NCCL: GPUs asked for and a worker each (nproc `gpu`, `auto` or their count);
+    gloo: none asked for, the workers named."""
+    if backend(script_args) == "nccl":
+        assert gpus > 0 and nproc in ("gpu", "auto", str(gpus)), (gpus, nproc)
+    else:
+        assert backend(script_args) == "gloo" and gpus == 0
+        assert nproc.isdigit() and str(spec.nproc_per_node) == nproc
+
+
+def gpus_of(container: Mapping[str, Any]) -> int:
+    return int(container.get("resources", {}).get("limits", {}).get(GPU, 0))
 
 
 def check_pod_failure_policy(job: Mapping[str, Any], container: str) -> None:
@@ -162,12 +213,16 @@ def test_trainer_v2_runtime_runs_rtrain_on_the_pet_variables_alone() -> None:
     container = rtrain_container(template)
     assert container["name"] == "node"
     nodes = job["spec"]["trainer"]["numNodes"]
-    nproc = str(runtime["spec"]["mlPolicy"]["torch"]["numProcPerNode"])
+    assert "numProcPerNode" not in runtime["spec"]["mlPolicy"]["torch"]  # gone in Trainer 2.2
+    gpus = int(job["spec"]["trainer"]["resourcesPerNode"]["limits"].get(GPU, 0))
+    # Trainer's "auto": the GPUs asked for a node, when any
+    nproc = str(job["spec"]["trainer"].get("numProcPerNode") or gpus or "auto")
     controller = Controller("trainer-v2", job["metadata"]["name"], nodes, 29400)
     reserved = {k for k in controller.env(0, nproc) if k.startswith("PET_")}  # type: ignore[arg-type]
     assert not reserved & {e["name"] for e in job["spec"]["trainer"].get("env", [])}
     for index in range(nodes):
-        spec, _ = launched(container, controller, index, nproc)
+        spec, script_args = launched(container, controller, index, nproc)
+        check_devices(script_args, spec, gpus, nproc)
         assert spec.rdzv.backend == "static" and spec.node_rank == index
         assert (spec.nodes.min_nodes, spec.nodes.max_nodes) == (nodes, nodes)
         pod, subdomain = controller.pod_name(0)
@@ -190,7 +245,8 @@ def test_elastic_pytorchjob_runs_rtrain_on_the_operators_rendezvous() -> None:
         elastic=(low, high),
     )  # fmt: skip
     for index in range(worker["replicas"]):
-        spec, _ = launched(container, controller, index, job["spec"]["nprocPerNode"])
+        spec, script_args = launched(container, controller, index, job["spec"]["nprocPerNode"])
+        check_devices(script_args, spec, gpus_of(container), job["spec"]["nprocPerNode"])
         assert spec.rdzv.backend == "c10d" and spec.rdzv.run_id == job["metadata"]["name"]
         assert (spec.nodes.min_nodes, spec.nodes.max_nodes) == (low, high)
         assert (spec.rdzv.host, spec.rdzv.port) == (controller.pod_name(0)[0], policy["rdzvPort"])
@@ -205,7 +261,7 @@ def test_elastic_pytorchjob_runs_rtrain_on_the_operators_rendezvous() -> None:
     assert "trap 'kill -TERM" in script  # the eviction's SIGTERM reaches rtrain
 
 
-@pytest.mark.parametrize("name", ["jobset.yaml", "etcd.yaml"])
+@pytest.mark.parametrize("name", ["jobset.yaml", "jobset-cpu.yaml", "etcd.yaml"])
 def test_jobset_pods_map_their_index_and_share_the_rendezvous(name: str) -> None:
     docs = documents(name)
     jobset = docs["JobSet"]
@@ -216,8 +272,10 @@ def test_jobset_pods_map_their_index_and_share_the_rendezvous(name: str) -> None
     container = rtrain_container(template)
     controller = Controller("jobset", jobset["metadata"]["name"], job["parallelism"], 29500)
     subdomain = jobset["spec"].get("network", {}).get("subdomain", jobset["metadata"]["name"])
+    raw = next(a for a in launch_argv(container) if a.startswith("--nproc-per-node="))
     for index in range(job["parallelism"]):
-        spec, _ = launched(container, controller, index, "gpu")
+        spec, script_args = launched(container, controller, index, "gpu")
+        check_devices(script_args, spec, gpus_of(container), raw.split("=", 1)[1])
         check_pod(template, container, spec)
         if spec.rdzv.backend == "static":
             assert spec.node_rank == index
@@ -230,7 +288,7 @@ def test_jobset_pods_map_their_index_and_share_the_rendezvous(name: str) -> None
     check_pod_failure_policy(job, container["name"])
     check_jobset_failure_policy(jobset["spec"])
     service = docs.get("Service")
-    if name == "jobset.yaml":
+    if name != "etcd.yaml":
         assert service is not None and service["metadata"]["name"] == subdomain
         assert service["spec"]["clusterIP"] == "None"
         assert service["spec"]["selector"] == {
