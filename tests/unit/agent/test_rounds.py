@@ -267,7 +267,12 @@ def test_lost_nodes_alone_are_no_finished_job(job) -> None:
     rdzv.rounds.current_round()
     rdzv.ledger.mark_lost(0, 0, 1)
     rdzv.ledger.mark_lost(0, 1, 0)
-    rdzv.rounds._raise_if_finished(0, size=2)  # no exit: not finished
+    assert rdzv.ledger.lost_nodes(0, 2) == [0, 1]  # every node of the generation is lost
+    assert rdzv.ends.exited_count(0) == 0
+    assert rdzv.rounds._raise_if_finished(0, size=2) is None  # no exit: not finished
+    rdzv.ends.mark_exited(0)  # one exit is the proof the job ended
+    with pytest.raises(JobFinished):
+        rdzv.rounds._raise_if_finished(0, size=2)
 
 
 def test_the_first_abort_wins_and_the_others_acknowledge(job) -> None:

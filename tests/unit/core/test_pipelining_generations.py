@@ -63,4 +63,6 @@ def test_a_schedule_built_in_an_earlier_generation_is_refused(tmp_path: Path, mo
 def test_outside_rtrain_no_generation_is_checked(tmp_path: Path, monkeypatch) -> None:
     _agent_plan(tmp_path, monkeypatch, 2)
     monkeypatch.delenv("RTRAIN_GENERATION")  # a plan file read under another launcher
-    ScheduleReCycle(FakeStage(0, 2), 4, tagged=True)  # type: ignore[arg-type]
+    schedule = ScheduleReCycle(FakeStage(0, 2), 4, tagged=True)  # type: ignore[arg-type]
+    assert schedule.plan.generation == 2  # the file's plan, taken as it is
+    assert schedule._generation is None  # made in no generation: step() refuses none
