@@ -22,7 +22,7 @@ from typing import Any
 import psutil
 from rtrain.core.observe.events import Event
 
-from tests.integration.helpers import ROOT, RTRAIN, events_under, free_port, probe_env
+from tests.integration.helpers import ROOT, RTRAIN, HeldPort, events_under, probe_env
 
 RESUMABLE = str(ROOT / "tests" / "scripts" / "train_resumable.py")
 SNAPSHOTTING = str(ROOT / "tests" / "scripts" / "train_snapshot.py")
@@ -53,7 +53,10 @@ class LocalCluster:
         self.script_args = script_args or []
         self.tmp = tmp
         self.out = tmp / "out"
-        self.port = free_port()
+        # Node 0's store port, held until close(): node 0 (and a replacement) binds it,
+        # the others are told it before it listens (see HeldPort).
+        self._held = HeldPort() if etcd is None else None
+        self.port = self._held.port if self._held is not None else 0
         self.env = probe_env(self.out, PROBE_CKPT=str(tmp / "ckpt.pt"), **env)
         self.procs: list[subprocess.Popen[str]] = []
         self.logs: list[Path] = []
@@ -219,6 +222,8 @@ class LocalCluster:
                     _signal(pid, signal.SIGCONT)
                     _signal(pid, signal.SIGKILL)
                 proc.wait()
+        if self._held is not None:
+            self._held.close()
 
 
 def stop_agent_until_gone_on(

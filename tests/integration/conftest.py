@@ -82,7 +82,7 @@ def etcd(tmp_path_factory):
     import shutil
     import sys
 
-    from tests.integration.helpers import ROOT, free_port
+    from tests.integration.helpers import ROOT
 
     if shutil.which("etcd") is None:
         if os.environ.get("CI"):
@@ -95,7 +95,7 @@ def etcd(tmp_path_factory):
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
-    base = _free_base_port(free_port)
+    base, held = _held_base_port()
     cluster = module.EtcdCluster(str(tmp_path_factory.mktemp("etcd")), 3, base)
     restart = cluster.restart
 
@@ -104,27 +104,34 @@ def etcd(tmp_path_factory):
             restart(name)
 
     cluster.restart = restart_for_the_module
-    cluster.start()
     try:
+        cluster.start()
         yield cluster
     finally:
         cluster.stop()
+        for port in held:
+            port.close()
 
 
-def _free_base_port(free_port) -> int:
-    """A base port with base..base+2 and base+100..base+102 free, below the kernel's
-    ephemeral range (32768 and up on Linux): a member killed and restarted by a test
-    must find its port again, and one in that range was taken meanwhile by some
-    client's outgoing connection (etcd: "bind: address already in use", in CI)."""
-    import socket
+def _held_base_port() -> tuple[int, list]:
+    """A base port and base..base+2, base+100..base+102 held (HeldPort) for the module:
+    a member killed and restarted by a test must find its port again. Below the
+    kernel's ephemeral range (32768 and up on Linux), where one was taken meanwhile by
+    some client's outgoing connection (etcd: "bind: address already in use", in CI);
+    held, no other module's cluster can take it either."""
+    import random
+
+    from tests.integration.helpers import HeldPort
 
     for _ in range(50):
-        base = 20000 + free_port() % 12000
+        base = random.randrange(20000, 32000)
+        held: list[HeldPort] = []
         try:
             for port in (*range(base, base + 3), *range(base + 100, base + 103)):
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", port))
+                held.append(HeldPort(port))
         except OSError:
+            for port in held:
+                port.close()
             continue
-        return base
+        return base, held
     raise RuntimeError("no free ports for an etcd cluster")

@@ -20,9 +20,48 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
 def free_port() -> int:
+    """A port picked and let go: racy (see HeldPort). Left for scripts/gpu_repair_check.py
+    alone; tests use HeldPort, or port 0 where the process that binds it tells its port."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+class HeldPort:
+    """A port held for a process this test starts, which binds it itself: rtrain and
+    torchrun take a port number, not a listening socket, so the number comes first.
+
+    A number picked by binding port 0 and let go at once (free_port) is free for the
+    kernel to give to anything until the process binds it (another test's port 0, an
+    outgoing connection's local port): EADDRINUSE in CI. Held instead, from the pick
+    until close(): bound here on every address, alone (the bind fails if anything holds
+    the port), then marked SO_REUSEADDR and never listening. While held, the kernel
+    gives the number to no other bind(0) and to no outgoing connection, and a plain
+    bind of it fails; the process still binds and listens on it (Linux shares a port
+    between a listener and bound sockets that do not listen, when all of them set
+    SO_REUSEADDR, as rtrain's store and metrics server, torch's TCPStore and etcd do),
+    and connections reach the listener alone: with none, they are refused. So it is
+    also a port where nothing answers, and a restarted process finds its port again.
+    """
+
+    def __init__(self, port: int = 0) -> None:
+        self._sock = socket.socket()
+        try:
+            self._sock.bind(("0.0.0.0", port))
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        except OSError:
+            self._sock.close()
+            raise
+        self.port: int = self._sock.getsockname()[1]
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> HeldPort:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
 
 def probe_env(out: Path, **extra: str) -> dict[str, str]:

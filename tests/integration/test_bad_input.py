@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.integration.helpers import PROBE, RTRAIN, error_lines, free_port, probe_env, run
+from tests.integration.helpers import PROBE, RTRAIN, HeldPort, error_lines, probe_env, run
 
 pytestmark = pytest.mark.integration
 
@@ -102,10 +102,11 @@ def test_non_executable_with_no_python(tmp_path):
 
 
 def test_unreachable_endpoint_is_bounded_by_join_timeout(tmp_path):
-    port = free_port()  # nothing listens there
-    argv = _c10d(port, "is_host=false,join_timeout=3")
-    started = time.monotonic()
-    result = run([*RTRAIN, *argv], probe_env(tmp_path), timeout=60)
+    with HeldPort() as held:  # nothing listens there: connections are refused
+        port = held.port
+        argv = _c10d(port, "is_host=false,join_timeout=3")
+        started = time.monotonic()
+        result = run([*RTRAIN, *argv], probe_env(tmp_path), timeout=60)
     _assert_one_clear_error(result, TEMPFAIL, f"127.0.0.1:{port}")
     assert time.monotonic() - started < 20
 
@@ -125,7 +126,7 @@ def test_busy_port_held_by_another_program(tmp_path, conf, fragment):
 
 
 def test_too_few_nodes_times_out(tmp_path):
-    argv = _c10d(free_port(), "join_timeout=2")
+    argv = _c10d(0, "join_timeout=2")  # the node hosts the store on a port it binds itself
     result = run([*RTRAIN, *argv], probe_env(tmp_path), timeout=60)
     _assert_one_clear_error(result, TEMPFAIL, "1 of at least 2 nodes joined")
 

@@ -19,7 +19,7 @@ from rtrain.agent.observe.metrics_http import MAX_CONNECTIONS
 
 from tests.integration.cluster import SNAPSHOTTING, LocalCluster
 from tests.integration.conftest import SNAPSHOT_FLAGS, SNAPSHOT_STEPS
-from tests.integration.helpers import free_port
+from tests.integration.helpers import HeldPort
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +43,8 @@ def test_idle_clients_on_the_metrics_port_do_not_take_the_node_down(
     """300 idle clients against node 0's metrics port, its agent limited to 64
     descriptors more than it holds, then one of its workers killed: before the cap the clients
     held a thread and a descriptor each and the restart died with EMFILE."""
-    port = free_port()
+    held = HeldPort()  # each node serves its metrics on it, at its own address
+    port = held.port
     cluster = LocalCluster(
         tmp_path,
         2,
@@ -84,6 +85,7 @@ def test_idle_clients_on_the_metrics_port_do_not_take_the_node_down(
         for client in clients:
             client.close()
         cluster.close()
+        held.close()
     assert _finals(cluster) == {snapshot_reference.final}
     assert [e.agent for e in cluster.events("fault") if not e.get("victim")] == ["127.0.0.1"]
     assert "ran out of file descriptors" not in cluster.log(0)

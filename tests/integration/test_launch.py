@@ -10,8 +10,8 @@ import pytest
 from tests.integration.helpers import (
     PROBE,
     RTRAIN,
+    HeldPort,
     events_under,
-    free_port,
     probe_env,
     records,
     run,
@@ -50,8 +50,12 @@ def _worker_envs(
     ids=["standalone", "static"],
 )
 def test_worker_environment_matches_torchrun(tmp_path, flags):
-    theirs = _worker_envs(tmp_path, "torchrun", None, [f.format(port=free_port()) for f in flags])
-    ours = _worker_envs(tmp_path, "rtrain", RTRAIN, [f.format(port=free_port()) for f in flags])
+    # static: the launcher binds --master-port and hands the number to its workers as
+    # MASTER_PORT, so a port 0 will not do; held until the launcher is done (HeldPort)
+    with HeldPort() as held:
+        theirs = _worker_envs(tmp_path, "torchrun", None, [f.format(port=held.port) for f in flags])
+    with HeldPort() as held:
+        ours = _worker_envs(tmp_path, "rtrain", RTRAIN, [f.format(port=held.port) for f in flags])
     for rank in (0, 1):
         ours_torch_keys = {k: v for k, v in ours[rank].items() if not k.startswith("RTRAIN_")}
         assert set(ours_torch_keys) == set(theirs[rank]), set(ours_torch_keys) ^ set(theirs[rank])
@@ -64,26 +68,25 @@ def test_worker_environment_matches_torchrun(tmp_path, flags):
 
 
 def test_two_nodes_on_localhost(tmp_path):
-    port = free_port()
-    common = [
-        "--nnodes=2",
-        "--nproc-per-node=2",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{port}",
-    ]
-
-    env = probe_env(tmp_path, PROBE_STEPS="5")
-    nodes = [
-        subprocess.Popen(
-            [*RTRAIN, *common, f"--local-addr={addr}", "--rdzv-id=two", PROBE],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for addr in ("127.0.0.1", "127.0.0.2")
-    ]
-    outputs = [node.communicate(timeout=90) for node in nodes]
+    with HeldPort() as held:  # node 0 binds it; node 1 is told it before that
+        common = [
+            "--nnodes=2",
+            "--nproc-per-node=2",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{held.port}",
+        ]
+        env = probe_env(tmp_path, PROBE_STEPS="5")
+        nodes = [
+            subprocess.Popen(
+                [*RTRAIN, *common, f"--local-addr={addr}", "--rdzv-id=two", PROBE],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for addr in ("127.0.0.1", "127.0.0.2")
+        ]
+        outputs = [node.communicate(timeout=90) for node in nodes]
     for node, (_, err) in zip(nodes, outputs, strict=True):
         assert node.returncode == 0, err[-3000:]
     found = records(tmp_path)
@@ -129,31 +132,31 @@ def test_example_trains_to_the_same_weights_as_under_torchrun(tmp_path):
 
 
 def _two_node_job(tmp_path, *extra: str, **env_extra: str) -> list[subprocess.CompletedProcess]:
-    port = free_port()
-    env = probe_env(tmp_path, **env_extra)
-    procs = [
-        subprocess.Popen(
-            [
-                *RTRAIN,
-                "--nnodes=2",
-                "--nproc-per-node=2",
-                "--rdzv-backend=c10d",
-                f"--rdzv-endpoint=127.0.0.1:{port}",
-                f"--local-addr={addr}",
-                *extra,
-                PROBE,
-            ],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for addr in ("127.0.0.1", "127.0.0.2")
-    ]
-    results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=120)
-        results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    with HeldPort() as held:  # node 0 binds it; node 1 is told it before that
+        env = probe_env(tmp_path, **env_extra)
+        procs = [
+            subprocess.Popen(
+                [
+                    *RTRAIN,
+                    "--nnodes=2",
+                    "--nproc-per-node=2",
+                    "--rdzv-backend=c10d",
+                    f"--rdzv-endpoint=127.0.0.1:{held.port}",
+                    f"--local-addr={addr}",
+                    *extra,
+                    PROBE,
+                ],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for addr in ("127.0.0.1", "127.0.0.2")
+        ]
+        results = []
+        for proc in procs:
+            out, err = proc.communicate(timeout=120)
+            results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
     return results
 
 

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.cluster import LocalCluster
-from tests.integration.helpers import ROOT, error_lines, free_port
+from tests.integration.helpers import ROOT, HeldPort, error_lines
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +45,8 @@ def parse(text: str) -> dict[tuple[str, str], float]:
 
 def test_a_crash_and_a_lost_node_as_events_a_report_and_metrics(tmp_path: Path) -> None:
     metrics = {i: tmp_path / f"node{i}.prom" for i in range(3)}
-    port = free_port()
+    held = HeldPort()  # nodes 1 and 2 serve on it, each on its own address; not 127.0.0.1
+    port = held.port
     cluster = LocalCluster(
         tmp_path,
         3,
@@ -78,6 +79,7 @@ def test_a_crash_and_a_lost_node_as_events_a_report_and_metrics(tmp_path: Path) 
         codes = cluster.wait()
     finally:
         cluster.close()
+        held.close()
     assert codes[:2] == [0, 0], cluster.log(0) + cluster.log(1)
 
     faults = cluster.events("fault")

@@ -21,7 +21,7 @@ from rtrain.core.errors import RtrainError
 from rtrain.core.rendezvous.protocol import StoreKeys
 
 from tests.integration.cluster import STEPS, LocalCluster, assert_same_weights, final_records
-from tests.integration.helpers import error_lines, free_port
+from tests.integration.helpers import HeldPort, error_lines
 
 pytestmark = pytest.mark.integration
 
@@ -85,8 +85,8 @@ def test_status_of_a_live_job_shows_it_and_leaves_it_alone(tmp_path: Path) -> No
 
 
 def test_status_errors_are_one_line_with_their_exit_code() -> None:
-    nobody = f"127.0.0.1:{free_port()}"
-    unreachable = status(nobody, "job", "--timeout=1")
+    with HeldPort() as held:  # nothing listens there: connections are refused
+        unreachable = status(f"127.0.0.1:{held.port}", "job", "--timeout=1")
     assert unreachable.returncode == 75, unreachable.stderr
     assert len(error_lines(unreachable.stderr)) == 1, unreachable.stderr
     assert "Traceback" not in unreachable.stderr

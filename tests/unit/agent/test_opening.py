@@ -4,7 +4,6 @@ long as join_timeout allows, saying on what it waits, however late the host answ
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -52,21 +51,15 @@ def _until(condition: Callable[[], bool], bound: float) -> bool:
     return True
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_a_node_waits_for_a_store_host_still_starting_past_10s(lines: Lines) -> None:
     """Issue 31: the second node of a localhost job gave up after a fixed 10 s ("no
     rendezvous store answered within 10s") while node 0 had bound the store's port and
     was still importing torch. Here the port is bound and listening, as node 0 leaves it,
     and the store starts on it only after the waiting node's first 10 s line."""
-    port = _free_port()
-    bound = listening_socket("127.0.0.1", port)
+    bound = listening_socket("127.0.0.1", 0)  # bound at once; its port read back
     assert bound is not None
+    port = bound.getsockname()[1]
     result: dict[str, Any] = {}
 
     def join() -> None:
@@ -96,8 +89,9 @@ def test_a_node_waits_for_a_store_host_still_starting_past_10s(lines: Lines) -> 
 def test_a_wait_for_the_store_ends_at_a_signal() -> None:
     """A wait of up to join_timeout (30 s here) stays responsive: the agent's signal
     check (it raises once a signal came) is called while the store does not answer."""
-    port = _free_port()
-    bound = listening_socket("127.0.0.1", port)  # listens; nothing will ever answer
+    bound = listening_socket("127.0.0.1", 0)  # listens; nothing will ever answer
+    assert bound is not None
+    port = bound.getsockname()[1]
     spec = launch_spec(
         "--nnodes=2",
         "--rdzv-backend=c10d",
@@ -116,7 +110,6 @@ def test_a_wait_for_the_store_ends_at_a_signal() -> None:
         with pytest.raises(KeyboardInterrupt):
             open_job_store(spec.rdzv, None, interrupt)
     finally:
-        assert bound is not None
         bound.close()
     assert time.monotonic() - started < 5.0
 

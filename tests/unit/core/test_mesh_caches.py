@@ -19,22 +19,21 @@ pytestmark = pytest.mark.slow  # importing FSDP2 in a child takes seconds
 
 GENERATIONS = textwrap.dedent(
     """
-    import gc, json, os, socket, sys, weakref
+    import gc, json, os, sys, weakref
     import torch, torch.distributed as dist
     from torch import nn
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from rtrain.core.worker.repair.mesh_caches import forget_meshes
 
-    def free_port():
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            return sock.getsockname()[1]
-
+    # Each generation's store hosted here, bound at once (port 0), the rank a client of
+    # it, as a worker under its agent (TORCHELASTIC_USE_AGENT_STORE).
     os.environ.update(MASTER_ADDR="127.0.0.1", RANK="0", WORLD_SIZE="1")
+    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
     groups, found = [], []
     for generation in range(3):
-        os.environ["MASTER_PORT"] = str(free_port())
+        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        os.environ["MASTER_PORT"] = str(store.port)
         dist.init_process_group("gloo")
         mesh = init_device_mesh("cpu", (1,))
         torch.manual_seed(0)

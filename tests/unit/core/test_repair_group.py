@@ -16,8 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
-from tests.integration.helpers import ROOT, free_port
+from tests.integration.helpers import ROOT
 
 pytestmark = pytest.mark.slow  # two processes over gloo: seconds
 
@@ -88,11 +89,15 @@ def _wait_for(what: str, done: object, procs: list[subprocess.Popen[bytes]]) -> 
 def test_a_survivor_blocked_in_a_sub_group_on_a_stopped_peer_is_released_at_once(
     tmp_path: Path,
 ) -> None:
+    # The group's store hosted here, bound at once, every rank a client of it (as under
+    # an agent): rank 0 binding a port picked ahead raced other tests for it (EADDRINUSE).
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
+        "MASTER_PORT": str(store.port),
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
         "WORLD_SIZE": "2",
     }
     procs = []
