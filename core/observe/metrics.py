@@ -130,100 +130,124 @@ class NodeMetrics:
 
     def exposition(self) -> str:
         """The Prometheus text format of every series (unknown gauges left out)."""
-        labels = f'run_id="{_escape(self.run_id)}",{NODE_LABEL}="{_escape(self.agent)}"'
-        out: list[str] = []
+        text = _Exposition(f'run_id="{_escape(self.run_id)}",{NODE_LABEL}="{_escape(self.agent)}"')
+        self._identity(text)
+        self._counters(text)
+        self._readings(text)
+        self._recovery_histogram(text)
+        self._verdicts(text)
+        return text.text()
 
-        def series(name: str, kind: str, help_text: str, values: list[tuple[str, float]]) -> None:
-            out.append(f"# HELP {name} {help_text}")
-            out.append(f"# TYPE {name} {kind}")
-            for extra, value in values:
-                out.append(f"{name}{{{labels}{extra}}} {_number(value)}")
-
-        def gauge(name: str, help_text: str, value: float | None) -> None:
-            if value is not None:
-                series(name, "gauge", help_text, [("", value)])
-
+    def _identity(self, text: _Exposition) -> None:
         if self.build:
             built = "".join(f',{k}="{_escape(v)}"' for k, v in sorted(self.build.items()))
-            series("rtrain_build_info", "gauge", "rtrain's build: its versions.", [(built, 1)])
-        gauge("rtrain_generation", "The job's generation this node runs in.", self.generation)
-        series(
+            text.series("rtrain_build_info", "gauge", "rtrain's build: its versions.", [(built, 1)])
+        text.gauge("rtrain_generation", "The job's generation this node runs in.", self.generation)
+
+    def _counters(self, text: _Exposition) -> None:
+        text.counter(
             "rtrain_restarts_total",
-            "counter",
             "Times this node's workers restarted after a failure.",
-            [("", self.restarts)],
+            self.restarts,
         )
         kinds = sorted(self.faults.items()) or [("exited", 0)]
-        series(
+        text.series(
             "rtrain_faults_total",
             "counter",
             "Faults this node saw or declared, by kind.",
             [(f',kind="{_escape(k)}"', n) for k, n in kinds],
         )
-        series(
+        text.counter(
             "rtrain_lost_steps_total",
-            "counter",
             "Training steps done again after restores (committed past the restored step).",
-            [("", self.lost_steps)],
+            self.lost_steps,
         )
-        series(
+        text.counter(
             "rtrain_replicated_bytes_total",
-            "counter",
             "Bytes of snapshot shards replicated to peers, as whole shards.",
-            [("", self.replicated_bytes)],
+            self.replicated_bytes,
         )
-        series(
+        text.counter(
             "rtrain_replication_sent_bytes_total",
-            "counter",
             "Bytes actually sent for them (less where a DP twin held the chunks).",
-            [("", self.sent_bytes)],
+            self.sent_bytes,
         )
-        series(
+        text.counter(
             "rtrain_replication_seconds_total",
-            "counter",
             "Seconds spent sending replicas.",
-            [("", self.replication_seconds)],
+            self.replication_seconds,
         )
-        gauge("rtrain_step", "Newest training step a local worker's heartbeat gave.", self.step)
-        gauge("rtrain_step_rate", "Training steps per second, recently.", self.step_rate)
-        gauge(
+
+    def _readings(self, text: _Exposition) -> None:
+        text.gauge(
+            "rtrain_step", "Newest training step a local worker's heartbeat gave.", self.step
+        )
+        text.gauge("rtrain_step_rate", "Training steps per second, recently.", self.step_rate)
+        text.gauge(
             "rtrain_replication_lag_steps",
             "Steps between the newest snapshot committed here and the newest replicated.",
             self.replication_lag,
         )
-        gauge("rtrain_restore_seconds", "How long the last restore took.", self.restore_seconds)
-        buckets = [
-            (f',le="{float(b)!r}"', n)
-            for b, n in zip(RECOVERY_BUCKETS, self.recovery_buckets, strict=True)
-        ]
-        series(
-            "rtrain_recovery_seconds",
+        text.gauge(
+            "rtrain_restore_seconds", "How long the last restore took.", self.restore_seconds
+        )
+
+    def _recovery_histogram(self, text: _Exposition) -> None:
+        name = "rtrain_recovery_seconds"
+        text.series(
+            name,
             "histogram",
             "Each recovery's downtime: from the failed generation's end to the next first step.",
             [],
         )
-        out.extend(
-            f"rtrain_recovery_seconds{suffix}{{{labels}{extra}}} {_number(value)}"
-            for suffix, extra, value in (
-                *(("_bucket", e, n) for e, n in buckets),
-                ("_bucket", ',le="+Inf"', self.restarts),
-                ("_sum", "", self.down_seconds),
-                ("_count", "", self.restarts),
-            )
-        )
-        gauge(
+        for bound, count in zip(RECOVERY_BUCKETS, self.recovery_buckets, strict=True):
+            text.sample(f"{name}_bucket", f',le="{float(bound)!r}"', count)
+        text.sample(f"{name}_bucket", ',le="+Inf"', self.restarts)
+        text.sample(f"{name}_sum", "", self.down_seconds)
+        text.sample(f"{name}_count", "", self.restarts)
+
+    def _verdicts(self, text: _Exposition) -> None:
+        text.gauge(
             "rtrain_goodput_ratio",
             "Share of the time since the first generation started spent on steps kept "
             "(this node's view: downtime and steps done again taken out).",
             self.goodput,
         )
         if self.gpu_verdict in GPU_VERDICTS:
-            gauge(
+            text.gauge(
                 "rtrain_gpu_verdict",
                 "The last GPU check: 0 ok, 1 warning, 2 critical, 3 unknown.",
                 GPU_VERDICTS.index(self.gpu_verdict),
             )
-        return "\n".join(out) + "\n"
+
+
+class _Exposition:
+    """Prometheus' text format, line by line, every sample under one node's labels."""
+
+    def __init__(self, labels: str) -> None:
+        self._labels = labels
+        self._lines: list[str] = []
+
+    def series(self, name: str, kind: str, help_text: str, values: list[tuple[str, float]]) -> None:
+        """A family's HELP and TYPE, then a sample per (extra labels, value)."""
+        self._lines.append(f"# HELP {name} {help_text}")
+        self._lines.append(f"# TYPE {name} {kind}")
+        for extra, value in values:
+            self.sample(name, extra, value)
+
+    def counter(self, name: str, help_text: str, value: float) -> None:
+        self.series(name, "counter", help_text, [("", value)])
+
+    def gauge(self, name: str, help_text: str, value: float | None) -> None:
+        """Left out while unknown (None)."""
+        if value is not None:
+            self.series(name, "gauge", help_text, [("", value)])
+
+    def sample(self, name: str, extra: str, value: float) -> None:
+        self._lines.append(f"{name}{{{self._labels}{extra}}} {_number(value)}")
+
+    def text(self) -> str:
+        return "\n".join(self._lines) + "\n"
 
 
 def _escape(value: str) -> str:

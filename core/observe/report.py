@@ -105,101 +105,142 @@ def build_report(events: Iterable[Event], bad_lines: int = 0) -> Report:
     ordered = sorted(events, key=lambda e: e.t)
     if not ordered:
         return Report(0.0, [], [], 0.0, None, None, None, bad_lines)
-    origin = ordered[0].t
-    lines: dict[str, NodeLine] = {}
-    open_at: dict[str, tuple[int | None, float, int | None]] = {}  # agent -> (gen, start, step)
-    starts: dict[int, float] = {}  # generation -> first start anywhere
-    recoveries: dict[int, list[Event]] = {}  # generation recovered into -> events
-    trained_s, trained_steps = 0.0, 0
-    final_step: int | None = None
-    faults: list[Event] = []
-    ends: list[GenerationEnd] = []
-    job_ends: list[Event] = []
-    restored_at: dict[int, int] = {}  # generation -> the snapshot step it resumed after
-    notes: list[RepairNote] = []
+    fold = _Fold(ordered[0].t)
     for event in ordered:
-        line = lines.setdefault(event.agent, NodeLine(event.agent))
-        t = event.t - origin
+        fold.add(event)
+    origin, lines, ends = fold.origin, fold.lines, fold.ends
+    end = ordered[-1].t - origin
+    fold.close_unended(end)
+    first_start = min(fold.starts.values(), default=0.0)
+    last_gen = max((e.generation for e in ends if e.generation is not None), default=None)
+    ending = job_ending(fold.job_ends, [e for e in ends if e.generation == last_gen], origin)
+    last_end = max((s.end for ln in lines.values() for s in ln.generations), default=end)
+    last_end = max(last_end, ending.end or last_end)
+    wall = max(last_end - first_start, 0.0)
+    step_s = heartbeat_step_time(ends) or fold.trained_step_time()
+    repairs = merge(fold.notes)
+    steps = (ends, fold.restored_at, step_s)
+    rows = _incidents(fold.faults, origin, fold.starts, fold.recoveries, steps)
+    rows = [replace(row, repair=_repaired(repairs, row.generation)) for row in rows]
+    if ending.unfinished:
+        rows.append(_tail_row(ending, last_gen, ends, last_end))
+    redone, goodput, bound = _goodput(rows, wall, step_s, ending.unfinished)
+    report = Report(origin, list(lines.values()), rows, wall, fold.final_step, step_s, goodput)
+    report.bad_lines, report.ended, report.goodput_bound = bad_lines, ending.text, bound
+    report.redone_s, report.repairs = redone, repairs
+    return report
+
+
+@dataclass
+class _Fold:
+    """What build_report gathers from the events, taken in time order (t: seconds from
+    origin, the first event's time)."""
+
+    origin: float
+    lines: dict[str, NodeLine] = field(default_factory=dict)
+    # agent -> (generation, start, restored step) of its generation under way
+    open_at: dict[str, tuple[int | None, float, int | None]] = field(default_factory=dict)
+    starts: dict[int, float] = field(default_factory=dict)  # generation -> first start anywhere
+    recoveries: dict[int, list[Event]] = field(default_factory=dict)  # by generation into
+    restored_at: dict[int, int] = field(default_factory=dict)  # generation -> step resumed after
+    trained_s: float = 0.0  # the generations whose first and last steps are known
+    trained_steps: int = 0
+    final_step: int | None = None
+    faults: list[Event] = field(default_factory=list)
+    ends: list[GenerationEnd] = field(default_factory=list)
+    job_ends: list[Event] = field(default_factory=list)
+    notes: list[RepairNote] = field(default_factory=list)
+
+    def add(self, event: Event) -> None:
+        line = self.lines.setdefault(event.agent, NodeLine(event.agent))
+        t = event.t - self.origin
         if event.name == "generation_start":
-            open_at[event.agent] = (event.generation, t, event.get("restored_step"))
-            if event.generation is not None:
-                starts[event.generation] = min(starts.get(event.generation, t), t)
-                if isinstance(event.get("restored_step"), int):
-                    restored_at[event.generation] = int(event["restored_step"])
-        elif event.name == "generation_end" and event.agent in open_at:
-            generation, start, restored = open_at.pop(event.agent)
-            line.generations.append(Span(generation, start, t, str(event["outcome"])))
-            reached = event.get("reached_step")
-            last = reached if isinstance(reached, int) else event.get("last_step")
-            first = restored if isinstance(restored, int) else -1 if generation == 0 else None
-            if isinstance(last, int) and first is not None:
-                trained_s += t - start
-                trained_steps += max(last - first, 0)
-            if isinstance(last, int):
-                final_step = max(final_step if final_step is not None else -1, last)
-            ends.append(generation_end(event, origin))
+            self._started(event, t)
+        elif event.name == "generation_end" and event.agent in self.open_at:
+            self._ended(event, line, t)
         elif event.name == "job_end":
-            job_ends.append(event)
+            self.job_ends.append(event)
         elif event.name == "recovery":
             down = float(event["down_s"])
             line.down.append(Span(event.get("from_generation"), t - down, t, "down"))
             if event.generation is not None:
-                recoveries.setdefault(event.generation, []).append(event)
+                self.recoveries.setdefault(event.generation, []).append(event)
         elif event.name == "fault":
-            faults.append(event)
+            self.faults.append(event)
             what, kind = _where(event), str(event["kind"])
-            where = lines.get(str(event["host"]), line)  # its node's lane, if it has one
-            where.faults.append(Mark(float(event["fault_t"]) - origin, kind, what))
+            where = self.lines.get(str(event["host"]), line)  # its node's lane, if it has one
+            where.faults.append(Mark(float(event["fault_t"]) - self.origin, kind, what))
             line.detections.append(Mark(t, kind, what))  # the node that noticed it
         elif event.name == "repair":
-            try:
-                note = RepairNote.from_fields(event.fields)
-            except RepairError:  # not what rtrain writes: left out
-                continue
-            notes.append(note)
-            if note.kept or note.job_fallback:  # a node that kept none restarted its own
-                line.repairs.append(Mark(t, "repair", note.describe()))
+            self._repair(event, line, t)
         elif event.name == "replication":
             seconds = float(event["seconds"])
             if seconds > 0:
                 line.replication.append((t, float(event["full_bytes"]) / seconds / 1e6))
-    end = ordered[-1].t - origin
-    # A generation with no end is still running, or its node died: then the others
-    # declared it lost, and its lease's last renewal is when it stopped.
-    died = {
-        (e["host"], e.generation): float(e["fault_t"]) - origin
-        for e in faults
-        if e["kind"] == "lost_node"
-    }
-    for agent, (generation, start, _) in open_at.items():
-        stop = died.get((agent, generation))
-        outcome = "running" if stop is None else "lost"
-        lines[agent].generations.append(Span(generation, start, max(stop or end, start), outcome))
-    first_start = min(starts.values(), default=0.0)
-    last_gen = max((e.generation for e in ends if e.generation is not None), default=None)
-    ending = job_ending(job_ends, [e for e in ends if e.generation == last_gen], origin)
-    last_end = max((s.end for ln in lines.values() for s in ln.generations), default=end)
-    last_end = max(last_end, ending.end or last_end)
-    wall = max(last_end - first_start, 0.0)
-    step_s = heartbeat_step_time(ends) or (trained_s / trained_steps if trained_steps else None)
-    repairs = merge(notes)
-    rows = _incidents(faults, origin, starts, recoveries, (ends, restored_at, step_s))
-    rows = [replace(row, repair=_repaired(repairs, row.generation)) for row in rows]
-    if ending.unfinished:
-        rows.append(_tail_row(ending, last_gen, ends, last_end))
+
+    def _started(self, event: Event, t: float) -> None:
+        self.open_at[event.agent] = (event.generation, t, event.get("restored_step"))
+        if event.generation is not None:
+            self.starts[event.generation] = min(self.starts.get(event.generation, t), t)
+            if isinstance(event.get("restored_step"), int):
+                self.restored_at[event.generation] = int(event["restored_step"])
+
+    def _ended(self, event: Event, line: NodeLine, t: float) -> None:
+        generation, start, restored = self.open_at.pop(event.agent)
+        line.generations.append(Span(generation, start, t, str(event["outcome"])))
+        reached = event.get("reached_step")
+        last = reached if isinstance(reached, int) else event.get("last_step")
+        first = restored if isinstance(restored, int) else -1 if generation == 0 else None
+        if isinstance(last, int) and first is not None:
+            self.trained_s += t - start
+            self.trained_steps += max(last - first, 0)
+        if isinstance(last, int):
+            self.final_step = max(self.final_step if self.final_step is not None else -1, last)
+        self.ends.append(generation_end(event, self.origin))
+
+    def _repair(self, event: Event, line: NodeLine, t: float) -> None:
+        try:
+            note = RepairNote.from_fields(event.fields)
+        except RepairError:  # not what rtrain writes: left out
+            return
+        self.notes.append(note)
+        if note.kept or note.job_fallback:  # a node that kept none restarted its own
+            line.repairs.append(Mark(t, "repair", note.describe()))
+
+    def close_unended(self, end: float) -> None:
+        """A generation with no end is still running, or its node died: then the others
+        declared it lost, and its lease's last renewal is when it stopped."""
+        died = {
+            (e["host"], e.generation): float(e["fault_t"]) - self.origin
+            for e in self.faults
+            if e["kind"] == "lost_node"
+        }
+        for agent, (generation, start, _) in self.open_at.items():
+            stop = died.get((agent, generation))
+            outcome = "running" if stop is None else "lost"
+            span = Span(generation, start, max(stop or end, start), outcome)
+            self.lines[agent].generations.append(span)
+
+    def trained_step_time(self) -> float | None:
+        """Seconds a step, from the generations whose first and last steps are known."""
+        return self.trained_s / self.trained_steps if self.trained_steps else None
+
+
+def _goodput(
+    rows: list[FailureRow], wall: float, step_s: float | None, unfinished: bool
+) -> tuple[float, float | None, bool]:
+    """The steps done again at the step time, the goodput, and whether it is an upper
+    bound (something lost unknown). rows: the incidents, an unfinished job's tail last."""
     down = sum(row.time_lost_s or 0.0 for row in rows)
     redone = sum(row.steps_lost or 0 for row in rows) * (step_s or 0.0)
     # an upper bound where a recovery's steps are unknown, or its time only bounded
     bound = any(
         not row.exact or (row.steps_lost is None and row.time_lost_s is not None)
-        for row in rows[: len(rows) - ending.unfinished]
+        for row in rows[: len(rows) - unfinished]
     )
     bound = bound or (step_s is None and any(row.steps_lost for row in rows))
     goodput = max(wall - down - redone, 0.0) / wall if wall > 0 else None
-    report = Report(origin, list(lines.values()), rows, wall, final_step, step_s, goodput)
-    report.bad_lines, report.ended, report.goodput_bound = bad_lines, ending.text, bound
-    report.redone_s, report.repairs = redone, repairs
-    return report
+    return redone, goodput, bound
 
 
 def _tail_row(

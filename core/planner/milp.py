@@ -15,10 +15,12 @@ Exponential in the worst case, so only for small jobs (scipy is the `plan` extra
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from itertools import combinations
 
-from .index import F, index_graph
+from .index import F, IndexedGraph, index_graph
 from .job import PipelineJob, PlannerError, Worker
 from .plan import (
     Plan,
@@ -65,9 +67,7 @@ def topological_rank(preds: Sequence[list[int]], ops: Sequence[int]) -> dict[int
 def plan_exact(job: PipelineJob, failed: Iterable[Worker] = (), time_limit: float = 60.0) -> Plan:
     """The iteration-time-optimal plan of one iteration (staggered optimizer)."""
     try:
-        import numpy as np
-        from scipy.optimize import Bounds, LinearConstraint, milp
-        from scipy.sparse import lil_matrix
+        import scipy.optimize  # noqa: F401 - whether it is there: _solve imports what it uses
     except ImportError:
         raise PlannerError("the exact planner needs scipy: pip install 'rtrain[plan]'") from None
     lost = check_failures(job, failed)
@@ -78,10 +78,60 @@ def plan_exact(job: PipelineJob, failed: Iterable[Worker] = (), time_limit: floa
     ops = list(range(len(graph.kind)))  # ids; t_i is variable i
     if len(ops) > MAX_OPS:
         raise PlannerError(f"{len(ops)} operations: too many for the exact planner (max {MAX_OPS})")
+    columns = _columns(graph, ops, len(workers))
+    rows = _timing_rows(graph, ops, columns, job.transfer) + _memory_rows(columns, job.memory)
+    starts = _solve(columns, rows, _forced_orders(graph, ops, columns), time_limit)
+    rank = topological_rank(graph.preds, ops)  # zero-length ops that start together
+    orders = {
+        w: [
+            graph.op(op)
+            for op in sorted(
+                (op for op in ops if graph.worker[op] == wi),
+                key=lambda op: (starts[op], rank[op]),
+            )
+        ]
+        for wi, w in enumerate(workers)
+    }
+    return Plan(job, lost, "exact", True, 1, assignment, orders, mapping)
+
+
+Row = tuple[dict[int, float], float, float]  # a constraint: coefficients, lower, upper bound
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """The MILP's variables, by column: t_i of every op (0..n-1), T (n), then y_ij of
+    every two ops of one worker (1: i first), then z_vu of every two forwards of one
+    worker (1: v's activations live at F_u)."""
+
+    n: int
+    pairs: list[tuple[int, int]]  # (i, j): y's column is y0 + its index
+    lives: list[tuple[int, int]]  # (u, v): z's column is z0 + its index
+    pair_index: dict[tuple[int, int], tuple[int, bool]]  # either order -> (y's column, i < j)
+
+    @property
+    def y0(self) -> int:
+        return self.n + 1
+
+    @property
+    def z0(self) -> int:
+        return self.y0 + len(self.pairs)
+
+    @property
+    def size(self) -> int:
+        return self.z0 + len(self.lives)
+
+    def before(self, a: int, b: int) -> tuple[dict[int, float], float]:
+        """[a before b] as a linear form: coefficients, constant."""
+        var, forward = self.pair_index[(a, b)]
+        return ({var: 1.0}, 0.0) if forward else ({var: -1.0}, 1.0)
+
+
+def _columns(graph: IndexedGraph, ops: list[int], workers: int) -> _Columns:
     n = len(ops)
     pairs = [
         (a, b)
-        for w in range(len(workers))
+        for w in range(workers)
         for a, b in combinations([op for op in ops if graph.worker[op] == w], 2)
     ]
     pair_index = {}
@@ -92,75 +142,91 @@ def plan_exact(job: PipelineJob, failed: Iterable[Worker] = (), time_limit: floa
     lives = [
         (u, v) for u in forwards for v in forwards if u != v and graph.worker[u] == graph.worker[v]
     ]
-    z0 = n + 1 + len(pairs)
-    size = z0 + len(lives)
-    big = sum(graph.duration) + job.transfer * len(ops) + 1.0
-    rows: list[tuple[dict[int, float], float, float]] = []
+    return _Columns(n, pairs, lives, pair_index)
 
-    def before(a: int, b: int) -> tuple[dict[int, float], float]:
-        """[a before b] as a linear form: coefficients, constant."""
-        var, forward = pair_index[(a, b)]
-        return ({var: 1.0}, 0.0) if forward else ({var: -1.0}, 1.0)
 
+def _timing_rows(
+    graph: IndexedGraph, ops: list[int], columns: _Columns, transfer: float
+) -> list[Row]:
+    """Every dependency, T after every op, and no two ops of a worker overlapping."""
+    n = columns.n
+    big = sum(graph.duration) + transfer * len(ops) + 1.0
+    rows: list[Row] = []
     for op in ops:
         for pred in graph.preds[op]:
             gap = graph.duration[pred] + graph.transfer(pred, op)
-            rows.append(({op: 1.0, pred: -1.0}, gap, np.inf))
-        rows.append(({n: 1.0, op: -1.0}, graph.duration[op], np.inf))
-    for k, (a, b) in enumerate(pairs):
-        y = n + 1 + k
-        rows.append(({b: 1.0, a: -1.0, y: -big}, graph.duration[a] - big, np.inf))
-        rows.append(({a: 1.0, b: -1.0, y: big}, graph.duration[b], np.inf))
+            rows.append(({op: 1.0, pred: -1.0}, gap, math.inf))
+        rows.append(({n: 1.0, op: -1.0}, graph.duration[op], math.inf))
+    for k, (a, b) in enumerate(columns.pairs):
+        y = columns.y0 + k
+        rows.append(({b: 1.0, a: -1.0, y: -big}, graph.duration[a] - big, math.inf))
+        rows.append(({a: 1.0, b: -1.0, y: big}, graph.duration[b], math.inf))
+    return rows
+
+
+def _memory_rows(columns: _Columns, memory: int) -> list[Row]:
+    """z_vu >= [F_v before F_u] + [F_u before W_v] - 1, and at most memory - 1 other
+    forwards' activations live at each F_u."""
+    rows: list[Row] = []
     by_u: dict[int, list[int]] = {}
-    for k, (u, v) in enumerate(lives):
-        first, c1 = before(v, u)
-        second, c2 = before(u, v + 2)  # v's W: a unit's F, B, W ids are consecutive
-        coeffs = {z0 + k: 1.0}
+    for k, (u, v) in enumerate(columns.lives):
+        first, c1 = columns.before(v, u)
+        second, c2 = columns.before(u, v + 2)  # v's W: a unit's F, B, W ids are consecutive
+        coeffs = {columns.z0 + k: 1.0}
         for form in (first, second):
             for var, c in form.items():
                 coeffs[var] = coeffs.get(var, 0.0) - c
-        rows.append((coeffs, c1 + c2 - 1.0, np.inf))
-        by_u.setdefault(u, []).append(z0 + k)
+        rows.append((coeffs, c1 + c2 - 1.0, math.inf))
+        by_u.setdefault(u, []).append(columns.z0 + k)
     for zs in by_u.values():
-        rows.append((dict.fromkeys(zs, 1.0), -np.inf, job.memory - 1.0))
-    matrix = lil_matrix((len(rows), size))
+        rows.append((dict.fromkeys(zs, 1.0), -math.inf, memory - 1.0))
+    return rows
+
+
+def _forced_orders(
+    graph: IndexedGraph, ops: list[int], columns: _Columns
+) -> tuple[list[float], list[float]]:
+    """Each column's bounds. An order the dependencies already force is not a choice:
+    those y's are fixed."""
+    after = descendants(graph.succs, ops)
+    low = [0.0] * columns.size
+    high = [math.inf] * columns.y0 + [1.0] * (columns.size - columns.y0)
+    for k, (a, b) in enumerate(columns.pairs):
+        if b in after[a]:
+            low[columns.y0 + k] = 1.0
+        elif a in after[b]:
+            high[columns.y0 + k] = 0.0
+    return low, high
+
+
+def _solve(
+    columns: _Columns,
+    rows: list[Row],
+    bounds: tuple[list[float], list[float]],
+    time_limit: float,
+) -> list[float]:
+    """HiGHS' solution minimising T: every column's value (t_i first)."""
+    import numpy as np
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import lil_matrix
+
+    matrix = lil_matrix((len(rows), columns.size))
     lower, upper = np.empty(len(rows)), np.empty(len(rows))
     for r, (coeffs, lo, hi) in enumerate(rows):
         for var, c in coeffs.items():
             matrix[r, var] = c
         lower[r], upper[r] = lo, hi
-    cost = np.zeros(size)
-    cost[n] = 1.0
-    integrality = np.zeros(size)
-    integrality[n + 1 :] = 1
-    # An order the dependencies already force is not a choice: fix those y's.
-    after = descendants(graph.succs, ops)
-    low = np.zeros(size)
-    high = np.r_[np.full(n + 1, np.inf), np.ones(size - n - 1)]
-    for k, (a, b) in enumerate(pairs):
-        if b in after[a]:
-            low[n + 1 + k] = 1.0
-        elif a in after[b]:
-            high[n + 1 + k] = 0.0
-    bounds = Bounds(low, high)
+    cost = np.zeros(columns.size)
+    cost[columns.n] = 1.0
+    integrality = np.zeros(columns.size)
+    integrality[columns.y0 :] = 1
     result = milp(
         cost,
         integrality=integrality,
-        bounds=bounds,
+        bounds=Bounds(np.array(bounds[0]), np.array(bounds[1])),
         constraints=LinearConstraint(matrix.tocsr(), lower, upper),
         options={"time_limit": time_limit},
     )
     if result.x is None:
         raise PlannerError(f"the exact planner found no schedule: {result.message}")
-    rank = topological_rank(graph.preds, ops)  # zero-length ops that start together
-    orders = {
-        w: [
-            graph.op(op)
-            for op in sorted(
-                (op for op in ops if graph.worker[op] == wi),
-                key=lambda op: (result.x[op], rank[op]),
-            )
-        ]
-        for wi, w in enumerate(workers)
-    }
-    return Plan(job, lost, "exact", True, 1, assignment, orders, mapping)
+    return [float(x) for x in result.x]

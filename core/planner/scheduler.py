@@ -158,25 +158,75 @@ def list_schedule(
 ) -> dict[Worker, list[Op]]:
     """Greedy: each free worker starts its best available op (see the module doc)."""
     push, pop = heapq.heappush, heapq.heappop
-    kind, succs, duration, where_of = graph.kind, graph.succs, graph.duration, graph.worker
-    waiting = list(graph.npred)
-    total = len(kind)
-    arrival = [0.0] * total  # when an op's last input is there
+    kind, duration = graph.kind, graph.duration
     span = max(graph.tiebreak, default=0) + 1
     rank = [priorities.get(KINDS[k], 0) for k in range(len(KINDS))]
     n = len(workers)
     chosen_ids: list[list[int]] = [[] for _ in range(n)]
-    free_at = [0.0] * n
     live = [0] * n
     cap = [caps[w] for w in workers]
-    pending: list[list[tuple[float, int]]] = [[] for _ in range(n)]
     available: list[list[tuple[int, int]]] = [[] for _ in range(n)]
-    wake = [INF] * n  # each worker's one live event (older ones are stale)
-    events: list[tuple[float, int]] = []
-    transfer = job.transfer
+    timeline = _Timeline(graph, n)
+    finish = _arrivals(graph, job.transfer, timeline)
+    _release_sources(graph, timeline, finish)
+    pending, free_at = timeline.pending, timeline.free_at
+    wake, events = timeline.wake, timeline.events
+    while events:
+        now, w = pop(events)
+        if now != wake[w]:
+            continue  # stale: superseded by an earlier event for this worker
+        wake[w] = INF
+        queue, ready_ops = pending[w], available[w]
+        while queue and queue[0][0] <= now:
+            j = pop(queue)[1]
+            push(ready_ops, (rank[kind[j]] * span + graph.tiebreak[j], j))
+        chosen = _best(ready_ops, kind, live[w] >= cap[w])
+        if chosen < 0:
+            if queue:
+                wake[w] = queue[0][0]
+                push(events, (wake[w], w))
+            continue
+        end = now + duration[chosen]
+        chosen_ids[w].append(chosen)
+        free_at[w] = end
+        if kind[chosen] == F_KIND:
+            live[w] += 1
+        elif kind[chosen] == W_KIND:
+            live[w] -= 1
+        wake[w] = end  # before finish(): arrivals meanwhile need no event of their own
+        push(events, (end, w))
+        finish(chosen, end)
+    return {w: [graph.op(i) for i in chosen_ids[k]] for k, w in enumerate(workers)}
+
+
+class _Timeline:
+    """list_schedule's simulated time. By op id: the inputs each still waits for, and
+    when its last input is there. By worker index: the ops whose inputs are on their way
+    (arrival, id), when it is free, its one live event (older ones are stale); and the
+    events (time, worker) in time order."""
+
+    def __init__(self, graph: IndexedGraph, n: int) -> None:
+        self.waiting = list(graph.npred)
+        self.arrival = [0.0] * len(graph.kind)
+        self.pending: list[list[tuple[float, int]]] = [[] for _ in range(n)]
+        self.free_at = [0.0] * n
+        self.wake = [INF] * n
+        self.events: list[tuple[float, int]] = []
+
+
+def _arrivals(
+    graph: IndexedGraph, transfer: float, timeline: _Timeline
+) -> Callable[[int, float], None]:
+    """finish(i, at): op i ends at `at`, and its successors learn when their inputs
+    arrive; one whose inputs are all on their way is pending at its worker (a barrier
+    finishes at once), and the worker gets an event if it is earlier than its next."""
+    push = heapq.heappush
+    kind, succs, where_of = graph.kind, graph.succs, graph.worker
+    waiting, arrival = timeline.waiting, timeline.arrival
+    pending, free_at = timeline.pending, timeline.free_at
+    wake, events = timeline.wake, timeline.events
 
     def finish(i: int, at: float) -> None:
-        """op i ends at `at`: its successors learn when their inputs arrive."""
         source, k = where_of[i], kind[i]
         for j in succs[i]:
             target = where_of[j]
@@ -196,48 +246,38 @@ def list_schedule(
                 wake[target] = at_
                 push(events, (at_, target))
 
-    for i in range(total):
+    return finish
+
+
+def _release_sources(
+    graph: IndexedGraph, timeline: _Timeline, finish: Callable[[int, float], None]
+) -> None:
+    """The ops waiting for no input (in id order, a barrier's successors included once
+    it finished), at time 0: pending at their worker; a barrier finishes at once."""
+    waiting, pending, wake = timeline.waiting, timeline.pending, timeline.wake
+    for i, where in enumerate(graph.worker):
         if waiting[i] == 0:
-            if where_of[i] < 0:
+            if where < 0:
                 finish(i, 0.0)
             else:
-                push(pending[where_of[i]], (0.0, i))
-                if wake[where_of[i]] > 0.0:
-                    wake[where_of[i]] = 0.0
-                    push(events, (0.0, where_of[i]))
+                heapq.heappush(pending[where], (0.0, i))
+                if wake[where] > 0.0:
+                    wake[where] = 0.0
+                    heapq.heappush(timeline.events, (0.0, where))
 
-    while events:
-        now, w = pop(events)
-        if now != wake[w]:
-            continue  # stale: superseded by an earlier event for this worker
-        wake[w] = INF
-        queue, ready_ops = pending[w], available[w]
-        while queue and queue[0][0] <= now:
-            j = pop(queue)[1]
-            push(ready_ops, (rank[kind[j]] * span + graph.tiebreak[j], j))
-        chosen, skipped = -1, []
-        while ready_ops:
-            item = pop(ready_ops)
-            if kind[item[1]] == F_KIND and live[w] >= cap[w]:
-                skipped.append(item)
-                continue
-            chosen = item[1]
-            break
-        for item in skipped:
-            push(ready_ops, item)
-        if chosen < 0:
-            if queue:
-                wake[w] = queue[0][0]
-                push(events, (wake[w], w))
+
+def _best(ready_ops: list[tuple[int, int]], kind: list[int], full: bool) -> int:
+    """The best ready op (a heap of (priority, id)) taken off it, a forward skipped while
+    the worker is `full` (at its cap of micro-batches in flight); -1: none."""
+    skipped = []
+    chosen = -1
+    while ready_ops:
+        item = heapq.heappop(ready_ops)
+        if full and kind[item[1]] == F_KIND:
+            skipped.append(item)
             continue
-        end = now + duration[chosen]
-        chosen_ids[w].append(chosen)
-        free_at[w] = end
-        if kind[chosen] == F_KIND:
-            live[w] += 1
-        elif kind[chosen] == W_KIND:
-            live[w] -= 1
-        wake[w] = end  # before finish(): arrivals meanwhile need no event of their own
-        push(events, (end, w))
-        finish(chosen, end)
-    return {w: [graph.op(i) for i in chosen_ids[k]] for k, w in enumerate(workers)}
+        chosen = item[1]
+        break
+    for item in skipped:
+        heapq.heappush(ready_ops, item)
+    return chosen
