@@ -98,6 +98,10 @@ class Observer:
         if event.name == "repair" and event.agent == self._agent:
             with contextlib.suppress(RepairError):
                 self._repair = RepairNote.from_fields(event.fields)
+        elif event.name == "repair_lost" and event.agent == self._agent:
+            rank, repaired = event.fields.get("rank"), self._repair
+            if repaired is not None and isinstance(rank, int):  # kept, then lost
+                self._repair = repaired.lose(rank)
 
     def generation_started(
         self,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 MAX_RANKS = 1 << 20  # a list longer than this is not rtrain's
@@ -24,6 +24,20 @@ class RepairNote:
     seconds: float  # how long the parking took (the slowest node's)
     # this repair was the job's FALLBACK_AFTER-th failed one: no repair in place after it
     job_fallback: bool = False
+    # of the ranks kept at the park, those that could not resume (a repair_lost event:
+    # stopped or gone before the hand-over): replaced, so not in kept, in restarted
+    lost: tuple[int, ...] = ()
+
+    def lose(self, rank: int) -> RepairNote:
+        """This note once `rank`, kept at the park, was lost before the hand-over."""
+        if rank not in self.kept:
+            return self
+        return replace(
+            self,
+            kept=tuple(r for r in self.kept if r != rank),
+            restarted=tuple(sorted({*self.restarted, rank})),
+            lost=tuple(sorted({*self.lost, rank})),
+        )
 
     def as_json(self) -> dict[str, Any]:
         found: dict[str, Any] = {
@@ -35,6 +49,8 @@ class RepairNote:
         }
         if self.job_fallback:
             found["job_fallback"] = True
+        if self.lost:
+            found["lost"] = list(self.lost)
         return found
 
     @classmethod
@@ -54,13 +70,17 @@ class RepairNote:
         job_fallback = data.get("job_fallback", False)
         if not isinstance(job_fallback, bool):
             raise RepairError("job_fallback must be true or false")
-        return cls(int(generation), kept, restarted, fallback, float(seconds), job_fallback)
+        lost = _ranks(data.get("lost", []), "lost")
+        note = cls(int(generation), kept, restarted, fallback, float(seconds), job_fallback)
+        return replace(note, lost=lost) if lost else note
 
     def describe(self) -> str:
         """'kept ranks 0 2 3, restarted 1 (fallback 2), parked in 0.41 s'."""
         text = f"kept ranks {_listed(self.kept)}, restarted {_listed(self.restarted)}"
         if self.fallback:
             text += f" (fallback: {_listed(self.fallback)} did not park)"
+        if self.lost:
+            text += f" ({_listed(self.lost)} lost after parking: replaced)"
         text = f"{text}, parked in {self.seconds:.2f} s"
         if self.job_fallback:
             text += "; repair in place off for the job from here (too many failed)"
@@ -75,13 +95,15 @@ def merge(notes: Iterable[RepairNote]) -> dict[int, RepairNote]:
     for note in notes:
         was = merged.get(note.from_generation)
         if was is not None:
+            lost = set(was.lost) | set(note.lost)
             note = RepairNote(
                 note.from_generation,
-                tuple(sorted(set(was.kept) | set(note.kept))),
-                tuple(sorted(set(was.restarted) | set(note.restarted))),
+                tuple(sorted((set(was.kept) | set(note.kept)) - lost)),
+                tuple(sorted(set(was.restarted) | set(note.restarted) | lost)),
                 tuple(sorted(set(was.fallback) | set(note.fallback))),
                 max(was.seconds, note.seconds),
                 was.job_fallback or note.job_fallback,
+                tuple(sorted(lost)),
             )
         merged[note.from_generation] = note
     return {g: note for g, note in merged.items() if note.kept or note.job_fallback}

@@ -150,6 +150,7 @@ class _Fold:
     ends: list[GenerationEnd] = field(default_factory=list)
     job_ends: list[Event] = field(default_factory=list)
     notes: list[RepairNote] = field(default_factory=list)
+    noted: dict[tuple[str, object], int] = field(default_factory=dict)  # (agent, gen) -> note
 
     def add(self, event: Event) -> None:
         line = self.lines.setdefault(event.agent, NodeLine(event.agent))
@@ -173,6 +174,8 @@ class _Fold:
             line.detections.append(Mark(t, kind, what))  # the node that noticed it
         elif event.name == "repair":
             self._repair(event, line, t)
+        elif event.name == "repair_lost":
+            self._lost(event)
         elif event.name == "replication":
             seconds = float(event["seconds"])
             if seconds > 0:
@@ -203,9 +206,17 @@ class _Fold:
             note = RepairNote.from_fields(event.fields)
         except RepairError:  # not what rtrain writes: left out
             return
+        self.noted[(event.agent, note.from_generation)] = len(self.notes)
         self.notes.append(note)
         if note.kept or note.job_fallback:  # a node that kept none restarted its own
             line.repairs.append(Mark(t, "repair", note.describe()))
+
+    def _lost(self, event: Event) -> None:
+        """A rank the node's repair kept, lost before the hand-over: not kept after all."""
+        generation, rank = event.get("from_generation"), event.get("rank")
+        at = self.noted.get((event.agent, generation))
+        if at is not None and isinstance(rank, int):
+            self.notes[at] = self.notes[at].lose(rank)
 
     def close_unended(self, end: float) -> None:
         """A generation with no end is still running, or its node died: then the others

@@ -207,3 +207,58 @@ def test_the_repair_that_turned_repair_off_for_the_job_says_so() -> None:
     assert "job_fallback" not in plain.as_json()  # records as before when it is not
     with pytest.raises(ValueError):
         RepairNote.from_fields({**note.as_json(), "job_fallback": "yes"})
+
+
+def test_a_rank_lost_after_it_parked_is_not_reported_as_kept() -> None:
+    # node b kept ranks 2 and 3 at the park; rank 2 was stopped before the hand-over
+    # (a repair_lost event): replaced, so the job's repair kept 0 and 3, restarted 1, 2
+    a = RepairNote(0, (0,), (1,), (), 0.2)
+    b = RepairNote(0, (2, 3), (), (), 0.3).lose(2)
+    assert b.kept == (3,) and b.restarted == (2,) and b.lost == (2,)
+    assert b.lose(9) is b  # not kept: nothing to amend
+    assert RepairNote.from_fields(b.as_json()) == b
+    (merged,) = merge([a, RepairNote(0, (2, 3), (), (), 0.3), b]).values()
+    assert merged.kept == (0, 3) and merged.restarted == (1, 2) and merged.lost == (2,)
+    assert "2 lost after parking" in merged.describe()
+
+
+def test_the_report_takes_a_rank_lost_after_the_park_out_of_the_kept() -> None:
+    events = [
+        _start(1000.0, "a", 0),
+        _start(1000.0, "b", 0),
+        ev("fault", 1005.0, "a", 0, **CRASH),
+        ev(
+            "repair",
+            1005.1,
+            "a",
+            0,
+            from_generation=0,
+            kept=[0],
+            restarted=[1],
+            fallback=[],
+            seconds=0.1,
+        ),
+        ev(
+            "repair",
+            1005.2,
+            "b",
+            0,
+            from_generation=0,
+            kept=[2, 3],
+            restarted=[],
+            fallback=[],
+            seconds=0.1,
+        ),
+        ev(
+            "repair_lost",
+            1005.3,
+            "b",
+            0,
+            from_generation=0,
+            rank=2,
+            pid=77,
+            why="stopped while parked",
+        ),
+    ]
+    (note,) = build_report(events).repairs.values()
+    assert note.kept == (0, 3) and note.restarted == (1, 2) and note.lost == (2,)
