@@ -30,7 +30,6 @@ from rtrain.core.contract.repair_files import (  # noqa: E402
     encode_resume,
 )
 
-from tests.integration.helpers import free_port  # noqa: E402
 from tests.integration.test_repair_release import Workers, wait_for  # noqa: E402
 
 
@@ -41,7 +40,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="gpu_repair_") as tmp:
         workers = Workers(Path(tmp), 2, PROBE_KEEP_DEVICE=args.device)
         try:
-            port = free_port()
+            port = workers.host_store()
             for rank in range(2):
                 workers.start(rank, 0, port)
             wait_for(lambda: all(workers.steps(r) >= 5 for r in range(2)), 120, "no training")
@@ -51,11 +50,12 @@ def main() -> int:
             asked = time.monotonic()
             (workers.folder(0) / REQUEST_FILE).write_bytes(encode_request(0))
             parked = wait_for(lambda: workers.parked(0), 30, "rank 0 never parked")
-            port = free_port()
+            port = workers.host_store()
             workers.start(1, 1, port, PROBE_STEPS="20")
             env = {**workers.env(0, 1, port, 2), "PROBE_STEPS": "20"}
             (workers.out / "step_rank0").unlink()  # counts generation 1's steps from here
-            (workers.folder(0) / RESUME_FILE).write_bytes(encode_resume(Resume(1, env)))
+            resume = Resume(1, workers.procs[0].pid, env)  # addressed to rank 0's process
+            (workers.folder(0) / RESUME_FILE).write_bytes(encode_resume(resume))
             wait_for(lambda: workers.steps(0) >= 1, 120, "rank 0 never stepped again")
             stepped = time.monotonic() - asked
             codes = [workers.procs[r].wait(120) for r in range(2)]

@@ -19,20 +19,12 @@ RTRAIN = [sys.executable, "-m", "rtrain.cli.main", "launch"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
-def free_port() -> int:
-    """A port picked and let go: racy (see HeldPort). Left for scripts/gpu_repair_check.py
-    alone; tests use HeldPort, or port 0 where the process that binds it tells its port."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class HeldPort:
     """A port held for a process this test starts, which binds it itself: rtrain and
     torchrun take a port number, not a listening socket, so the number comes first.
 
-    A number picked by binding port 0 and let go at once (free_port) is free for the
-    kernel to give to anything until the process binds it (another test's port 0, an
+    A number picked by binding port 0 and let go at once is free for the kernel to
+    give to anything until the process binds it (another test's port 0, an
     outgoing connection's local port): EADDRINUSE in CI. Held instead, from the pick
     until close(): bound here on every address, alone (the bind fails if anything holds
     the port), then marked SO_REUSEADDR and never listening. While held, the kernel
