@@ -109,16 +109,18 @@ class Agent:
         self._gen: Generation | None = None
         self._health = health
         self._leases: Leases | None = None
-        self._backoff = RestartBackoff(spec.faults.restart_backoff, clock.now, clock.sleep)
+        self._backoff = RestartBackoff(spec.faults.restart_backoff, clock)
         self._shortage = DescriptorShortage(clock)
-        self._reaper = ZombieReaper() if spec.faults.kill_process_tree else None
+        self._reaper = ZombieReaper(clock) if spec.faults.kill_process_tree else None
         # Heartbeat files and snapshot shards: memory-backed where possible.
         self._runtime = make_runtime_dir()
         self._runtime_dir = self._runtime.path
         self._snapshots = SnapshotService.for_launch(
-            snapshot_part(spec), self._runtime_dir, self.addr, secret
+            snapshot_part(spec), self._runtime_dir, self.addr, secret, clock
         )
-        self._repair = RepairCoordinator(self._runtime_dir, spec.rdzv.join_timeout, clock=clock)
+        self._repair = RepairCoordinator(
+            self._runtime_dir, spec.rdzv.join_timeout, clock=clock, wall=clock.wall
+        )
         self._starter: Starts = starter or GenerationStarter(
             spec,
             self.node_id,
@@ -161,7 +163,8 @@ class Agent:
 
     def _open_job_store(self) -> JobStore:
         spec = self.spec
-        return open_job_store(spec.rdzv, spec.local_addr, self._check_signal, spec.node_rank)
+        interrupt, node_rank = self._check_signal, spec.node_rank
+        return open_job_store(spec.rdzv, spec.local_addr, interrupt, node_rank, self._clock)
 
     def _set_state(self, state: AgentState) -> None:
         if state != self.state:
@@ -180,7 +183,7 @@ class Agent:
             )
         rdzv = JobRendezvous.over(job_store.kv, self.spec, self._clock)
         self._store_return.carry_over(rdzv)  # the store came back at the same name
-        self._leases = leases = open_leases(job_store, rdzv.keys, self.spec.faults)
+        self._leases = leases = open_leases(job_store, rdzv.keys, self.spec.faults, self._clock)
         timeout = self.spec.rdzv.close_timeout
         end = JobEnd(rdzv, job_store.is_host, timeout, self._check_signal, self._clock)
         part = fault_part(self.spec)
@@ -197,7 +200,6 @@ class Agent:
             self._clock,
         )
         try:
-            self._snapshots.start(rdzv)  # its shard server, its replication, on this store
             return self._generations(rdzv, end, leases)
         except Interrupted as exc:
             name = signal.Signals(exc.signum).name
@@ -205,7 +207,7 @@ class Agent:
                 return self._save_for_requeue(end, f"received {name} from Slurm")
             if leaves_on(exc.signum, self.spec, self._base_env):  # a pod's eviction
                 joined, hosts = self._starter.joined, job_store.is_host
-                code, why = leave_job(rdzv, joined, self.addr, hosts, self._stop_group)
+                code, why = leave_job(rdzv, joined, self.addr, hosts, self._stop_group, self._clock)
                 return self._result(AgentState.FAILED, code, why)
             logger.warning(
                 "received %s; stopping workers (up to %gs)", name, self.spec.shutdown_timeout
@@ -275,6 +277,10 @@ class Agent:
             return self._leave(rdzv, end, fault)
         previous = self._gen
         membership = self._join(rdzv)
+        # The shard server binds this node's address, which under Kubernetes resolves
+        # only once the job's pods are published: after a round closed, not before.
+        # Once per store (again after a store return); a no-op after that.
+        self._snapshots.start(rdzv)
         try:
             gen = self._starter.start(rdzv, membership, previous, self._policy, leases)
         except GenerationEnded as exc:
@@ -311,13 +317,14 @@ class Agent:
             return self._leave(rdzv, end, ended.fault)
         # A node whose own failure finds --max-restarts spent ends the job: no park.
         restarts_left = action is Next.REJOIN or not self._policy.budget.exhausted
-        if not self._repair.park(gen, rdzv, ended.fault is not None, restarts_left):
+        repaired = self._repair.park(gen, rdzv, ended.fault is not None, restarts_left)
+        if not repaired:
             self._stop_workers()
         if action is Next.REJOIN:  # ours may have failed as the job moved on
             self._policy.record_failures(gen)
             self._backoff.healthy()
         else:
-            give_up = self._policy.recover(gen, ended.fault, self._health)
+            give_up = self._policy.recover(gen, ended.fault, self._health, repaired)
             if give_up is not None:
                 end.end_job(gen.place, give_up.exit_code, give_up.reason)
                 return self._result(

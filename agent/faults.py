@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -98,7 +97,7 @@ class FaultPolicy:
             generation=generation,
             node_rank=node,
             host=addr,
-            time=time.time(),
+            time=self._clock.wall(),
             message=(
                 f"lease not renewed for {timeout:g}s (agent, machine or network gone); "
                 f"detected by node {my_rank}"
@@ -154,7 +153,9 @@ class FaultPolicy:
                 gen.number,
             )
         else:
-            logger.info("another node started generation %d; restarting", gen.number + 1)
+            # this node's workers are then repaired in place or restarted: the next
+            # lines say which (agent/repair/coordinator.py)
+            logger.info("another node started generation %d; joining it", gen.number + 1)
 
     # -- worker failures --
 
@@ -167,18 +168,22 @@ class FaultPolicy:
             emit_failure(record)
 
     def recover(
-        self, gen: Generation, fault: GpuFault | None, health: HealthGuard | None
+        self,
+        gen: Generation,
+        fault: GpuFault | None,
+        health: HealthGuard | None,
+        repaired: bool = False,
     ) -> GiveUp | None:
         """Record this node's failure (its workers', or a GPU fault that restarts them);
-        a GiveUp if the job cannot go on."""
+        a GiveUp if the job cannot go on. repaired: a repair in place kept some workers."""
         restart_for = None
         if fault is not None and health is not None:
             logger.warning("restarting the workers: %s", fault.describe())
             restart_for = [health.record(fault, gen.number, gen.node_rank, self._addr)]
-        return self.after_local_failure(gen, restart_for)
+        return self.after_local_failure(gen, restart_for, repaired)
 
     def after_local_failure(
-        self, gen: Generation, failures: list[FailureRecord] | None = None
+        self, gen: Generation, failures: list[FailureRecord] | None = None, repaired: bool = False
     ) -> GiveUp | None:
         """Record this node's failures (its failed workers, already stopped, unless given:
         a GPU fault that restarts them); None to restart the job."""
@@ -211,8 +216,9 @@ class FaultPolicy:
             return GiveUp(reason, self._rdzv.ledger.failures(gen.number, gen.num_nodes) + stopped)
         self.budget.charge(gen.number)
         logger.warning(
-            "%s; restarting the job (%d of %d restarts used)",
+            "%s; %s (%d of %d restarts used)",
             what,
+            "repairing in place" if repaired else "restarting the job",
             self.budget.used,
             self._part.max_restarts,
         )

@@ -5,31 +5,25 @@ RESTART_RESET_S before failing resets it. The delays are core.rendezvous.restart
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
-from ..core.clock import wait_until
+from ..core.clock import Clock
 from ..core.rendezvous.restart_budget import RESTART_RESET_S, restart_delay
+from .waiting import SYSTEM_CLOCK
 
 logger = logging.getLogger(__name__)
 
 
 class RestartBackoff:
-    def __init__(
-        self,
-        base: float,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
-    ) -> None:
+    def __init__(self, base: float, clock: Clock = SYSTEM_CLOCK) -> None:
         self._base = base
         self._clock = clock
-        self._sleep = sleep
         self._quick_failures = 0
-        self._started = clock()
+        self._started = clock.now()
 
     def started(self) -> None:
         """A generation's workers are running."""
-        self._started = self._clock()
+        self._started = self._clock.now()
 
     def healthy(self) -> None:
         """The generation ended without a failure of this node's workers."""
@@ -37,7 +31,7 @@ class RestartBackoff:
 
     def failed(self, check_stop: Callable[[], None]) -> None:
         """This node's workers failed: wait as long as the backoff says (signals end it)."""
-        lived = self._clock() - self._started
+        lived = self._clock.now() - self._started
         self._quick_failures = self._quick_failures + 1 if lived < RESTART_RESET_S else 1
         delay = restart_delay(self._quick_failures, self._base)
         if delay <= 0:
@@ -54,4 +48,4 @@ class RestartBackoff:
             check_stop()  # a signal ends the wait by raising
             return False
 
-        wait_until(stopped, delay, 0.1, self._clock, self._sleep)
+        self._clock.wait_until(stopped, delay, 0.1)

@@ -83,7 +83,7 @@ class GenerationStarter:
         self.run_log_dir = run_log_dir
         self._runtime_dir = runtime_dir
         self._snapshots = snapshots
-        self._clock = clock  # the hang watch's
+        self._clock = clock  # the hang watch's and the worker group's
         # The last generation this node joined, even one that ended before it started.
         self.joined: Joined | None = None
         self._worker_store_handle: Any = None  # the TCPStore this node hosts for its workers
@@ -146,6 +146,7 @@ class GenerationStarter:
             self._tail,
             extra_env,
             hangs,
+            self._clock,
         )
         return Generation(membership, node_rank, group, peers, hangs, topology, planned.plan)
 
@@ -177,7 +178,7 @@ class GenerationStarter:
         self._old_beats = last.beat_dir if last is not None and last.beat_dir != beat_dir else None
         faults = self.spec.faults
         self._hangs = HangWatch(
-            faults.hang_timeout, beat_dir, self._clock.now, faults.first_heartbeat_timeout
+            faults.hang_timeout, beat_dir, self._clock, faults.first_heartbeat_timeout
         )
         return self._hangs
 

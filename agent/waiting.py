@@ -7,4 +7,4 @@ import time
 
 from ..core.clock import Clock
 
-SYSTEM_CLOCK = Clock(now=time.monotonic, sleep=time.sleep)
+SYSTEM_CLOCK = Clock(now=time.monotonic, sleep=time.sleep, epoch=time.time)

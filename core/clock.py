@@ -2,7 +2,8 @@
 
 The clock and the sleep are passed in, so this module (like all of core outside
 core/worker) never reads time or sleeps by itself, and a test drives any loop built
-on it with a fake clock (tests/unit/agent/fakes.py) in microseconds.
+on it with a fake clock (tests/unit/agent/fakes.py) in microseconds. The agent's one
+clock is agent/waiting.py's SYSTEM_CLOCK, handed down to every part that reads time.
 """
 
 from __future__ import annotations
@@ -13,10 +14,19 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Clock:
-    """A monotonic clock and the sleep that goes with it."""
+    """A monotonic clock, the sleep that goes with it, and the wall clock.
+
+    now: durations, deadlines and timeouts; sleep: the pause of a poll; epoch: seconds
+    since the epoch, for the times an event or a record carries (compared with other
+    processes' and hosts'). A clock given no epoch (a simulation's) has one time: now."""
 
     now: Callable[[], float]
     sleep: Callable[[float], None]
+    epoch: Callable[[], float] | None = None
+
+    def wall(self) -> float:
+        """Wall-clock time: `epoch` where given, else `now`."""
+        return self.now() if self.epoch is None else self.epoch()
 
     def wait_until(self, predicate: Callable[[], bool], timeout: float | None, poll: float) -> bool:
         """wait_until on this clock."""

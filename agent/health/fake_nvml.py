@@ -29,13 +29,13 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
 import pynvml
 
+from ...core.clock import Clock
 from ...core.errors import UsageError
 from ..waiting import SYSTEM_CLOCK
 
@@ -148,8 +148,10 @@ class FakeNvml:
     """The pynvml functions rtrain calls, answering from a scenario, under pynvml's
     names. Anything else (constants, error classes) is pynvml's own."""
 
-    def __init__(self, scenario: dict[str, Any]) -> None:
+    def __init__(self, scenario: dict[str, Any], clock: Clock = SYSTEM_CLOCK) -> None:
+        """clock: the scenario's timeline (its `at`s count from nvmlInit) and event waits."""
         self._scenario = scenario
+        self._clock = clock
         self._start: float | None = None
         self._lock = threading.Lock()
         self._gpus = [
@@ -173,7 +175,7 @@ class FakeNvml:
     # -- time --
 
     def _elapsed(self) -> float:
-        return 0.0 if self._start is None else time.monotonic() - self._start
+        return 0.0 if self._start is None else self._clock.now() - self._start
 
     def _advance(self) -> None:
         now = self._elapsed()
@@ -195,7 +197,7 @@ class FakeNvml:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
         with self._lock:
             if self._start is None:
-                self._start = time.monotonic()
+                self._start = self._clock.now()
 
     def nvmlShutdown(self) -> None:
         pass
@@ -302,7 +304,7 @@ class FakeNvml:
 
     def nvmlEventSetWait_v2(self, event_set: list[_Gpu], timeout_ms: int) -> Any:
         found: list[Any] = []
-        if not SYSTEM_CLOCK.wait_until(
+        if not self._clock.wait_until(
             lambda: self._next_event(event_set, found), timeout_ms / 1000, 0.05
         ):
             raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ...core.clock import Clock
 from ...core.health.gpu_health import (
     CheckResult,
     GpuSample,
@@ -26,6 +26,7 @@ from ...core.health.gpu_health import (
 )
 from ...core.health.gpu_inventory import watched_gpus
 from ...core.health.xid import Action
+from ..waiting import SYSTEM_CLOCK
 from .nvml_reader import NvmlReader, XidListener
 
 logger = logging.getLogger(__name__)
@@ -68,7 +69,11 @@ class GpuMonitor:
         expected: int | None,
         interval: float,
         environ: Mapping[str, str] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        """clock: what a sample cost (now), the XIDs' times (wall); the sampling thread
+        waits on its own event, a real interval."""
+        self._clock = clock
         self._reader = NvmlReader(nvml)
         self._environ = environ or {}
         identities = [
@@ -79,7 +84,7 @@ class GpuMonitor:
         self._thresholds = thresholds
         self._expected = expected
         self._interval = interval
-        self._xids = XidListener(nvml, self._reader.count())
+        self._xids = XidListener(nvml, self._reader.count(), clock.wall)
         self._lock = threading.Lock()
         self._pending: list[HealthReport] = []
         self._reported: set[tuple[int | None, str, str]] = set()  # gpu, check, verdict
@@ -100,13 +105,13 @@ class GpuMonitor:
 
     def _run(self) -> None:
         while not self._closed.wait(self._interval):
-            started = time.perf_counter()
+            started = self._clock.now()
             try:
                 report = self.check(xids=[])  # XIDs go through poll(), at once
             except Exception as exc:  # the agent must outlive a broken driver
                 logger.warning("GPU health sample failed: %s", exc)
                 continue
-            self.sample_seconds.append(time.perf_counter() - started)
+            self.sample_seconds.append(self._clock.now() - started)
             with self._lock:
                 self._pending.append(report)
 

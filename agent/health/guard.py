@@ -14,14 +14,15 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping
 
+from ...core.clock import Clock
 from ...core.config.launch_spec import HealthSpec
 from ...core.health.gpu_health import Thresholds
 from ...core.health.gpu_inventory import expected_gpus
 from ...core.rendezvous.failures import FailureKind, FailureRecord
 from ..observe.events import emit
+from ..waiting import SYSTEM_CLOCK
 from .drain import DrainError, drain_node, slurm_node_name
 from .gpu_monitor import GpuFault, GpuMonitor, faults_of
 from .nvml_reader import NvmlUnavailable, open_nvml
@@ -30,12 +31,17 @@ logger = logging.getLogger(__name__)
 
 
 class HealthGuard:
-    def __init__(self, monitor: GpuMonitor, drain_as: str | None) -> None:
+    def __init__(
+        self, monitor: GpuMonitor, drain_as: str | None, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         self._monitor = monitor
         self._drain_as = drain_as  # the Slurm node name to drain, or None
+        self._clock = clock  # a record's time (wall)
 
     @classmethod
-    def open(cls, spec: HealthSpec, environ: Mapping[str, str]) -> HealthGuard | None:
+    def open(
+        cls, spec: HealthSpec, environ: Mapping[str, str], clock: Clock = SYSTEM_CLOCK
+    ) -> HealthGuard | None:
         """The guard for this node, or None when checks are off or there is no driver.
         A malformed fake-NVML scenario or --drain-on-fault outside Slurm is a UsageError."""
         if spec.interval <= 0:
@@ -46,9 +52,10 @@ class HealthGuard:
         except NvmlUnavailable as exc:
             logger.info("GPU health checks off: %s", exc)
             return None
-        monitor = GpuMonitor(nvml, Thresholds(), expected_gpus(environ), spec.interval, environ)
+        expected = expected_gpus(environ)
+        monitor = GpuMonitor(nvml, Thresholds(), expected, spec.interval, environ, clock)
         monitor.start()
-        return cls(monitor, drain_as)
+        return cls(monitor, drain_as, clock)
 
     def before_join(self) -> GpuFault | None:
         """A fault that keeps this node out of the next generation, if any."""
@@ -72,7 +79,7 @@ class HealthGuard:
             generation=generation,
             node_rank=node_rank,
             host=host,
-            time=time.time(),
+            time=self._clock.wall(),
             message=fault.describe(),
         )
 

@@ -14,12 +14,13 @@ import contextlib
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ...core.clock import Clock
 from ...core.errors import RtrainError
 from ...core.health.gpu_health import NOT_SUPPORTED, GpuSample, Unreadable, XidEvent
+from ..waiting import SYSTEM_CLOCK
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,18 @@ def open_nvml(environ: Mapping[str, str] | None = None, fake: str | None = None)
             f"no NVIDIA driver on this node: NVML could not start ({exc})"
         ) from None
     return nvml
+
+
+def nvml_missing(environ: Mapping[str, str] | None = None) -> str | None:
+    """Why NVML cannot start on this node (the agent then runs no GPU checks), or None
+    where it can: what `rtrain launch --dry-run` says of the GPU checks."""
+    try:
+        nvml = open_nvml(environ)
+    except NvmlUnavailable as exc:
+        return str(exc)
+    with contextlib.suppress(Exception):
+        nvml.nvmlShutdown()
+    return None
 
 
 class NvmlReader:
@@ -160,9 +173,10 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) and value != NOT_SUPPORTED else "?"
 
 
-def collect_xids(nvml: Any, gpus: int, wait: float) -> list[XidEvent]:
+def collect_xids(nvml: Any, gpus: int, wait: float, clock: Clock = SYSTEM_CLOCK) -> list[XidEvent]:
     """The XID events that arrive within `wait` seconds (NVML keeps no history: on a
-    real GPU only what happens while this runs; a fake scenario replays its own)."""
+    real GPU only what happens while this runs; a fake scenario replays its own).
+    clock: the deadline (the driver's wait blocks for what is left), events' times."""
     event_set = nvml.nvmlEventSetCreate()
     try:
         for index in range(gpus):
@@ -172,9 +186,9 @@ def collect_xids(nvml: Any, gpus: int, wait: float) -> list[XidEvent]:
             except nvml.NVMLError:
                 continue  # a lost GPU is reported by its sample
         events: list[XidEvent] = []
-        deadline = time.monotonic() + wait
+        deadline = clock.now() + wait
         while True:
-            left_ms = max(int((deadline - time.monotonic()) * 1000), 0)
+            left_ms = max(int((deadline - clock.now()) * 1000), 0)
             try:
                 event = nvml.nvmlEventSetWait_v2(event_set, left_ms)
             except nvml.NVMLError:
@@ -184,7 +198,7 @@ def collect_xids(nvml: Any, gpus: int, wait: float) -> list[XidEvent]:
                     gpu = int(nvml.nvmlDeviceGetIndex(event.device))
                 except nvml.NVMLError:
                     gpu = -1
-                events.append(XidEvent(time.time(), gpu, int(event.eventData)))
+                events.append(XidEvent(clock.wall(), gpu, int(event.eventData)))
     finally:
         with contextlib.suppress(nvml.NVMLError):
             nvml.nvmlEventSetFree(event_set)
@@ -194,8 +208,10 @@ class XidListener:
     """Waits for critical XID events on every GPU, on its own thread; `take()` hands
     over what arrived since the last call."""
 
-    def __init__(self, nvml: Any, gpus: int) -> None:
+    def __init__(self, nvml: Any, gpus: int, wall: Callable[[], float] = SYSTEM_CLOCK.wall) -> None:
+        """wall: the events' times (the agent clock's wall)."""
         self._nvml = nvml
+        self._wall = wall
         self._events: list[XidEvent] = []
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -236,7 +252,7 @@ class XidListener:
                 with contextlib.suppress(nvml.NVMLError):
                     gpu = int(nvml.nvmlDeviceGetIndex(event.device))
             with self._lock:
-                self._events.append(XidEvent(time.time(), gpu, int(event.eventData)))
+                self._events.append(XidEvent(self._wall(), gpu, int(event.eventData)))
 
     def take(self) -> list[XidEvent]:
         with self._lock:

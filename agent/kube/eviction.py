@@ -26,15 +26,16 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-import time
 from collections.abc import Callable, Mapping
 
+from ...core.clock import Clock
 from ...core.config.launch_spec import LaunchSpec
 from ...core.errors import exit_code_for_signal
 from ...core.rendezvous.failures import FailureKind, FailureRecord
 from ..generation import Joined
 from ..observe.events import emit_failure
 from ..rendezvous.job import JobRendezvous
+from ..waiting import SYSTEM_CLOCK
 
 logger = logging.getLogger(__name__)
 
@@ -65,13 +66,15 @@ def leave_job(
     addr: str,
     hosts_store: bool,
     stop_workers: Callable[[int, float], None],
+    clock: Clock = SYSTEM_CLOCK,
 ) -> tuple[int, str]:
-    """Leave the job for a SIGTERM: tell the others, stop the workers; (exit code, why)."""
-    started = time.monotonic()
+    """Leave the job for a SIGTERM: tell the others, stop the workers; (exit code, why).
+    clock: how long leaving took (now), the lost_node record's time (wall)."""
+    started = clock.now()
     logger.warning("received SIGTERM: this node leaves the job; the other nodes go on")
-    told = _tell_the_others(rdzv, joined, addr)
+    told = _tell_the_others(rdzv, joined, addr, clock.wall())
     stop_workers(signal.SIGTERM, WORKER_GRACE_S)
-    took = time.monotonic() - started
+    took = clock.now() - started
     message = f"this node left the job on {REASON}"
     if joined is not None:
         message += f" in generation {joined.membership.generation}"
@@ -86,9 +89,10 @@ def leave_job(
     return exit_code_for_signal(signal.SIGTERM), message
 
 
-def _tell_the_others(rdzv: JobRendezvous, joined: Joined | None, addr: str) -> bool:
-    """Declare this node lost in its generation, with the reason, and open the next round,
-    within TELL_BOUND_S (the store may be gone or slow: leaving must not wait on it)."""
+def _tell_the_others(rdzv: JobRendezvous, joined: Joined | None, addr: str, when: float) -> bool:
+    """Declare this node lost in its generation at `when` (wall clock), with the reason,
+    and open the next round, within TELL_BOUND_S (the store may be gone or slow: leaving
+    must not wait on it; the bound is a real thread's join)."""
     if joined is None:
         return True  # not a member of any generation yet: nothing to tell
     generation, node_rank = joined.membership.generation, joined.node_rank
@@ -97,7 +101,7 @@ def _tell_the_others(rdzv: JobRendezvous, joined: Joined | None, addr: str) -> b
         generation=generation,
         node_rank=node_rank,
         host=addr,
-        time=time.time(),
+        time=when,
         message=f"left the job on {REASON}",
     )
     done = threading.Event()

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import Counter
+
+from ...core.clock import Clock
+from ..waiting import SYSTEM_CLOCK
 
 LOG_EVERY_S = 60.0
 
@@ -22,14 +24,17 @@ class RateLimitedLog:
     """One warning per kind of event per LOG_EVERY_S, with the count since the last;
     each kind has its own allowance, so one noisy kind never hides another."""
 
-    def __init__(self, logger: logging.Logger, every_s: float = LOG_EVERY_S) -> None:
+    def __init__(
+        self, logger: logging.Logger, every_s: float = LOG_EVERY_S, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         self._logger = logger
+        self._clock = clock
         self._every_s = every_s
         self._last: dict[str, tuple[float, int]] = {}
         self._lock = threading.Lock()
 
     def warn(self, kind: str, message: str, *args: object) -> None:
-        now = time.monotonic()
+        now = self._clock.now()
         with self._lock:
             last, skipped = self._last.get(kind, (-self._every_s, 0))
             if now - last < self._every_s:

@@ -14,12 +14,12 @@ import contextlib
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable
 from typing import IO, Any
 
 from ...core.observe.events import EVENTS_FILE, Event, EventError, event_line, parse_event
 from ...core.rendezvous.failures import FailureRecord, is_collective_victim
+from ..waiting import SYSTEM_CLOCK
 from . import log
 
 logger = logging.getLogger(__name__)
@@ -34,6 +34,8 @@ class EventLog:
         self._lock = threading.Lock()
         self._listeners: list[Listener] = []
         self.path: str | None = None
+        # stamps each event: the process's wall clock until an agent hands its own
+        self.wall: Callable[[], float] = SYSTEM_CLOCK.wall
 
     def open(self, run_log_dir: str, agent: str) -> str | None:
         """Start appending to <run_log_dir>/events.jsonl; its path, or None if it cannot
@@ -51,9 +53,10 @@ class EventLog:
     def listen(self, listener: Listener) -> None:
         self._listeners.append(listener)
 
-    def start(self, agent: str) -> None:
-        """Name the node events carry, for listeners without a file (--events off)."""
-        self._agent = agent
+    def start(self, agent: str, wall: Callable[[], float] = SYSTEM_CLOCK.wall) -> None:
+        """Name the node events carry, for listeners without a file (--events off);
+        wall: the agent's wall clock, which stamps them (its Clock.wall)."""
+        self._agent, self.wall = agent, wall
 
     def emit(self, name: str, **fields: Any) -> None:
         if self._file is None and not self._listeners:
@@ -61,7 +64,7 @@ class EventLog:
         context = log.CONTEXT
         try:
             line = event_line(
-                name, time.time(), self._agent, context.node_rank, context.generation_number, fields
+                name, self.wall(), self._agent, context.node_rank, context.generation_number, fields
             )
         except EventError as exc:  # a bug in rtrain, not in the job: say so, go on
             logger.error("event not written: %s", exc)
@@ -83,6 +86,7 @@ class EventLog:
         with self._lock:
             self._close_file()
         self._listeners.clear()
+        self.wall = SYSTEM_CLOCK.wall
 
     def _close_file(self) -> None:
         if self._file is not None:
@@ -116,6 +120,6 @@ def emit_failure(
         # a consequence of another rank's fault (its collective broke under it)
         "victim": is_collective_victim(record),
     }
-    detected = time.time() - record.time if detect_s is None else detect_s
+    detected = EVENTS.wall() - record.time if detect_s is None else detect_s
     fields["detect_s"] = round(max(detected, 0.0), 6)
     emit("fault", **fields)

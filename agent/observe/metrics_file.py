@@ -13,10 +13,11 @@ import logging
 import os
 import platform
 import threading
-import time
 
+from ...core.clock import Clock
 from ...core.observe.events import Event
 from ...core.observe.metrics import NodeMetrics
+from ..waiting import SYSTEM_CLOCK
 
 logger = logging.getLogger(__name__)
 
@@ -27,8 +28,12 @@ class MetricsFile:
     """This node's metrics: folded from its events, kept in a file (path None: only
     in memory, for --metrics-port), and read whole by exposition() from any thread."""
 
-    def __init__(self, path: str | None, run_id: str, agent: str) -> None:
+    def __init__(
+        self, path: str | None, run_id: str, agent: str, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
+        """clock: when readings are due (now), and their times (now and wall)."""
         self.path = path
+        self._clock = clock
         self.metrics = NodeMetrics(run_id, agent, build=build_labels())
         self._sampled = 0.0
         self._failed = False
@@ -47,12 +52,12 @@ class MetricsFile:
 
     def due(self) -> bool:
         """Whether fresh readings are wanted (at most every SAMPLE_S)."""
-        return time.monotonic() - self._sampled >= SAMPLE_S
+        return self._clock.now() - self._sampled >= SAMPLE_S
 
     def sample(self, step: int | None, committed: int | None, replicated: int | None) -> None:
         with self._lock:
-            self._sampled = now = time.monotonic()
-            self.metrics.sample(now, step, committed, replicated, wall=time.time())
+            self._sampled = now = self._clock.now()
+            self.metrics.sample(now, step, committed, replicated, wall=self._clock.wall())
             self._write()
 
     def _write(self) -> None:

@@ -58,7 +58,7 @@ class _CappedServer(ThreadingHTTPServer):
                 self._log.warn(
                     "descriptors", "metrics server: no file descriptor left to accept a scrape"
                 )
-                time.sleep(OUT_OF_DESCRIPTORS_PAUSE_S)
+                time.sleep(OUT_OF_DESCRIPTORS_PAUSE_S)  # the server thread's, not the job's clock
             raise  # socketserver drops the attempt and goes on serving
 
     def process_request(self, request: Any, client_address: Any) -> None:

@@ -13,15 +13,14 @@ events: a generation's end says the first step its workers were seen at and when
 (last_beat_t: a hang or an unfinished job costs the time from then); a recovery says
 the step of the workers' first heartbeat (first_step: its step less the beats before
 it, exact for a script that beats once per step), so that the steps done again are
-the step reached before the fault against it. Times are wall-clock (time.time()),
-the events' own clock.
+the step reached before the fault against it. Times are wall-clock (the agent's
+clock's wall(), which stamps the events too).
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ...core.clock import Clock
@@ -64,16 +63,17 @@ class Observer:
         nproc: int,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        """clock: durations (a generation's, a recovery's); events keep wall-clock times."""
+        """clock: durations (a generation's, a recovery's); its wall clock stamps the
+        events, the heartbeats seen and the status records."""
         self._clock = clock
-        EVENTS.start(agent)
+        EVENTS.start(agent, clock.wall)
         if part.observe.events:
             EVENTS.open(run_log_dir, agent)
         self._metrics: MetricsFile | None = None
         self._server: MetricsServer | None = None
         observe = part.observe
         if observe.metrics_file or observe.metrics_port is not None:
-            self._metrics = MetricsFile(observe.metrics_file, part.run_id, agent)
+            self._metrics = MetricsFile(observe.metrics_file, part.run_id, agent, clock)
             EVENTS.listen(self._metrics.on_event)
         if self._metrics is not None and observe.metrics_port is not None:
             self._server = MetricsServer(agent, observe.metrics_port, self._metrics.exposition)
@@ -82,7 +82,7 @@ class Observer:
         # the generation that ended last: (number, outcome, when, newest step committed)
         self._ended: tuple[int, Outcome, float, int | None] | None = None
         self._recovering: _Recovery | None = None
-        self._beats = _Beats()
+        self._beats = _Beats(clock.wall)
         self._agent = agent
         self._repair: RepairNote | None = None  # this node's last repair (rtrain status)
         EVENTS.listen(self._on_event)
@@ -112,7 +112,7 @@ class Observer:
     ) -> None:
         self._started = self._clock.now()
         self._status_due = 0.0
-        self._beats = _Beats()
+        self._beats = _Beats(self._clock.wall)
         emit(
             "generation_start",
             nodes=place.num_nodes,
@@ -208,7 +208,7 @@ class Observer:
         steps = [_step(beat) for _, beat in beats]
         ranks = tuple(rank for rank, _ in beats)
         record = NodeStatus(
-            time.time(), "running", ranks, tuple(steps), committed, replicated, self._repair
+            self._clock.wall(), "running", ranks, tuple(steps), committed, replicated, self._repair
         )
         with contextlib.suppress(StoreUnavailable):
             store.set(keys.status(place.generation, place.node_rank), record.encode())
@@ -227,7 +227,8 @@ class _Beats:
     """This generation's heartbeats as the agent saw them (wall-clock times, rounded):
     the first step seen and when, and when the beats last moved."""
 
-    def __init__(self) -> None:
+    def __init__(self, wall: Callable[[], float]) -> None:
+        self._wall = wall
         self.first_step: int | None = None
         self.first_t: float | None = None
         self.last_t: float | None = None
@@ -235,7 +236,7 @@ class _Beats:
 
     def see(self, beats: Sequence[WorkerBeat]) -> None:
         counts = tuple(0 if b is None else b[0] for _, b in beats)
-        now = round(time.time(), 6)
+        now = round(self._wall(), 6)
         if counts != self._counts and any(counts):
             self._counts, self.last_t = counts, now
         if self.first_step is None:
@@ -267,4 +268,5 @@ def _first_step(beats: Sequence[WorkerBeat]) -> int | None:
 
 def _step(beat: tuple[int, int] | None) -> int | None:
     """The step of a heartbeat (count, step); None before the first or without a step."""
-    return beat[1] if beat is not None and beat[1] >= 0 else None
+    # count 0: the file as created (zeroed), no heartbeat yet: not step 0
+    return beat[1] if beat is not None and beat[0] > 0 and beat[1] >= 0 else None

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import logging
 import sys
-import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
+
+from ...core.clock import Clock
+from ..waiting import SYSTEM_CLOCK
 
 logger = logging.getLogger(__name__)
 
@@ -30,13 +32,13 @@ class WaitProgress:
     def __init__(
         self,
         what: str,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
         terminal: bool | None = None,
         log: logging.Logger = logger,
     ) -> None:
         self.what = what
         self._clock = clock
-        self._started = clock()
+        self._started = clock.now()
         self._next_line = self._started + QUIET_S
         self._terminal = sys.stderr.isatty() if terminal is None else terminal
         self._log = log
@@ -51,7 +53,7 @@ class WaitProgress:
     ) -> None:
         """text: what the wait is at, or a function that says it (called only when the
         line is due: saying it may cost a store read)."""
-        now = self._clock()
+        now = self._clock.now()
         if now < self._next_line:
             if isinstance(text, str):
                 self._text = text
@@ -94,7 +96,7 @@ class WaitProgress:
         if self._live is not None:
             self._live.stop()
             self._live = None
-        waited = self._clock() - self._started
+        waited = self._clock.now() - self._started
         if waited >= QUIET_S and self._text:
             self._log.info("%s: %s (after %.1fs)", self.what, self._text, waited)
 

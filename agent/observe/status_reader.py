@@ -13,7 +13,6 @@ rtrain did not write is refused with the key it was under.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,6 +22,7 @@ from ...core.rendezvous.failures import FailureRecord
 from ...core.rendezvous.protocol import Membership, ProtocolError, StoreKeys, decode_int
 from ..rendezvous.ledger import FailureLedger
 from ..store.kv import KeyValueStore
+from ..waiting import SYSTEM_CLOCK
 
 FAILURE_GENERATIONS = 5  # failures of older generations are not read (the report has them)
 # Node ranks a ledger entry of an earlier generation may name: its membership is not read.
@@ -57,7 +57,7 @@ class CountingStore:
 
 
 def read_status(
-    store: KeyValueStore, run_id: str, now: Callable[[], float] = time.time
+    store: KeyValueStore, run_id: str, now: Callable[[], float] = SYSTEM_CLOCK.wall
 ) -> JobStatus:
     keys = StoreKeys(run_id)
     counting = CountingStore(store)

@@ -29,14 +29,15 @@ import contextlib
 import logging
 import math
 import threading
-import time
 from collections.abc import Callable
 
+from ...core.clock import Clock
 from ...core.errors import RendezvousError, StoreUnavailable, first_line
 from ...core.rendezvous.liveness import watched_peers
 from ...core.rendezvous.protocol import StoreKeys
 from ..store.etcd.store import EtcdKeyValueStore
 from ..store.etcd.wire import LeaseNotFound
+from ..waiting import SYSTEM_CLOCK
 
 logger = logging.getLogger(__name__)
 
@@ -56,10 +57,13 @@ class EtcdLeases:
         timeout: float,
         interval: float,
         own_thread: bool = True,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         """own_thread=False: the keep-alive is the caller's to drive, renew_once() every
-        interval (a simulator of many agents on one event loop)."""
+        interval (a simulator of many agents on one event loop); clock: when a
+        keep-alive was sent, and the peers' watches' times (compared with it)."""
         self._own_thread = own_thread
+        self._clock = clock
         self._store = store
         self._keys = keys
         self.ttl = max(MIN_TTL_S, math.ceil(timeout))
@@ -99,7 +103,7 @@ class EtcdLeases:
         return self._lapsed
 
     def renewed_at(self) -> float | None:
-        """When (time.monotonic) the last keep-alive etcd answered for the lease held now
+        """When (the clock's now) the last keep-alive etcd answered for the lease held now
         was sent; None before the first."""
         return self._renewed
 
@@ -136,6 +140,7 @@ class EtcdLeases:
             generation,
             watched,
             self._timeout,
+            self._clock,
             alive_since=lambda since: self._renewed_since(generation, since),
             renew_now=self._wake.set,
         )
@@ -187,7 +192,7 @@ class EtcdLeases:
 
     def _renew(self) -> None:
         self._bind()
-        lease, sent = self._lease, time.monotonic()
+        lease, sent = self._lease, self._clock.now()
         if self._client.keepalive(lease) <= 0:
             raise LeaseNotFound("the lease expired")
         with self._binding:
@@ -228,7 +233,7 @@ class EtcdPeerLeases:
         generation: int,
         peers: list[int],
         timeout: float,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
         alive_since: Callable[[float], bool] | None = None,
         renew_now: Callable[[], None] | None = None,
     ) -> None:
@@ -239,13 +244,13 @@ class EtcdPeerLeases:
         self._seen: set[int] = set()
         self._gone_at: dict[int, float] = {}
         self._clock = clock
-        self._since = clock()
+        self._since = clock.now()
         self._alive_since = alive_since
         self._renew_now = renew_now
 
     def stale(self) -> list[int]:
         present = self._present()
-        now = self._clock()
+        now = self._clock.now()
         late = now - self._since > NEVER_SEEN_TIMEOUTS * self.timeout
         stale = []
         unconfirmed = False

@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
+from ...core.clock import Clock
 from ...core.errors import first_line
 from ...core.rendezvous.liveness import StalenessTracker, watched_peers
 from ...core.rendezvous.protocol import ProtocolError, StoreKeys, decode_int
 from ..store.kv import KeyValueStore
+from ..waiting import SYSTEM_CLOCK
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ class StoreLeases:
         keys: StoreKeys,
         timeout: float,
         interval: float,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
         own_thread: bool = True,
     ) -> None:
         """own_thread=False: nothing renews until the caller drives keeper.renew_once()
@@ -183,7 +184,7 @@ class PeerLeases:
         peers: list[int],
         timeout: float,
         interval: float,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.generation = generation
         self.timeout = timeout
@@ -196,7 +197,7 @@ class PeerLeases:
         self._next = 0.0
 
     def stale(self) -> list[int]:
-        now = self._clock()
+        now = self._clock.now()
         if now < self._next:
             return []
         self._next = now + self._interval
@@ -206,7 +207,7 @@ class PeerLeases:
         payloads = self._store.multi_get([self._keys.lease(self.generation, n) for n in peers])
         for node, payload in zip(peers, payloads, strict=True):
             self._tracker.observe(node, self._count(node, payload), now)
-        return self._tracker.stale(self._clock())
+        return self._tracker.stale(self._clock.now())
 
     @staticmethod
     def _count(node: int, payload: bytes | None) -> int | None:
@@ -230,4 +231,4 @@ class PeerLeases:
         self._tracker.forget(node)
 
     def last_seen(self, node: int) -> float | None:
-        return self._tracker.silent_for(node, self._clock()) if node in self._peers else None
+        return self._tracker.silent_for(node, self._clock.now()) if node in self._peers else None

@@ -218,7 +218,7 @@ class Rounds:
         part = role(slot, nodes.max_nodes, POLL_S, spare)
         closing = start_closing(part, self._clock.now())
         is_closed = self._store.notice(self._keys.closed(target))
-        progress = WaitProgress("rendezvous", self._clock.now, log=logger)
+        progress = WaitProgress("rendezvous", self._clock, log=logger)
 
         def settled() -> bool:
             nonlocal joined, closing

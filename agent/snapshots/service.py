@@ -38,7 +38,9 @@ class SnapshotService:
     ) -> None:
         """part: the snapshot settings (core/config/component_specs.py); its memory, or
         half of the shared memory under root, is the budget. secret: the job secret, or
-        None to hand a random one out through the store; clock: the restore's."""
+        None to hand a random one out through the store; clock: the restore's and the
+        replication's."""
+        self._clock = clock
         self._settings = settings = part.snapshots
         self._host = host
         self._secret = secret
@@ -53,12 +55,17 @@ class SnapshotService:
 
     @classmethod
     def for_launch(
-        cls, part: SnapshotPart, runtime_dir: str, addr: str, secret: bytes | None
+        cls,
+        part: SnapshotPart,
+        runtime_dir: str,
+        addr: str,
+        secret: bytes | None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> SnapshotService:
         """The service a launch asks for, its shards in <runtime_dir>/shards."""
         root = os.path.join(runtime_dir, "shards")
         os.makedirs(root)
-        return cls(root, addr if addr != "localhost" else "127.0.0.1", part, secret)
+        return cls(root, addr if addr != "localhost" else "127.0.0.1", part, secret, clock)
 
     def start(self, rdzv: JobRendezvous) -> None:
         """Start on the job's store: the job secret as given (job_secret.py), else one
@@ -84,6 +91,7 @@ class SnapshotService:
             self._settings.dp_delta,
             self,
             self.disk.checkpointer,
+            self._clock,
         )
 
     def prepare(self, round_: RestoreRound, local_world_size: int) -> dict[str, str]:

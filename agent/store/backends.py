@@ -12,9 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ...core.clock import Clock
 from ...core.config.launch_spec import RdzvSpec
 from ...core.errors import RendezvousError, first_line
 from ..observe.first_contact import announce_store
+from ..waiting import SYSTEM_CLOCK
 from .etcd.client import EtcdClient
 from .etcd.members import Members, first_member
 from .etcd.store import EtcdKeyValueStore
@@ -44,12 +46,13 @@ def open_job_store(
     local_addr: str | None,
     interrupt: Callable[[], None],
     node_rank: int | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> JobStore:
     """interrupt: called while an etcd call waits for a member, or while the TCPStore
     has not answered yet (it raises on a signal). node_rank: --node-rank (the static
-    rendezvous hosts the store on node rank 0)."""
+    rendezvous hosts the store on node rank 0). clock: the store's waits (the agent's)."""
     if rdzv.is_etcd:
-        etcd = open_etcd(rdzv, interrupt, local_addr)
+        etcd = open_etcd(rdzv, interrupt, local_addr, clock)
         announce_store(rdzv, rdzv.port, hosted=False)
         return JobStore(etcd, is_host=False, connect=None)
     opened = open_rendezvous_store(
@@ -62,6 +65,7 @@ def open_job_store(
         interrupt,
         backend=rdzv.backend,
         node_rank=node_rank,
+        clock=clock,
     )
     endpoint = f"{rdzv.host}:{opened.port}"
     announce_store(rdzv, opened.port, opened.is_host)
@@ -69,18 +73,22 @@ def open_job_store(
     def connect_raw() -> Any:
         # A second connection to a store that answered the first: read_timeout, the bound
         # of any call to it, not a window of its own (a loaded host answers late).
-        return connect_store(rdzv.host, opened.port, rdzv.read_timeout, rdzv.read_timeout).store
+        timeout = rdzv.read_timeout
+        return connect_store(rdzv.host, opened.port, timeout, timeout, clock=clock).store
 
     def connect() -> KeyValueStore:
-        return TorchKeyValueStore(connect_raw(), endpoint, rdzv.read_timeout)
+        return TorchKeyValueStore(connect_raw(), endpoint, rdzv.read_timeout, clock)
 
     # notice() waits on a connection of its own (agent/store/torch_notices.py).
-    kv = TorchKeyValueStore(opened.store, endpoint, rdzv.read_timeout, connect=connect_raw)
+    kv = TorchKeyValueStore(opened.store, endpoint, rdzv.read_timeout, clock, connect_raw)
     return JobStore(kv, opened.is_host, connect)
 
 
 def open_etcd(
-    rdzv: RdzvSpec, interrupt: Callable[[], None] | None = None, local_addr: str | None = None
+    rdzv: RdzvSpec,
+    interrupt: Callable[[], None] | None = None,
+    local_addr: str | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> EtcdKeyValueStore:
     """A client of the etcd cluster; checks that it answers as etcd before returning.
     Calls wait for quorum up to join_timeout: the job survives an etcd outage that ends
@@ -101,13 +109,14 @@ def open_etcd(
         attempt_s=min(ETCD_ATTEMPT_S, rdzv.read_timeout),
         deadline_s=rdzv.join_timeout,
         interrupt=_once(interrupt),
+        clock=clock,
         members=Members(len(rdzv.endpoints), first_member(local_addr, len(rdzv.endpoints))),
     )
     status = client.call("maintenance/status", {})
     if not isinstance(status.get("header"), dict) or "version" not in status:
         raise NotEtcd(f"--rdzv-endpoint={client.endpoint} answers, but not as etcd does")
     logger.info("rendezvous over etcd %s at %s", status["version"], client.endpoint)
-    return EtcdKeyValueStore(client)
+    return EtcdKeyValueStore(client, clock)
 
 
 def _once(interrupt: Callable[[], None] | None) -> Callable[[], None] | None:

@@ -31,15 +31,16 @@ import logging
 import os
 import socket
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ...core.clock import Clock
 from ...core.errors import RendezvousError, first_line
+from ..waiting import SYSTEM_CLOCK
 from .store_host import choose_store_host, endpoint_owner, resolve
 from .tcpstore_client import TCPStoreClient
-from .tcpstore_wire import torch_version_supported
+from .tcpstore_wire import StoreUnreachable, torch_version_supported
 
 logger = logging.getLogger(__name__)
 
@@ -68,10 +69,13 @@ def _tcp_store(**kwargs: Any) -> Any:
     return TCPStore(**kwargs)
 
 
-def _client(host: str, port: int, window: float) -> Any:
-    """A client connection, without torch where the wire client knows this torch."""
+def _client(
+    host: str, port: int, window: float, on_refused: Callable[[], None] | None = None
+) -> Any:
+    """A client connection, without torch where the wire client knows this torch
+    (on_refused: called at each refused connection; torch's client does not say)."""
     if torch_version_supported():
-        return TCPStoreClient.connect(host, port, window)
+        return TCPStoreClient.connect(host, port, window, on_refused)
     timeout = datetime.timedelta(seconds=window)
     return _tcp_store(host_name=host, port=port, is_master=False, timeout=timeout)
 
@@ -184,13 +188,15 @@ def connect_store(
     deadline_s: float,
     timeout_s: float,
     interrupt: Callable[[], None] | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> OpenedStore:
     """Connect as a client, giving up after deadline_s whatever TCPStore itself does; a
     line every WAIT_LINE_S while nothing answers; interrupt() (it raises on a signal) is
     called every JOIN_SLICE_S meanwhile. Each attempt gets at most ATTEMPT_S and resolves
     the name again: TCPStore's client keeps the address it resolved first, and a store
-    host's pod replaced under the same name answers at a new one."""
-    wait = _Wait(f"the rendezvous store at {host}:{port}", deadline_s)
+    host's pod replaced under the same name answers at a new one. clock: the wait's
+    deadlines, lines and pauses (an attempt itself blocks in real time)."""
+    wait = _Wait(f"the rendezvous store at {host}:{port}", deadline_s, clock)
     while True:
         window = max(min(ATTEMPT_S, wait.left()), 0.1)
         result = _attempt(host, port, window, wait, interrupt)
@@ -201,13 +207,15 @@ def connect_store(
         if wait.left() <= 0:
             break
         if "error" in result:  # refused at once (a name not resolving yet): not a hot loop
-            time.sleep(min(RETRY_PAUSE_S, max(wait.left(), 0.0)))
+            clock.sleep(min(RETRY_PAUSE_S, max(wait.left(), 0.0)))
             if interrupt is not None:
                 interrupt()
     if "error" in result:
-        reason = first_line(result["error"])
+        error = result["error"]
+        # the last attempt's own deadline is not the wait's: its reason alone, not nested
+        reason = error.reason if isinstance(error, StoreUnreachable) else first_line(error)
         raise RendezvousError(
-            f"cannot reach the rendezvous store at {host}:{port} within {deadline_s:g}s ({reason})"
+            f"cannot reach the rendezvous store at {host}:{port} within {deadline_s:g}s: {reason}"
         )
     raise RendezvousError(
         f"no rendezvous store answered at {host}:{port} within {deadline_s:g}s "
@@ -224,19 +232,19 @@ def _attempt(
 
     def attempt() -> None:
         try:
-            result["store"] = _client(host, port, window)
+            result["store"] = _client(host, port, window, wait.refused)
         except Exception as exc:
             result["error"] = exc
 
     thread = threading.Thread(target=attempt, name="rtrain-store-connect", daemon=True)
     thread.start()
-    end = min(time.monotonic() + window, wait.end) + 2.0
+    end = min(wait.clock.now() + window, wait.end) + 2.0
     while thread.is_alive():
-        now = time.monotonic()
+        now = wait.clock.now()
         if now >= end:
             break
         wait.say(now)
-        thread.join(min(JOIN_SLICE_S, end - now))
+        thread.join(min(JOIN_SLICE_S, end - now))  # a real thread: its join is the pause
         if interrupt is not None:
             interrupt()
     return dict(result)
@@ -245,23 +253,29 @@ def _attempt(
 class _Wait:
     """The whole wait for a store: its end, and a line every WAIT_LINE_S on what it waits."""
 
-    def __init__(self, what: str, deadline_s: float) -> None:
-        self.what, self.deadline_s = what, deadline_s
-        self.started = time.monotonic()
+    def __init__(self, what: str, deadline_s: float, clock: Clock) -> None:
+        self.what, self.deadline_s, self.clock = what, deadline_s, clock
+        self.started = clock.now()
         self.end = self.started + deadline_s
         self.next_line = self.started + WAIT_LINE_S
+        self.refused_at: float | None = None  # the last refused connection (the wire client)
+
+    def refused(self) -> None:
+        self.refused_at = self.clock.now()
 
     def left(self) -> float:
-        return self.end - time.monotonic()
+        return self.end - self.clock.now()
 
     def say(self, now: float) -> None:
         if now < self.next_line:
             return
         self.next_line += WAIT_LINE_S
+        refused = self.refused_at is not None and now - self.refused_at < WAIT_LINE_S
         logger.info(
-            "waiting for %s: no answer in %.0fs, waiting up to %gs (join_timeout); "
+            "waiting for %s: %s for %.0fs, waiting up to %gs (join_timeout); "
             "its host may still be starting",
             self.what,
+            "connection refused (nothing listens on that port yet)" if refused else "no answer",
             now - self.started,
             self.deadline_s,
         )
@@ -277,10 +291,11 @@ def open_rendezvous_store(
     interrupt: Callable[[], None] | None = None,
     backend: str = "c10d",
     node_rank: int | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> OpenedStore:
     """Host the store if this node is the one to (agent/store/store_host.py says which
     and why, in one line), else (or if already hosted here) connect, waiting for it up
-    to join_timeout."""
+    to join_timeout (on `clock`)."""
     choice = choose_store_host(host, backend, is_host, node_rank, local_addr)
     logger.info("%s", choice.line(f"{host}:{port}"))
     if choice.hosts is not False:
@@ -296,4 +311,4 @@ def open_rendezvous_store(
             # Another agent on this machine hosts it (tests, several agents per host); it
             # may still be starting, so it gets join_timeout like a store on another host.
             logger.info("port %d is taken; joining as a client", port)
-    return connect_store(host, port, join_timeout, read_timeout, interrupt)
+    return connect_store(host, port, join_timeout, read_timeout, interrupt, clock)

@@ -71,6 +71,23 @@ def torch_version_supported(version: Callable[[str], str] = metadata.version) ->
     return TESTED_TORCH[0] <= minor <= TESTED_TORCH[1]
 
 
+class StoreUnreachable(StoreUnavailable):
+    """No connection to the store's address within the deadline; reason: why, in a few
+    words (connection refused: nothing listens on that port)."""
+
+    def __init__(self, endpoint: str, deadline_s: float, reason: str) -> None:
+        super().__init__(
+            f"cannot reach the rendezvous store at {endpoint} within {deadline_s:g}s: {reason}"
+        )
+        self.reason = reason
+
+
+def unreachable_reason(exc: OSError) -> str:
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused (nothing listens on that port)"
+    return str(exc.strerror or exc)
+
+
 class TCPStoreConnection:
     """One client connection to a TCPStore, past its handshake; the queries' wire.
 
@@ -83,8 +100,18 @@ class TCPStoreConnection:
         self._broken: str | None = None
 
     @classmethod
-    def connect(cls: type[C], host: str, port: int, deadline_s: float) -> C:
+    def connect(
+        cls: type[C],
+        host: str,
+        port: int,
+        deadline_s: float,
+        on_refused: Callable[[], None] | None = None,
+        retry_refused: bool = True,
+    ) -> C:
+        """on_refused: called at each refused connection (the store's host may still be
+        starting: retried until deadline_s unless retry_refused is False)."""
         endpoint = f"{host}:{port}"
+        # The OS's clock, not the job's: the socket's own timeout is set from it.
         deadline = time.monotonic() + deadline_s
         while True:
             left = deadline - time.monotonic()
@@ -93,17 +120,17 @@ class TCPStoreConnection:
                 break
             except OSError as exc:
                 # refused: the store may be starting (torch's client retries too)
-                if left <= 0.1 or not isinstance(exc, ConnectionRefusedError):
-                    raise StoreUnavailable(
-                        f"cannot reach the rendezvous store at {endpoint} within "
-                        f"{deadline_s:g}s ({exc.strerror or exc})"
-                    ) from None
+                refused = isinstance(exc, ConnectionRefusedError)
+                if refused and on_refused is not None:
+                    on_refused()
+                if left <= 0.1 or not refused or not retry_refused:
+                    raise StoreUnreachable(endpoint, deadline_s, unreachable_reason(exc)) from None
                 time.sleep(0.1)
         sock.settimeout(deadline_s)
         # Queries are small and some get no answer (a set): no wait for the last ACK.
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         reader = cls(sock, endpoint)
-        nonce = int(time.monotonic_ns() & 0xFFFFFFFF)
+        nonce = int(time.monotonic_ns() & 0xFFFFFFFF)  # a ping's nonce, not a time
         try:
             sock.sendall(struct.pack("<BI", VALIDATE, MAGIC) + struct.pack("<BI", PING, nonce))
             echoed = struct.unpack("<I", reader._read(4))[0]

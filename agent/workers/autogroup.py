@@ -48,6 +48,7 @@ def autogroup_nice(path: str = AUTOGROUP) -> int | None:
 
 
 def _write_nice(nice: int, path: str) -> bool:
+    # The OS's clock, not the job's: the kernel's rate limit, in the pool's process too.
     deadline = time.monotonic() + RETRY_S
     while True:
         try:

@@ -3,63 +3,39 @@
 from __future__ import annotations
 
 import functools
-import glob
 import logging
 import os
 import signal
 import sys
-import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Protocol
 
-from ...core.clock import wait_until
+from ...core.clock import Clock, wait_until
 from ...core.config.launch_spec import LaunchSpec
 from ...core.config.worker_env import (
-    FLIGHT_RECORDER_PREFIX,
     STDERR,
     STDOUT,
     NodeAssignment,
     attempt_dir,
-    flight_recorder_note,
     import_time_differences,
     import_time_names_set,
     stream_plan,
     tee_prefix,
     worker_environment,
 )
-from ...core.rendezvous.failures import FailureKind, FailureRecord, RecordError, parse_error_file
+from ...core.rendezvous.failures import FailureRecord
 from ..launch.preflight import gpu_count
+from ..waiting import SYSTEM_CLOCK
 from .boot import fresh_interpreter
 from .hang_watch import STOPPED_STATES, HangFinding, HangWatch, inspect_hang, process_state
 from .log_tail import LogTail
 from .pool import PoolDied, WorkerPool
+from .records import Worker, failure_record
 
 logger = logging.getLogger(__name__)
 
 KILL_WAIT_S = 5.0
 WARM_WAIT_LINE_S = 0.5  # a start that waited this long for the warm-up says so
-
-
-@dataclass
-class Worker:
-    local_rank: int
-    rank: int
-    log_dir: str
-    error_file: str
-    pid: int = 0
-    exitcode: int | None = None
-    exit_time: float = 0.0
-    # Exits after the agent asked the group to stop are the agent's doing, not failures.
-    stopped_by_agent: bool = False
-    # Set when the agent found the worker hung and killed it: why, its stack, its part.
-    hang: HangFinding | None = None
-    # Stopped because it did not answer a repair in place (agent/repair/): not a failure.
-    left_out: bool = False
-
-    @property
-    def worker_id(self) -> str:
-        return str(self.local_rank)
 
 
 class RepairSeam(Protocol):
@@ -88,8 +64,12 @@ class WorkerGroup:
         tail: LogTail,
         extra_env: Callable[[int, str], Mapping[str, str]] | None = None,
         hangs: HangWatch | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        """clock: the waits for exits (their sleep is polling the pool: a fake pool's
+        poll moves a fake clock) and the wall-clock times of a stop and a kill."""
         self._pool = pool
+        self._clock = clock
         self._hangs = hangs
         self._extra_env = extra_env
         self._spec = spec
@@ -107,6 +87,7 @@ class WorkerGroup:
 
     def start(self) -> None:
         spec, a = self._spec, self.assignment
+        kept_alive = 0  # workers a repair in place handed over, not started
         for local_rank in range(a.local_world_size):
             log_dir = attempt_dir(self._run_log_dir, a.generation, local_rank)
             os.makedirs(log_dir, exist_ok=True)
@@ -122,7 +103,7 @@ class WorkerGroup:
                 env.update(self.handover.env(local_rank))
                 kept = self.handover.resume(local_rank, env)
                 if kept is not None:  # its output still goes to the files it started with
-                    worker.pid = kept
+                    worker.pid, kept_alive = kept, kept_alive + 1
                     self.workers.append(worker)
                     continue
                 stale = self.handover.stale(local_rank)
@@ -157,8 +138,8 @@ class WorkerGroup:
                 self.warm_up_wait_s,
             )
         logger.info(
-            "started %d workers (ranks %d-%d of %d)",
-            len(self.workers),
+            "started %s (ranks %d-%d of %d)",
+            started_line(len(self.workers) - kept_alive, kept_alive),
             a.rank_offset,
             a.rank_offset + a.local_world_size - 1,
             a.world_size,
@@ -169,10 +150,7 @@ class WorkerGroup:
         replacement (of the same worker id) is spawned: a stopped one continued later
         must never train beside it."""
         self._pool.signal(worker_id, signal.SIGKILL)
-        reaped = wait_until(
-            lambda: pid in self._exited_pids, KILL_WAIT_S, 0.05, time.monotonic, self.poll
-        )
-        if not reaped:
+        if not self._wait_exits(lambda: pid in self._exited_pids, KILL_WAIT_S):
             logger.warning("kept worker pid %d not reaped %gs after SIGKILL", pid, KILL_WAIT_S)
 
     def _entry(self, env: Mapping[str, str]) -> dict[str, object]:
@@ -230,7 +208,7 @@ class WorkerGroup:
         for worker in self.workers:
             if worker.exitcode is None:
                 worker.exitcode = -int(signal.SIGKILL)
-                worker.exit_time = time.time()
+                worker.exit_time = self._clock.wall()
                 worker.stopped_by_agent = self._stopping
 
     @property
@@ -271,12 +249,8 @@ class WorkerGroup:
         logger.warning("worker rank %d %s; stack:\n%s", worker.rank, finding.message, finding.stack)
         worker.hang = finding
         self._pool.signal(worker.worker_id, signal.SIGKILL)
-        # Waiting for an exit is polling the pool for one: poll() is the sleep.
-        wait_until(
-            lambda: worker.exitcode is not None, KILL_WAIT_S, 0.05, time.monotonic, self.poll
-        )
-        if worker.exitcode is None:
-            worker.exitcode, worker.exit_time = -int(signal.SIGKILL), time.time()
+        self._wait_exits(lambda: worker.exitcode is not None, KILL_WAIT_S)
+        self._killed([worker])
 
     def prefork(self, local_ranks: list[int]) -> None:
         """Have the pool fork these local ranks' next workers now (a repair in place's
@@ -292,23 +266,21 @@ class WorkerGroup:
         for worker in chosen:
             worker.left_out = True
             self._pool.signal(worker.worker_id, signal.SIGKILL)
-        wait_until(
-            lambda: all(w.exitcode is not None for w in chosen),
-            KILL_WAIT_S,
-            0.05,
-            time.monotonic,
-            self.poll,
-        )
-        for worker in chosen:
+        self._wait_exits(lambda: all(w.exitcode is not None for w in chosen), KILL_WAIT_S)
+        self._killed(chosen)
+
+    def _killed(self, workers: list[Worker]) -> None:
+        """Those of `workers` whose exit did not come after their SIGKILL: killed now."""
+        for worker in workers:
             if worker.exitcode is None:
-                worker.exitcode, worker.exit_time = -int(signal.SIGKILL), time.time()
+                worker.exitcode, worker.exit_time = -int(signal.SIGKILL), self._clock.wall()
 
     def stop(self, sig: int, timeout: float) -> None:
         """Send `sig` to every worker, wait up to `timeout`, then SIGKILL what is left.
         A held worker (stopped, or stuck in D) is killed at once: it cannot act on `sig`."""
         if not self._stopping:
             self._kill_held()
-            self._stopping, self._stop_time = True, time.time()
+            self._stopping, self._stop_time = True, self._clock.wall()
         if self.running:
             self._pool.signal_all(sig)
             self._wait_all(timeout)
@@ -337,59 +309,24 @@ class WorkerGroup:
                 self._pool.signal(worker.worker_id, signal.SIGKILL)
 
     def _wait_all(self, timeout: float) -> None:
-        wait_until(lambda: not self.running, timeout, 0.05, time.monotonic, self.poll)
+        self._wait_exits(lambda: not self.running, timeout)
+
+    def _wait_exits(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Wait for exits: polling the pool for one is the sleep."""
+        return wait_until(predicate, timeout, 0.05, self._clock.now, self.poll)
 
     def failure_records(self, host: str) -> list[FailureRecord]:
         """The workers that failed on their own (what the store records and charges)."""
-        return [self._record(worker, host) for worker in self.failed]
+        return [failure_record(worker, self.assignment, host) for worker in self.failed]
 
     def stopped_records(self, host: str) -> list[FailureRecord]:
         """The workers the agent stopped that ended non-zero (for the final report)."""
         failed = {id(w) for w in self.failed}
         return [
-            self._record(w, host, stopped=True)
+            failure_record(w, self.assignment, host, stopped=True)
             for w in self.workers
             if w.exitcode not in (None, 0) and id(w) not in failed
         ]
-
-    def _record(self, worker: Worker, host: str, stopped: bool = False) -> FailureRecord:
-        message, trace = "", ""
-        if os.path.exists(worker.error_file):
-            try:
-                with open(worker.error_file) as handle:
-                    content = parse_error_file(handle.read())
-                message, trace = content.message, content.traceback
-            except (OSError, RecordError) as exc:
-                message = f"unreadable error file ({exc})"
-        assert worker.exitcode is not None
-        if worker.hang is not None:
-            message, trace = worker.hang.message, worker.hang.stack
-        note = flight_recorder_note(flight_recorder_dumps(worker.log_dir))
-        message = f"{message} {note}".strip() if note else message
-        kind = (
-            FailureKind.STOPPED
-            if stopped
-            else FailureKind.HANG
-            if worker.hang is not None
-            else FailureKind.SIGNAL
-            if worker.exitcode < 0
-            else FailureKind.EXIT
-        )
-        return FailureRecord(
-            kind=kind,
-            generation=self.assignment.generation,
-            node_rank=self.assignment.node_rank,
-            host=host,
-            # a hang happened when the worker went silent (or was first seen held)
-            time=worker.hang.fault_time if worker.hang is not None else worker.exit_time,
-            local_rank=worker.local_rank,
-            rank=worker.rank,
-            pid=worker.pid,
-            exitcode=worker.exitcode,
-            message=message,
-            traceback=trace,
-            error_file=worker.error_file if os.path.exists(worker.error_file) else "",
-        )
 
 
 @functools.cache
@@ -415,7 +352,8 @@ def node_has_gpus() -> bool:
     return gpu_count() > 0
 
 
-def flight_recorder_dumps(log_dir: str) -> list[str]:
-    """The flight recorder's dumps torch left in a worker's log folder (a NCCL watchdog
-    timeout or collective error writes one per rank), sorted."""
-    return sorted(glob.glob(os.path.join(glob.escape(log_dir), f"{FLIGHT_RECORDER_PREFIX}*")))
+def started_line(started: int, kept: int) -> str:
+    """What a generation's start did: '2 workers', or '1 worker, kept 1 alive by the
+    repair in place' where a repair in place handed workers over instead."""
+    line = f"{started} worker{'' if started == 1 else 's'}"
+    return line if not kept else f"{line}, kept {kept} alive by the repair in place"

@@ -30,13 +30,13 @@ import signal
 import struct
 import subprocess
 import sys
-import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import psutil
 
+from ...core.clock import Clock
 from ...core.contract.environment import (
     HEARTBEAT_FILE,
     HEARTBEAT_FORMAT,
@@ -74,12 +74,13 @@ class HangWatch:
         self,
         timeout: float,
         beat_dir: str,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
         first_beat_timeout: float | None = None,
     ) -> None:
-        """first_beat_timeout: a worker without a heartbeat this long after the first
-        check that saw it running (the group's start, not its spawn's wait) is hung
-        too; None: a worker is hung only after its first heartbeat."""
+        """clock: the checks' times, silences and holds (now), a finding's fault time
+        (wall); first_beat_timeout: a worker without a heartbeat this long after the
+        first check that saw it running (the group's start, not its spawn's wait) is
+        hung too; None: a worker is hung only after its first heartbeat."""
         self._beat_dir = beat_dir
         self.first_beat_timeout = first_beat_timeout
         self._started: dict[int, float] = {}  # local rank -> first checked running
@@ -91,7 +92,7 @@ class HangWatch:
         self._beats: dict[int, int] = {}
         self._closer = weakref.finalize(self, _close_all, self._beats)
         self._stacks: dict[int, str] = {}
-        self._clock = clock
+        self.clock = clock
         self.timeout = timeout
         self._check_every = min(HANG_CHECK_S, timeout / 4)
         self._next_check = float("-inf")
@@ -120,7 +121,7 @@ class HangWatch:
         """Local ranks among `running` whose heartbeat stopped for longer than the timeout,
         or (given local rank -> pid) whose process was held in state T or D for the whole
         timeout (found at most HANG_CHECK_S late)."""
-        now = self._clock()
+        now = self.clock.now()
         if now < self._next_check:
             return []
         self._next_check = now + self._check_every
@@ -160,7 +161,7 @@ class HangWatch:
         """Seconds the worker's process has been seen held (T or D) without a break; 0 if
         it was not at the last check."""
         since = self._held_since.get(local_rank)
-        return 0.0 if since is None else self._clock() - since
+        return 0.0 if since is None else self.clock.now() - since
 
     def still_held(self, local_rank: int, state: str | None) -> bool:
         """Whether a process in `state` now is held for good: stopped, or in D now and at
@@ -181,7 +182,7 @@ class HangWatch:
 
     def silent_for(self, local_rank: int) -> float:
         """Seconds since its last heartbeat; since its start, where it made none."""
-        now = self._clock()
+        now = self.clock.now()
         if local_rank in self._started and self.never_beat(local_rank):
             return now - self._started[local_rank]
         return self._tracker.silent_for(local_rank, now)
@@ -236,7 +237,7 @@ def inspect_hang(
         if _exiting(stack):
             # On its way out, its error being written (a peer's failure broke its
             # collective as its hang check fired): what it failed of says whether it is
-            # a victim.
+            # a victim. (The OS's time: a real process's progress, not the watch's clock.)
             SYSTEM_CLOCK.wait_until(lambda: _error_text(error_file) is not None, EXIT_WAIT_S, 0.02)
         # read again in any case: taking the stack takes time (py-spy under load), and
         # the worker may have written its error and gone on to its exit meanwhile
@@ -270,7 +271,7 @@ def inspect_hang(
             f"hung: no heartbeat for {silent:.1f}s{step}{what}{held_text}{when} "
             f"(--hang-timeout={hangs.timeout:g}s)"
         )
-    return HangFinding(message, stack, time.time() - max(silent, held_for), held, victim)
+    return HangFinding(message, stack, hangs.clock.wall() - max(silent, held_for), held, victim)
 
 
 def _exiting(stack: str) -> bool:
@@ -349,9 +350,10 @@ def _faulthandler(pid: int, stack_file: str) -> str | None:
         except OSError:
             return False
 
+    # The OS's time, not a watch's clock: a real process answering a signal.
     if not SYSTEM_CLOCK.wait_until(dumped, FAULTHANDLER_WAIT_S, 0.05):
         return None
-    time.sleep(0.1)  # let the dump finish
+    SYSTEM_CLOCK.sleep(0.1)  # let the dump finish
     try:
         with open(stack_file) as handle:
             handle.seek(before)

@@ -143,7 +143,8 @@ class WorkerPool:
         self, events: tuple[str, ...], timeout: float, worker_id: str | None = None, what: str = ""
     ) -> dict[str, Any]:
         """The first message of one of `events` (for `worker_id`); with `what`, a line every
-        notice_s says that it still waits, and only the pool's exit or `timeout` end it."""
+        notice_s says that it still waits, and only the pool's exit or `timeout` end it.
+        (The OS's clock, not the job's: it times select() on the pool's pipe.)"""
         start = time.monotonic()
         end, notice = start + timeout, start + self._notice_s
         while True:
@@ -184,7 +185,7 @@ class WorkerPool:
     def spawn(self, request: dict[str, Any], timeout: float = 600.0) -> int:
         """Fork (or start) a worker; its pid. A slow answer (a loaded node) is waited for,
         with a line every notice_s, up to `timeout`."""
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + timeout  # _await's clock: the pipe's, the OS's
         self.wait_ready(timeout)
         self._send({"op": "spawn", **request})
         what = f"worker {request['id']}"

@@ -16,10 +16,12 @@ import ctypes
 import logging
 import os
 import signal
-import time
 from collections.abc import Collection
 
 import psutil
+
+from ...core.clock import Clock
+from ..waiting import SYSTEM_CLOCK
 
 logger = logging.getLogger(__name__)
 
@@ -79,11 +81,12 @@ class ZombieReaper:
 
     EVERY_S = 5.0
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._clock = clock
         self._next = 0.0
 
     def poll(self) -> None:
-        now = time.monotonic()
+        now = self._clock.now()
         if now >= self._next:
             self._next = now + self.EVERY_S
             reap_zombies()

@@ -80,6 +80,7 @@ class WarmUp:
         RLIMIT_NICE that does): a spawn is waiting on it now."""
         if not self._thread.is_alive():
             return True
+        # The OS's clock: this runs in the pool's process (zygote.py), not on the job's.
         if time.monotonic() - self._gave_up < REGIVE_S:
             return False  # the rest of a group's spawns: it was starved a moment ago
         self._set_policy("SCHED_OTHER")

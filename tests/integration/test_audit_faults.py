@@ -135,10 +135,11 @@ def test_a_worker_that_beats_once_and_hangs_is_found_hung(tmp_path):
     """The worker's single heartbeat() lands before the agent's first look at its file
     (a real worker process writing the real file); the count never moves again."""
     from rtrain.agent.workers.hang_watch import HangWatch
+    from rtrain.core.clock import Clock
     from rtrain.core.worker.api import HEARTBEAT_FILE
 
     now = [0.0]
-    watch = HangWatch(2.0, str(tmp_path), clock=lambda: now[0])
+    watch = HangWatch(2.0, str(tmp_path), clock=Clock(lambda: now[0], time.sleep))
     env = {**os.environ, **watch.worker_env(0, str(tmp_path))}
     beat = "from rtrain.core import heartbeat; heartbeat(7)"
     subprocess.run([sys.executable, "-c", beat], env=env, check=True, timeout=60)

@@ -23,11 +23,12 @@ sender's digests before it is kept, and a mismatch is refused (the sender retrie
 from __future__ import annotations
 
 import socket
-import time
 from typing import Any
 
+from ....core.clock import Clock
 from ....core.snapshots.format import HEADER_SIZE, chunk_bounds
 from ....core.snapshots.restore_plan import ShardId
+from ...waiting import SYSTEM_CLOCK
 from ..checksums import checksums
 from ..shard_store import ShardStore
 
@@ -58,14 +59,16 @@ def needed_chunks(
     return need
 
 
-def find_base(store: ShardStore, base: ShardId) -> tuple[Any, int, list[int]] | None:
+def find_base(
+    store: ShardStore, base: ShardId, clock: Clock = SYSTEM_CLOCK
+) -> tuple[Any, int, list[int]] | None:
     """The base shard, waiting a moment for a twin that is still writing that step."""
-    deadline = time.monotonic() + BASE_WAIT_S
+    deadline = clock.now() + BASE_WAIT_S
     while True:
         found = store.open_shard(base)
-        if found is not None or time.monotonic() >= deadline:
+        if found is not None or clock.now() >= deadline:
             return found
-        time.sleep(BASE_POLL_S)
+        clock.sleep(BASE_POLL_S)
 
 
 def assemble(

@@ -83,7 +83,7 @@ class _Handler(socketserver.BaseRequestHandler):
     def _authenticate(self, sock: socket.socket, peer: str) -> bool:
         secret = self.server.secret
         try:
-            deadline = time.monotonic() + HANDSHAKE_S
+            deadline = time.monotonic() + HANDSHAKE_S  # the socket's: the OS's clock
             sock.settimeout(HANDSHAKE_S)
             nonce = secrets.token_bytes(NONCE)
             sock.sendall(MAGIC + nonce)

@@ -45,7 +45,8 @@ def mac(secret: bytes, role: bytes, nonce: bytes) -> bytes:
 
 
 def recv_exact(sock: socket.socket, size: int, deadline: float | None = None) -> bytes:
-    """`size` bytes; with a deadline (time.monotonic), all of them by then."""
+    """`size` bytes; with a deadline (time.monotonic), all of them by then. (The OS's
+    clock, not the job's: it sets the socket's own timeout.)"""
     data = bytearray()
     while len(data) < size:
         if deadline is not None:

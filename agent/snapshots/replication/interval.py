@@ -31,10 +31,10 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ....core.clock import Clock
 from ....core.errors import RendezvousError, StoreUnavailable
 from ....core.rendezvous.keys import StoreKeys
 from ....core.snapshots.interval import (
@@ -51,6 +51,7 @@ from ....core.snapshots.interval import (
 from ...net.limits import RateLimitedLog
 from ...observe.events import emit
 from ...store.kv import KeyValueStore
+from ...waiting import SYSTEM_CLOCK
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +73,16 @@ class _Followed:
 
 
 class JobInterval:
-    def __init__(self, store: KeyValueStore, keys: StoreKeys, active: bool | None = None) -> None:
-        """active: whether the workers take the adapt policy (default: adapt_policy())."""
+    def __init__(
+        self,
+        store: KeyValueStore,
+        keys: StoreKeys,
+        active: bool | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        """active: whether the workers take the adapt policy (default: adapt_policy());
+        clock: when a step index was reached and a want observed (the rates')."""
+        self._clock = clock
         self._store = store
         self._keys = keys
         self.active = adapt_policy() if active is None else active
@@ -123,7 +132,7 @@ class JobInterval:
             if gap != self._gap:
                 self._gap, self._rate = gap, IndexRate()
             self._wants[rank] = max(wanted, 1)
-            self._rate.observe(step // gap, time.monotonic())
+            self._rate.observe(step // gap, self._clock.now())
             self._took = took
 
     def poll(self, steps: Sequence[int] = ()) -> None:
@@ -147,7 +156,7 @@ class JobInterval:
             return
         with self._lock:
             if self._followed is not None and self._wants:
-                self._rate.observe(max(steps) // self._gap, time.monotonic())
+                self._rate.observe(max(steps) // self._gap, self._clock.now())
 
     def _poll(self) -> None:
         with self._lock:
@@ -155,7 +164,7 @@ class JobInterval:
         if followed is None or not wants:
             return  # nothing asked of the store before this node's workers snapshot
         previous = self._want.published
-        want = self._want.observe(max(wants.values()), time.monotonic())
+        want = self._want.observe(max(wants.values()), self._clock.now())
         if want is not None:
             key = self._keys.snapshot_want(followed.generation, followed.node_rank)
             self._store.set(key, str(want))

@@ -17,11 +17,11 @@ import logging
 import mmap
 import os
 import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ....core.clock import Clock
 from ....core.snapshots.format import (
     HEADER_SIZE,
     SLOTS_PER_RANK,
@@ -34,6 +34,7 @@ from ....core.snapshots.format import (
 from ....core.snapshots.restore_plan import ShardId
 from ...net.limits import RateLimitedLog
 from ...observe.events import emit
+from ...waiting import SYSTEM_CLOCK
 from ..checksums import checksums
 from ..disk.checkpoints import DiskCheckpointer
 from ..peers.transport import Address, ShardTransport
@@ -108,13 +109,16 @@ class Replicator:
         listener: CommitListener | None = None,
         interval: JobInterval | None = None,
         checkpointer: DiskCheckpointer | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        """transport: how replicas reach the peers (peers/transport.py); listener: told
+        """clock: what a replica took, and when the last `replication` event was.
+        transport: how replicas reach the peers (peers/transport.py); listener: told
         of every snapshot this node's own workers commit, and after every pass;
         interval: the job-wide interval under the adapt policy (interval.py), told
         (rank, step, wanted interval, step gap, the rank's last replica's seconds) of
         every shard, which then says when it changes instead of this; checkpointer:
         handed every shard replicated, for --checkpoint-dir."""
+        self._clock = clock
         self._store = store
         self._transport = transport
         self._listener = listener
@@ -133,13 +137,19 @@ class Replicator:
         self._intervals: dict[int, tuple[int, float]] = {}  # rank -> (interval, its last time)
         self.sent = Traffic()  # this generation's
         self._unreported = Traffic()  # since the last `replication` event
-        self._emitted = time.monotonic()
+        self._emitted = self._clock.now()
         self.newest_replicated: int | None = None  # the newest step sent to every peer
         self._rescan_at = 0.0
         self._slot_files = 0
         self._wake = WakeFifo()  # workers' wakeups after each commit (wake_fifo.py)
         self._thread = threading.Thread(target=self._run, name="rtrain-replicate", daemon=True)
         self._thread.start()
+
+    @property
+    def has_peers(self) -> bool:
+        """Whether this generation's shards go to any peer (a single node has none: its
+        slots are marked replicated for its workers, but nothing is held elsewhere)."""
+        return bool(self._peers)
 
     def follow(
         self,
@@ -197,7 +207,7 @@ class Replicator:
 
     def _emit(self) -> None:
         """A `replication` event for what was sent since the last one."""
-        traffic, self._unreported, self._emitted = self._unreported, Traffic(), time.monotonic()
+        traffic, self._unreported, self._emitted = self._unreported, Traffic(), self._clock.now()
         if traffic.replicas:
             emit(
                 "replication",
@@ -221,7 +231,7 @@ class Replicator:
                         type(exc).__name__, "replication pass failed, retrying: %r", exc
                     )
                     busy = False
-                if time.monotonic() - self._emitted >= EVENT_S:
+                if self._clock.now() - self._emitted >= EVENT_S:
                     self._emit()
             if self._listener is not None:
                 self._listener.between_passes()
@@ -231,7 +241,7 @@ class Replicator:
                 self._wake.wait(pause, self._closed)
 
     def _pass(self, generation: int) -> bool:
-        now = time.monotonic()
+        now = self._clock.now()
         # Until every worker has both its slot files, look for new ones on every pass.
         if len(self._paths) < self._slot_files or now >= self._rescan_at:
             pattern = os.path.join(self._store.snap_dir(generation), "rank*.slot*")
@@ -259,7 +269,7 @@ class Replicator:
             assert match is not None
             shard = ShardId(generation, int(match[2]), header.step)
             self._note_interval(shard, shard_interval(head), shard_gap(head))
-            began = time.monotonic()
+            began = self._clock.now()
             crcs = checksums(buffer, header.size)
             if bytes(buffer[:HEADER_SIZE]) != head:
                 continue  # rewritten while it was checksummed: the next pass takes it
@@ -275,7 +285,7 @@ class Replicator:
                 self._checkpointer.offer(
                     shard.rank, shard.step, self._world_size, buffer[: header.size], crcs
                 )
-            took = time.monotonic() - began
+            took = self._clock.now() - began
             set_replicate_time(buffer, took)  # before the mark: the worker reads both
             set_replicated(buffer, header.step)
             self._intervals[shard.rank] = (self._intervals.get(shard.rank, (1, 0.0))[0], took)
@@ -290,9 +300,9 @@ class Replicator:
             twin = twins[index] if index < len(twins) else None
             base = None if twin is None else ShardId(shard.generation, twin, shard.step)
             try:
-                began = time.monotonic()
+                began = self._clock.now()
                 sent = self._transport.send_replica(peer, shard, buffer, size, crcs, base)
-                took = time.monotonic() - began
+                took = self._clock.now() - began
                 self.sent.add(sent, size, took)
                 self._unreported.add(sent, size, took)
             except (OSError, ShardError) as exc:

@@ -12,11 +12,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
+from ....core.clock import Clock
 from ....core.layout.topology import Topology
 from ....core.snapshots.redundancy import dp_twin
 from ....core.snapshots.restore_plan import ring_successors
 from ...rendezvous.job import JobRendezvous
 from ...store.kv import KeyValueStore
+from ...waiting import SYSTEM_CLOCK
 from ..disk.checkpoints import DiskCheckpointer
 from ..peers.transport import Address, ShardTransport
 from ..shard_store import ShardStore
@@ -36,25 +38,29 @@ class Replication:
         dp_delta: bool,
         listener: CommitListener | None = None,
         checkpointer: DiskCheckpointer | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         """Starts the replicating thread (idle until follow()). copies: each shard's
-        copies, its own among them; dp_delta: replicas against the DP twin."""
+        copies, its own among them; dp_delta: replicas against the DP twin; clock: the
+        replicator's and the interval's."""
         self._store = store
         self._copies = copies
         self._dp_delta = dp_delta
-        self._interval = JobInterval(rdzv.store, rdzv.keys)  # the adapt policy's
+        self._interval = JobInterval(rdzv.store, rdzv.keys, clock=clock)  # the adapt policy's
         self.replicator = Replicator(
             store,
             transport,
             listener,
             self._interval if self._interval.active else None,
             checkpointer,
+            clock,
         )
 
     @property
     def newest_replicated(self) -> int | None:
-        """The newest step sent to every peer."""
-        return self.replicator.newest_replicated
+        """The newest step sent to every peer; None where no peer is (nothing is held
+        elsewhere: `rtrain status` says replicated only where a copy is)."""
+        return self.replicator.newest_replicated if self.replicator.has_peers else None
 
     def use_store(self, store: KeyValueStore) -> None:
         """The job's store carried over to a new one (agent/kube/store_return.py)."""

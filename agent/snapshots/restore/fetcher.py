@@ -21,11 +21,12 @@ import os
 import re
 import secrets
 import threading
-import time
 
+from ....core.clock import Clock
 from ....core.contract.peer_shards import MAX_RESPONSE, request_path, response_path
 from ....core.snapshots.restore_plan import ShardId
 from ...observe.events import emit
+from ...waiting import SYSTEM_CLOCK
 from ..peers.wire import IO_TIMEOUT_S
 from ..shard_store import ShardStore
 from .prefetch import Prefetched, prefetch
@@ -38,8 +39,10 @@ TOKEN = re.compile(r"[0-9a-f]{1,32}")
 
 
 class PeerFetcher:
-    def __init__(self, store: ShardStore) -> None:
+    def __init__(self, store: ShardStore, clock: Clock = SYSTEM_CLOCK) -> None:
+        """clock: what a fetch and a prefetch took."""
         self._store = store
+        self._clock = clock
         self._context: FetchContext | None = None
         self._lock = threading.Lock()
         self._prefetched: Prefetched | None = None  # the last prefetch() started
@@ -84,7 +87,7 @@ class PeerFetcher:
             logger.error("rank %d asked for peers' shards with a malformed request", rank)
             return
         token, step, ranks = request
-        started = time.monotonic()
+        started = self._clock.now()
         files: dict[str, str | None] = {}
         errors: dict[str, str] = {}
         for wanted in ranks:
@@ -99,7 +102,7 @@ class PeerFetcher:
             if error is not None:
                 errors[str(wanted)] = error
                 logger.error("rank %d asked for %s: %s", rank, shard, error)
-        seconds = time.monotonic() - started
+        seconds = self._clock.now() - started
         logger.info(
             "fetched %d of %d shards of step %d for rank %d in %.3fs",
             len(ranks) - len(errors),
@@ -141,7 +144,7 @@ class PeerFetcher:
             context = self._context
         if context is None:
             return None
-        done = prefetch(self._store, context)
+        done = prefetch(self._store, context, self._clock)
         with self._lock:
             self._prefetched = done
         return done

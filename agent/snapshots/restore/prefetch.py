@@ -21,15 +21,16 @@ import logging
 import mmap
 import os
 import threading
-import time
 from dataclasses import dataclass, field
 
+from ....core.clock import Clock
 from ....core.contract.dcp_index import SaveIndex, dcp_mark
 from ....core.contract.peer_shards import prefetched_name
 from ....core.snapshots.dcp_reads import writers_read
 from ....core.snapshots.format import SnapshotError, check_shard
 from ....core.snapshots.restore_plan import ShardId
 from ...observe.events import emit
+from ...waiting import SYSTEM_CLOCK
 from ..shard_store import ShardStore
 from .shard_fetch import FetchContext, fetch_shard
 
@@ -100,14 +101,16 @@ def _restored(path: str) -> tuple[int, SaveIndex] | None:
     return found
 
 
-def prefetch(store: ShardStore, context: FetchContext) -> Prefetched | None:
+def prefetch(
+    store: ShardStore, context: FetchContext, clock: Clock = SYSTEM_CLOCK
+) -> Prefetched | None:
     """Start fetching the shards planned() names, MAX_PARALLEL at a time, and return:
     the workers start meanwhile (their imports, their process group and their model take
     longer than the transfers), and a worker that wants a shard still on its way waits
     for it (each file has a `.pending` marker, made here, until its transfer ends). A
     `prefetch` event says what it did. Each shard comes through shard_fetch.fetch_shard
-    (holders in turn, verified)."""
-    began = time.monotonic()
+    (holders in turn, verified); clock: what it took."""
+    began = clock.now()
     plan = planned(store, context)
     if plan is None:
         return None
@@ -119,7 +122,7 @@ def prefetch(store: ShardStore, context: FetchContext) -> Prefetched | None:
     for path in files.values():
         with open(pending(path), "wb"):
             pass
-    transfers = _Transfers(store, context, done, began)
+    transfers = _Transfers(store, context, done, began, clock)
     threading.Thread(target=transfers.run, name="rtrain-prefetch", daemon=True).start()
     return done
 
@@ -129,8 +132,14 @@ class _Transfers:
     `done`, which is finished once every one ended."""
 
     def __init__(
-        self, store: ShardStore, context: FetchContext, done: Prefetched, began: float
+        self,
+        store: ShardStore,
+        context: FetchContext,
+        done: Prefetched,
+        began: float,
+        clock: Clock,
     ) -> None:
+        self._clock = clock
         self._store = store
         self._context = context
         self._done = done
@@ -148,7 +157,7 @@ class _Transfers:
             thread.start()
         for thread in threads:
             thread.join()
-        done.seconds = time.monotonic() - self._began
+        done.seconds = self._clock.now() - self._began
         done.finished.set()
         logger.info(
             "prefetched %d of %d shards of step %d for the resharding load (%d local, %d "

@@ -39,7 +39,7 @@ class RestoreSide:
         self._store = store
         self._checkpoint_dir = checkpoint_dir
         self._clock = clock
-        self._fetcher = PeerFetcher(store)
+        self._fetcher = PeerFetcher(store, clock)
         self._restorer: Restorer | None = None
         self._transport: ShardTransport | None = None
         self._loaded: Written | None = None  # where the save last restored was written

@@ -33,12 +33,12 @@ import json
 import logging
 import ssl
 import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ....core.clock import Clock
 from ....core.errors import RendezvousError, first_line
+from ...waiting import SYSTEM_CLOCK
 from .client import EtcdClient, end_stream
 from .watch import MAX_EVENT_BYTES, RESTART_PAUSE_S
 from .wire import NotEtcd, apply_events, b64, int_field, prefix_end, revision, unb64
@@ -78,8 +78,9 @@ class JobWatch:
         self,
         client: EtcdClient,
         idle_s: float = JOB_WATCH_IDLE_S,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        """clock: when a target was last read (one unread for EVICT_S is dropped)."""
         self._client = client.copy()
         self._idle_s = idle_s
         self._clock = clock
@@ -104,10 +105,10 @@ class JobWatch:
         with self._lock:
             found = self._targets.get(name)
             if found is not None:
-                found.read_at = self._clock()
+                found.read_at = self._clock.now()
                 return found
         fresh = Target(key, prefix, _values(self._client.range(key, prefix=prefix)))
-        fresh.read_at = self._clock()
+        fresh.read_at = self._clock.now()
         with self._lock:
             found = self._targets.setdefault(name, fresh)
             if found is fresh:
@@ -183,7 +184,7 @@ class JobWatch:
 
     def _snapshot(self) -> tuple[list[Target], int]:
         """Every target still read, read again in one transaction: (targets, revision)."""
-        now = self._clock()
+        now = self._clock.now()
         with self._lock:
             for name in [n for n, t in self._targets.items() if now - t.read_at > EVICT_S]:
                 del self._targets[name]

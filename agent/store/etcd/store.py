@@ -203,7 +203,7 @@ class EtcdKeyValueStore:
         """This client's one watch stream (job_watch.py), opened at its first target."""
         with self._job_watch_lock:
             if self._job_watch is None:
-                self._job_watch = JobWatch(self.client, clock=self._clock.now)
+                self._job_watch = JobWatch(self.client, clock=self._clock)
             return self._job_watch
 
     def follow(self, key: str) -> Callable[[], bytes | None]:

@@ -16,10 +16,15 @@ from rtrain.core.clock import Clock
 from rtrain.core.config.launch_spec import LaunchSpec, build_launch_spec
 from rtrain.core.errors import StoreUnavailable
 
+# The fake wall clock reads this far ahead of the fake monotonic one: a time taken from
+# the wrong one of the two shows in a test.
+FAKE_EPOCH = 1_700_000_000.0
+
 
 class FakeClock:
     """Time moves only when someone sleeps; actions scheduled with at() run when it
-    passes their time (another agent writing to the store, a lease going silent)."""
+    passes their time (another agent writing to the store, a lease going silent). Its
+    wall clock moves with it, FAKE_EPOCH ahead."""
 
     def __init__(self, start: float = 1000.0) -> None:
         self.time = start
@@ -29,6 +34,9 @@ class FakeClock:
 
     def now(self) -> float:
         return self.time
+
+    def wall(self) -> float:
+        return FAKE_EPOCH + self.time
 
     def sleep(self, seconds: float) -> None:
         assert seconds >= 0, seconds
@@ -44,7 +52,7 @@ class FakeClock:
 
     @property
     def clock(self) -> Clock:
-        return Clock(now=self.now, sleep=self.sleep)
+        return Clock(now=self.now, sleep=self.sleep, epoch=self.wall)
 
 
 def memory_store() -> TorchKeyValueStore:

@@ -85,7 +85,7 @@ class PaperGroup:
                 generation=self._generation,
                 node_rank=0,
                 host=host,
-                time=self._clock.now(),
+                time=self._clock.wall(),
                 rank=0,
                 exitcode=1,
             )
@@ -123,7 +123,7 @@ class PaperStarter:
         leases.hold(generation, node_rank)
         self.started.append(generation)
         group = PaperGroup(self._clock, generation, self._fails[generation])
-        hangs = HangWatch(self._spec.faults.hang_timeout, str(self._beats), self._clock.now)
+        hangs = HangWatch(self._spec.faults.hang_timeout, str(self._beats), self._clock.clock)
         topology = generation_topology(self._spec.layout, membership, None)
         return Generation(membership, node_rank, group, peers, hangs, topology)  # type: ignore[arg-type]
 

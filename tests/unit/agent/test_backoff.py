@@ -10,7 +10,7 @@ from .fakes import FakeClock
 
 def test_a_generation_that_ran_long_resets_the_backoff() -> None:
     clock = FakeClock()
-    backoff = RestartBackoff(1.0, clock=clock.now, sleep=clock.sleep)
+    backoff = RestartBackoff(1.0, clock.clock)
     waits = []
     for lived in (1.0, 1.0, 1.0, 120.0, 1.0):
         backoff.started()
@@ -23,7 +23,7 @@ def test_a_generation_that_ran_long_resets_the_backoff() -> None:
 
 def test_a_signal_ends_the_wait() -> None:
     clock = FakeClock()
-    backoff = RestartBackoff(10.0, clock=clock.now, sleep=clock.sleep)
+    backoff = RestartBackoff(10.0, clock.clock)
     for _ in range(2):  # immediate, then 10 s: the next wait is 20 s
         backoff.started()
         backoff.failed(lambda: None)

@@ -68,7 +68,7 @@ class Job:
         self.policy = FaultPolicy(
             self.rdzv, fault_part(spec), "10.0.0.0", lambda: None, self.clock.clock
         )
-        self.peers = PeerLeases(self.store, self.keys, 0, [1, 2], 2.0, 0.5, clock=self.clock.now)
+        self.peers = PeerLeases(self.store, self.keys, 0, [1, 2], 2.0, 0.5, clock=self.clock.clock)
 
     def charged(self) -> list[int]:
         return [self.rdzv.ledger.node_failures(f"10.0.0.{n}") for n in range(3)]
@@ -160,7 +160,7 @@ def test_a_node_left_behind_declares_none_of_the_peers_that_went_on(charges) -> 
     assert job.rdzv.ledger.charge(0, "10.0.0.2", "lost")
     job.rdzv.rounds.open_next_round(0)
     job.store.inner.set(job.keys.closed(1), Membership(1, [node(0), node(1)]).encode())
-    left_behind = PeerLeases(job.store, job.keys, 0, [0, 1], 2.0, 0.5, clock=job.clock.now)
+    left_behind = PeerLeases(job.store, job.keys, 0, [0, 1], 2.0, 0.5, clock=job.clock.clock)
     job.store.inner.set(job.keys.lease(0, 0), "7")
     job.store.inner.set(job.keys.lease(0, 1), "7")
     ended = False

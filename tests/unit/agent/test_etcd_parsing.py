@@ -19,6 +19,8 @@ from rtrain.agent.store.etcd.wire import NotEtcd, int_field, prefix_end, revisio
 from rtrain.core.errors import RendezvousError
 from rtrain.core.rendezvous.protocol import StoreKeys
 
+from .fakes import FakeClock
+
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=20),
     lambda inner: (
@@ -94,16 +96,16 @@ def test_int_fields_and_prefix_ends() -> None:
 def test_peer_leases_are_lost_when_etcd_deletes_their_key_or_they_never_come() -> None:
     keys = StoreKeys("job")
     watch = _Watch()
-    now = [0.0]
-    peers = EtcdPeerLeases(watch.items, keys, 3, [1, 2, 4], timeout=2.0, clock=lambda: now[0])
+    clock = FakeClock(0.0)
+    peers = EtcdPeerLeases(watch.items, keys, 3, [1, 2, 4], timeout=2.0, clock=clock.clock)
     watch._values = {keys.lease(3, 1): b"x", keys.lease(3, 2): b"y"}
     assert peers.stale() == []  # 4 has not written yet, within the timeout
     del watch._values[keys.lease(3, 2)]  # etcd expired node 2's lease
     assert peers.stale() == [2]
     peers.forget(2)
-    now[0] = 2.5
+    clock.time = 2.5
     assert peers.stale() == []  # a slow starter gets three timeouts
-    now[0] = 6.5
+    clock.time = 6.5
     assert peers.stale() == [4]  # never took its place
     watch._values[keys.lease(3, 2)] = b"z"
     assert peers.stale() == [4]  # a forgotten node is not revived
@@ -132,21 +134,21 @@ def test_nodes_start_on_members_spread_by_address_and_leave_a_failed_one_togethe
 def test_a_gone_peer_is_named_only_once_this_nodes_own_lease_was_renewed_after() -> None:
     keys = StoreKeys("job")
     watch = _Watch()
-    now = [0.0]
+    clock = FakeClock(0.0)
     renewed: list[float] = []  # keep-alives of this node's lease, by when they were sent
     asked: list[float] = []
     peers = EtcdPeerLeases(
-        watch.items, keys, 0, [1], timeout=2.0, clock=lambda: now[0],
+        watch.items, keys, 0, [1], timeout=2.0, clock=clock.clock,
         alive_since=lambda t: any(sent > t for sent in renewed),
-        renew_now=lambda: asked.append(now[0]),
+        renew_now=lambda: asked.append(clock.time),
     )  # fmt: skip
     watch._values = {keys.lease(0, 1): b"x"}
     renewed.append(0.5)
     assert peers.stale() == []
-    now[0] = 1.0
+    clock.time = 1.0
     del watch._values[keys.lease(0, 1)]  # node 1's key went; was it only node 1's lease?
     assert peers.stale() == [] and asked == [1.0]  # not before this node's own renewal
-    now[0] = 1.2
+    clock.time = 1.2
     assert peers.stale() == [] and asked == [1.0, 1.2]  # its own lapsed too: nobody named
     renewed.append(1.1)  # a keep-alive sent after the key was found gone came back
     assert peers.stale() == [1]

@@ -46,7 +46,7 @@ class Job:
             self.rdzv, fault_part(self.spec), "10.0.0.0", lambda: None, self.clock.clock
         )
         self.peers = PeerLeases(
-            self.store, self.rdzv.keys, 0, [1, 2], 5.0, 1.0, clock=self.clock.now
+            self.store, self.rdzv.keys, 0, [1, 2], 5.0, 1.0, clock=self.clock.clock
         )
 
     def renew(self, node: int, value: int) -> None:
@@ -173,7 +173,7 @@ def test_a_restart_charged_for_a_generation_that_lost_a_node_is_refunded() -> No
 
 def test_watching_the_peers_leases_is_one_request_however_many_peers() -> None:
     job = Job()
-    peers = PeerLeases(job.store, job.rdzv.keys, 0, list(range(1, 65)), 5.0, 1.0, job.clock.now)
+    peers = PeerLeases(job.store, job.rdzv.keys, 0, list(range(1, 65)), 5.0, 1.0, job.clock.clock)
     for node in range(1, 65):
         job.renew(node, 1)
     job.store.calls.clear()
@@ -187,7 +187,7 @@ def test_in_a_big_job_a_loss_found_by_its_watchers_reaches_every_node() -> None:
     job = Job()
     members = [MemberInfo(f"id{n}", f"10.0.0.{n}", 1) for n in range(12)]
     membership = Membership(0, members)
-    leases = StoreLeases(job.store, lambda: job.store, job.rdzv.keys, 5.0, 1.0, job.clock.now)
+    leases = StoreLeases(job.store, lambda: job.store, job.rdzv.keys, 5.0, 1.0, job.clock.clock)
     watch_0, watch_2 = leases.peers(0, 0, 12), leases.peers(0, 2, 12)
     assert 3 not in watch_0.watched and 3 in watch_2.watched
     for node in range(12):

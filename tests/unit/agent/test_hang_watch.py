@@ -19,6 +19,8 @@ from rtrain.core.clock import wait_until
 from rtrain.core.contract.environment import HEARTBEAT_FILE
 from rtrain.core.rendezvous.failures import error_file_payload
 
+from .fakes import FAKE_EPOCH, FakeClock
+
 TIMEOUT = 2.0
 
 
@@ -37,8 +39,8 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
         proc.wait()
 
 
-def _watch(tmp_path: Path, now: list[float]) -> HangWatch:
-    watch = HangWatch(TIMEOUT, str(tmp_path), clock=lambda: now[0])
+def _watch(tmp_path: Path, clock: FakeClock) -> HangWatch:
+    watch = HangWatch(TIMEOUT, str(tmp_path), clock=clock.clock)
     watch.worker_env(0, str(tmp_path))
     return watch
 
@@ -55,33 +57,34 @@ def _ran_again(pid: int) -> bool:
 
 
 def test_a_process_stopped_for_the_whole_timeout_is_hung_without_a_heartbeat(tmp_path, sleeper):
-    now = [0.0]
-    watch = _watch(tmp_path, now)
+    clock = FakeClock(0.0)
+    watch = _watch(tmp_path, clock)
     running = {0: sleeper.pid}
     assert watch.hung(running) == []
-    now[0] = 10.0  # a slow step in a process that runs: never armed, not hung
+    clock.time = 10.0  # a slow step in a process that runs: never armed, not hung
     assert watch.hung(running) == []
     _stop(sleeper.pid)
-    now[0] = 11.0
+    clock.time = 11.0
     assert watch.hung(running) == []  # held for less than the timeout
-    now[0] = 11.0 + TIMEOUT
+    clock.time = 11.0 + TIMEOUT
     assert watch.hung(running) == [0]
     found = inspect_hang(watch, 0, sleeper.pid, str(tmp_path / "error.json"))
     assert found.held and not found.victim
     assert "(process stopped), held for 2.0s" in found.message, found.message
+    assert found.fault_time == FAKE_EPOCH + 0.0  # the wall clock's: silent since its start
 
 
 def test_a_process_that_runs_again_is_not_held(tmp_path, sleeper):
-    now = [0.0]
-    watch = _watch(tmp_path, now)
+    clock = FakeClock(0.0)
+    watch = _watch(tmp_path, clock)
     running = {0: sleeper.pid}
     _stop(sleeper.pid)
     watch.hung(running)
     os.kill(sleeper.pid, signal.SIGCONT)
     assert _ran_again(sleeper.pid)
-    now[0] = 1.0
+    clock.time = 1.0
     watch.hung(running)
-    now[0] = 1.0 + TIMEOUT
+    clock.time = 1.0 + TIMEOUT
     assert watch.hung(running) == []
     assert watch.held_for(0) == 0.0
 
@@ -90,15 +93,15 @@ def test_a_rank_exiting_after_a_collective_error_is_a_victim(tmp_path, sleeper):
     error_file = tmp_path / "error.json"
     error = "DistBackendError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer"
     error_file.write_text(error_file_payload(error, "Traceback ...\n", 0.0))
-    now = [0.0]
-    found = inspect_hang(_watch(tmp_path, now), 0, sleeper.pid, str(error_file))
+    clock = FakeClock(0.0)
+    found = inspect_hang(_watch(tmp_path, clock), 0, sleeper.pid, str(error_file))
     assert found.victim and not found.held
     assert (
         "exiting after a collective error" in found.message and "Connection closed" in found.message
     )
     # an error of its own is not a victim's
     error_file.write_text(error_file_payload("ValueError: bad batch", "", 0.0))
-    found = inspect_hang(_watch(tmp_path, now), 0, sleeper.pid, str(error_file))
+    found = inspect_hang(_watch(tmp_path, clock), 0, sleeper.pid, str(error_file))
     assert not found.victim and "exiting after its error: ValueError" in found.message
 
 
@@ -110,18 +113,18 @@ def test_a_worker_is_watched_after_its_heartbeat_folder_is_removed(tmp_path, mon
 
     folder = tmp_path / "gen0"
     folder.mkdir()
-    now = [0.0]
-    watch = HangWatch(TIMEOUT, str(folder), clock=lambda: now[0])
+    clock = FakeClock(0.0)
+    watch = HangWatch(TIMEOUT, str(folder), clock=clock.clock)
     env = watch.worker_env(0, str(tmp_path))
     assert watch.hung([0]) == []  # read before the worker's first heartbeat
     monkeypatch.setenv(HEARTBEAT_FILE, env[HEARTBEAT_FILE])
     for step in range(6):
         heartbeat(step)  # the worker's own call: its mapping of the file
     shutil.rmtree(folder)
-    now[0] = 1.0
+    clock.time = 1.0
     assert watch.read(0) == (6, 5)
     assert watch.hung([0]) == []  # it beat a second ago
-    now[0] = 1.1 + TIMEOUT
+    clock.time = 1.1 + TIMEOUT
     assert watch.hung([0]) == [0]
 
 
@@ -133,24 +136,25 @@ def test_a_worker_without_its_first_heartbeat_is_hung_only_under_the_first_beat_
     left to --hang-timeout; without the flag a worker that never beats is never hung."""
     from rtrain.core.worker.api import heartbeat
 
-    now = [100.0]
-    watch = HangWatch(TIMEOUT, str(tmp_path), clock=lambda: now[0], first_beat_timeout=5.0)
+    clock = FakeClock(100.0)
+    watch = HangWatch(TIMEOUT, str(tmp_path), clock=clock.clock, first_beat_timeout=5.0)
     watch.worker_env(0, str(tmp_path / "w0"))
     env = watch.worker_env(1, str(tmp_path / "w1"))
     running = {0: sleeper.pid, 1: sleeper.pid}
     assert watch.hung(running) == []
-    now[0] = 104.0
+    clock.time = 104.0
     monkeypatch.setenv(HEARTBEAT_FILE, env[HEARTBEAT_FILE])
     heartbeat(0)  # rank 1's first heartbeat, 4 s after its start
     assert watch.hung(running) == []
-    now[0] = 105.5  # 5.5 s since the start: rank 0 is late; rank 1 beat 1.5 s ago
+    clock.time = 105.5  # 5.5 s since the start: rank 0 is late; rank 1 beat 1.5 s ago
     assert watch.hung(running) == [0]
     assert watch.silent_for(0) == 5.5
     found = inspect_hang(watch, 0, sleeper.pid, str(tmp_path / "error.json"))
     assert not found.held
     assert found.message.startswith("hung: no first heartbeat in the 5.5s since it started")
+    assert found.fault_time == FAKE_EPOCH + 100.0  # its start, on the watch's wall clock
     assert "(--first-heartbeat-timeout=5s)" in found.message
-    now[0] = 104.0 + TIMEOUT + 0.5  # rank 1 is hung only by --hang-timeout since its beat
+    clock.time = 104.0 + TIMEOUT + 0.5  # rank 1 is hung only by --hang-timeout since its beat
     assert watch.hung(running) == [0, 1]
     assert (
         "no heartbeat for 2.5s after step 0"
@@ -158,9 +162,9 @@ def test_a_worker_without_its_first_heartbeat_is_hung_only_under_the_first_beat_
     )
 
     (tmp_path / "plain").mkdir()
-    plain = HangWatch(TIMEOUT, str(tmp_path / "plain"), clock=lambda: now[0])
+    plain = HangWatch(TIMEOUT, str(tmp_path / "plain"), clock=clock.clock)
     plain.worker_env(0, str(tmp_path / "p0"))
-    now[0] += 3600.0
+    clock.time += 3600.0
     assert plain.hung({0: sleeper.pid}) == []  # never beat, no deadline: never hung
 
 
@@ -204,8 +208,8 @@ def test_a_rank_found_writing_its_collective_error_is_a_victim(tmp_path, monkeyp
     error_file = tmp_path / "error.json"
     error = "RuntimeError: [third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error"
     payload = error_file_payload(error, "", 0.0)
-    now = [0.0]
-    watch = _watch(tmp_path, now)
+    clock = FakeClock(0.0)
+    watch = _watch(tmp_path, clock)
     args = [watch.stack_file(0), str(error_file), payload, str(int(STACK_SIGNAL))]
     proc = subprocess.Popen(
         [sys.executable, str(tmp_path / "boot.py"), *args], stdout=subprocess.PIPE, text=True
@@ -257,7 +261,7 @@ def test_a_rank_whose_error_is_written_while_its_stack_is_taken_is_a_victim(tmp_
     (tmp_path / "boot.py").write_text(WRITTEN_DURING_THE_STACK)
     error_file = tmp_path / "error.json"
     error = "RuntimeError: [third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error"
-    watch = _watch(tmp_path, [0.0])
+    watch = _watch(tmp_path, FakeClock(0.0))
     args = [watch.stack_file(0), str(error_file), error_file_payload(error, "", 0.0)]
     proc = subprocess.Popen(
         [sys.executable, str(tmp_path / "boot.py"), *args, str(int(STACK_SIGNAL))],
