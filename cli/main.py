@@ -32,6 +32,9 @@ app = typer.Typer(
     # --install-completion / --show-completion: the shell completes commands and options
     # (launch's flags are argparse's, after `launch`, and are not completed)
     add_completion=True,
+    # click's help, not rich's boxes: rich cut option names and help at 80 columns
+    # ("--max-uncorrected-…"); click's wraps every cell whole at any width
+    rich_markup_mode=None,
 )
 
 
@@ -110,11 +113,15 @@ def _render(outcome: LaunchOutcome) -> None:
     if outcome.error is not None or plan is None:
         _error(str(outcome.error))
     elif result is None:  # a dry run
-        render.dry_run(Console(), plan.spec, plan.nproc, plan.took, outcome.store_host)
+        render.dry_run(
+            Console(), plan.spec, plan.nproc, plan.took, outcome.store_host, outcome.no_gpu_checks
+        )
     elif outcome.succeeded:
+        script = plan.spec.entrypoint.target
         if result.failures:
-            script = plan.spec.entrypoint.target
-            render.recovery_report(render.report_console(), script, result.failures)
+            generations = result.generation + 1
+            render.recovery_report(render.report_console(), script, result.failures, generations)
+        _note(render.success_line(script, result))
     elif result.failures:
         _exit_reason.append(result.message)
         script, message = plan.spec.entrypoint.target, result.message

@@ -8,7 +8,8 @@ record, its workers and the step each last gave in a heartbeat, and the failures
 the last few generations. Read-only: it never writes to the store, so it cannot
 disturb the job, and its requests are bounded (agent/observe/status_reader.py).
 Exit 0; 1 with one line if the store holds no such job or garbage under its keys;
-75 if the store does not answer; 64 for a bad flag.
+75 if the store does not answer (at once where its address refuses the connection: a
+finished job's store is gone); 64 for a bad flag.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from ..core.config.launch_spec import (
     RdzvSpec,
 )
 from ..core.config.rdzv_conf import parse_rdzv_conf
-from ..core.errors import RtrainError, UsageError
+from ..core.errors import RtrainError, StoreUnavailable, UsageError
 from .render.safe_text import shown
 
 BACKENDS = ("c10d", "static", *ETCD_BACKENDS)
@@ -96,13 +97,25 @@ def open_reader_store(rdzv: RdzvSpec) -> Any:
     that does not load torch (most of the command's time otherwise) where the installed
     torch is one it knows and the store answers its handshake; torch's client if not."""
     from ..agent.store.backends import open_etcd
-    from ..agent.store.tcpstore_wire import TCPStoreReader, WireUnsupported, torch_version_supported
+    from ..agent.store.tcpstore_wire import (
+        StoreUnreachable,
+        TCPStoreReader,
+        WireUnsupported,
+        torch_version_supported,
+    )
 
     if rdzv.is_etcd:
         return open_etcd(rdzv)
     if torch_version_supported():
-        try:
-            return TCPStoreReader.connect(rdzv.host, rdzv.port, rdzv.read_timeout)
+        try:  # a refused connection is answered at once: no store is there to wait for
+            return TCPStoreReader.connect(
+                rdzv.host, rdzv.port, rdzv.read_timeout, retry_refused=False
+            )
+        except StoreUnreachable as exc:
+            raise StoreUnavailable(
+                f"no rendezvous store at {rdzv.host}:{rdzv.port}: {exc.reason}; the job has "
+                "ended (its store ends with it) or has not started yet"
+            ) from None
         except WireUnsupported:
             pass
     from ..agent.store.opening import connect_store

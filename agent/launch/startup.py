@@ -20,6 +20,7 @@ from ...core.config.launch_spec import LaunchSpec, build_launch_spec
 from ...core.config.slurm.env import apply_slurm, read_slurm_job
 from ...core.config.worker_env import omp_threads_default
 from ...core.errors import ExitCode, RtrainError, UsageError
+from ..health.nvml_reader import nvml_missing
 from ..kube.shm import check_shm
 from ..observe import log
 from ..snapshots.job_secret import STORE_FALLBACK_WARNING, JobSecret, read_job_secret
@@ -65,6 +66,7 @@ class LaunchOutcome:
     error: RtrainError | None = None
     store_host: HostChoice | None = None
     result: RunResult | None = None
+    no_gpu_checks: str | None = None  # a dry run: why this node will run no GPU checks
 
     @property
     def succeeded(self) -> bool:
@@ -85,7 +87,11 @@ def launch(raw: dict[str, Any], environ: Mapping[str, str], notify: Notify) -> L
     except RtrainError as exc:
         return LaunchOutcome(error=exc)
     if plan.dry_run:
-        return LaunchOutcome(plan, store_host=store_host(plan.spec))
+        try:
+            off = nvml_missing(environ) if plan.spec.health.interval > 0 else None
+        except RtrainError as exc:  # a malformed fake-NVML scenario
+            return LaunchOutcome(plan, error=exc)
+        return LaunchOutcome(plan, store_host=store_host(plan.spec), no_gpu_checks=off)
     prepare(plan, environ, notify)
     try:
         agent = open_agent(plan, base_env, environ)

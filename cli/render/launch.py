@@ -1,17 +1,23 @@
-"""Rendering for `rtrain launch`: the failure report and the --dry-run summary."""
+"""Rendering for `rtrain launch`: the failure report, the recovery report and the line
+that says a job succeeded, and the --dry-run summary."""
 
 from __future__ import annotations
 
 import datetime
+import shlex
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ...agent.state import RunResult
 from ...agent.store.store_host import HostChoice
 from ...core.config.launch_spec import LaunchSpec
 from ...core.config.worker_env import flight_recorder_named
 from ...core.layout.topology import LayoutError, NodeSlot, build_grid
+from ...core.observe.events import EVENTS_FILE, read_events
+from ...core.observe.report import Report, build_report
 from ...core.rendezvous.failures import FailureKind, FailureRecord, failure_roles
 from .safe_text import plain, shown
 
@@ -44,15 +50,55 @@ def failure_report(
     console.print(Text.assemble(("rtrain:", "red"), " ") + plain(message, limit=None))
 
 
-def recovery_report(console: Console, script: str, failures: list[FailureRecord]) -> None:
-    """After a job that succeeded despite faults: what happened, and what rtrain did."""
-    generations = len({f.generation for f in failures})
-    title = (
-        f"{shown(script)} succeeded after {len(failures)} fault(s) in {generations} generation(s)"
-    )
+def recovery_report(
+    console: Console, script: str, failures: list[FailureRecord], generations: int
+) -> None:
+    """After a job that succeeded despite faults: what happened, and what rtrain did.
+    generations: how many ran (the last one's number + 1)."""
+    roots = failure_roles(failures).count("root cause")
+    title = f"{shown(script)} succeeded after {_count(len(failures), 'failure')}"
+    if roots != len(failures):
+        title += f" ({_count(roots, 'root cause')})"
+    title += f"; {_count(generations, 'generation')} ran"
     _failure_table(console, title, "bold yellow", failures)
     _flight_recorder_dumps(console, failures)
     _hung_stacks(console, failures)
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def success_line(script: str, result: RunResult) -> str:
+    """The last line of a job that succeeded: the step it reached, its wall time, the
+    faults it survived (its incidents: generations that ended in failures) and the
+    command that reports it, from the RunResult and this node's events (where written)."""
+    report = run_report(result.run_log_dir)
+    said = []
+    if report is not None and report.final_step is not None:
+        said.append(f"reached step {report.final_step}")
+    if report is not None and report.wall_s > 0:
+        said.append(f"{report.wall_s:.1f} s wall time")
+    incidents = len({f.generation for f in result.failures})
+    survived = _count(incidents, "fault") + " survived"
+    if incidents:
+        survived += f" over {_count(result.generation + 1, 'generation')}"
+    said.append(survived)
+    line = f"{shown(script)} succeeded: {', '.join(said)}"
+    if report is not None:
+        line += f"; see: rtrain report {shown(shlex.quote(result.run_log_dir), None)}"
+    return line
+
+
+def run_report(run_log_dir: str) -> Report | None:
+    """The report of this node's events (None: it wrote none: --events off)."""
+    path = Path(run_log_dir) / EVENTS_FILE
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            events, _ = read_events(handle)
+    except OSError:
+        return None
+    return build_report(events) if events else None
 
 
 def _flight_recorder_dumps(console: Console, failures: list[FailureRecord]) -> None:
@@ -101,8 +147,10 @@ def dry_run(
     nproc: int,
     took: list[str] | None = None,
     store_host: HostChoice | None = None,
+    no_gpu_checks: str | None = None,
 ) -> None:
-    """store_host: which node hosts the job's TCPStore and why (None over etcd)."""
+    """store_host: which node hosts the job's TCPStore and why (None over etcd);
+    no_gpu_checks: why this node will run no GPU checks (no NVML), if it will not."""
     table = Table(title="rtrain launch --dry-run", show_header=False)
     table.add_column("setting", style="bold")
     table.add_column("value")
@@ -149,13 +197,7 @@ def dry_run(
             "max node failures",
             str(spec.faults.max_node_failures or "unlimited (no node is excluded)"),
         ),
-        (
-            "GPU health",
-            f"every check every {spec.health.interval:g}s, XIDs at once"
-            + ("; drain on fault (Slurm)" if spec.health.drain_on_fault else "")
-            if spec.health.interval > 0
-            else "off (--health-interval=0)",
-        ),
+        ("GPU health", _gpu_checks(spec, no_gpu_checks)),
     ]
     if spec.slurm is not None:
         job = spec.slurm
@@ -172,6 +214,15 @@ def dry_run(
         table.add_row(name, plain(value, limit=None))
     console.print(table)
     layout_table(console, spec, nproc)
+
+
+def _gpu_checks(spec: LaunchSpec, missing: str | None) -> str:
+    if spec.health.interval <= 0:
+        return "off (--health-interval=0)"
+    if missing is not None:
+        return f"no GPU checks: {missing}"
+    drain = "; drain on fault (Slurm)" if spec.health.drain_on_fault else ""
+    return f"every check every {spec.health.interval:g}s, XIDs at once{drain}"
 
 
 def _store_host(choice: HostChoice) -> str:

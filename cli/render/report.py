@@ -110,10 +110,11 @@ def summary(report: Report) -> list[str]:
         again += f", and those of {unknown} incident(s) unknown"
     lines = [
         f"ended: {report.ended or 'unknown'}",
-        f"wall time {report.wall_s:.2f} s; time lost: {'' if exact else '>='}{down:.2f} s "
-        f"down, {again}",
+        f"wall time {report.wall_s:.2f} s (from the first event); time lost: "
+        f"{report.startup_s:.2f} s starting up (to the first step), "
+        f"{'' if exact else '>='}{down:.2f} s down, {again}",
         f"last step reached {final}; {step} per step; goodput {goodput} (wall time less "
-        "the time down and the steps done again, over wall time)",
+        "the start-up, the time down and the steps done again, over wall time)",
     ]
     if report.repairs:
         kept = sum(len(note.kept) for note in report.repairs.values())
@@ -122,6 +123,18 @@ def summary(report: Report) -> list[str]:
             "across them instead of restarted"
         )
     return lines
+
+
+def no_replication(report: Report) -> str:
+    """What the throughput panel says when no replica was sent: whether snapshots were
+    taken (a generation's newest committed step, a restore) or none."""
+    said = []
+    if report.committed is not None:
+        said.append(f"newest committed: step {report.committed}")
+    said += [f"step {step} restored in gen {gen}" for gen, step in sorted(report.restored.items())]
+    if not said:
+        return "no snapshots taken (no replication events)"
+    return f"snapshots taken ({'; '.join(said)}), none replicated to a peer (one node has none)"
 
 
 def _label(text: str) -> str:
@@ -186,7 +199,7 @@ def draw_report(report: Report, folder: Path) -> list[Path]:
         rates.text(
             0.5,
             0.5,
-            "no replication events (no snapshots taken)",
+            no_replication(report),
             ha="center",
             transform=rates.transAxes,
             color="#666",

@@ -46,11 +46,11 @@ def status_view(view: JobStatus, seconds: float | None = None) -> Group:
                 if record
                 else "-"
             )
-            snap = (
-                f"{_step(record.committed)} (replicated {_step(record.replicated)})"
-                if record and record.committed is not None
-                else "-"
-            )
+            snap = "-" if record is None or record.committed is None else str(record.committed)
+            if record is not None and record.committed is not None:
+                # None: no copy on a peer (a single node has none, or none sent yet)
+                held = record.replicated
+                snap += " (not replicated)" if held is None else f" (replicated {held})"
             seen_text = plain(seen + (f"  {n.problem}" if n.problem else ""))
             if n.problem:
                 seen_text.stylize("red")

@@ -111,8 +111,8 @@ class NodeMetrics:
             if self._step_seen is None or step != self._step_seen[1]:
                 self._step_seen = (now, step)
             self.step = step
-        if committed is not None:
-            self.replication_lag = committed - (replicated if replicated is not None else -1)
+        if committed is not None and replicated is not None:
+            self.replication_lag = committed - replicated
 
     @property
     def goodput(self) -> float | None:

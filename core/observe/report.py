@@ -18,13 +18,19 @@ clock (wall-clock, from the first event), in the table as in the timeline:
   last step each generation's workers were seen at; else from the generations whose
   first step is known;
 - an unfinished job (a node's agent exited other than 0) costs the time from the last
-  step of its last generation to its end, and the report says how it ended;
+  step of its last generation to its end (from that generation's start where no
+  heartbeat said a step: nothing says it made progress), and the report says how it
+  ended;
+- the start-up: from the first event (an agent's start) to the first generation's first
+  step (its workers' first heartbeat, less the steps made by then at the step time);
+  without heartbeats, to that generation's start;
 - a repair in place (the `repair` event: rtrain.repairable workers): its incident says
   which ranks kept their processes and which were restarted, and each node's lane
   marks when it repaired;
-- goodput: the wall time, from the first generation's start to the job's end, less
+- goodput: the wall time, from the first event to the job's end, less the start-up,
   the downtime, the steps done again at the step time and an unfinished job's tail,
-  over the wall time; an upper bound where something lost is unknown.
+  over the wall time (a job that never stepped: 0); an upper bound where something
+  lost is unknown.
 """
 
 from __future__ import annotations
@@ -99,6 +105,10 @@ class Report:
     goodput_bound: bool = False  # goodput is an upper bound: something lost is unknown
     redone_s: float = 0.0  # the steps done again, at the step time
     repairs: dict[int, RepairNote] = field(default_factory=dict)  # by from_generation
+    startup_s: float = 0.0  # from the first event to the first step (the start-up)
+    restored: dict[int, int] = field(default_factory=dict)  # generation -> snapshot step
+    committed: int | None = None  # the newest snapshot step committed, where said
+    generations: int = 0  # how many generations started
 
 
 def build_report(events: Iterable[Event], bad_lines: int = 0) -> Report:
@@ -111,24 +121,50 @@ def build_report(events: Iterable[Event], bad_lines: int = 0) -> Report:
     origin, lines, ends = fold.origin, fold.lines, fold.ends
     end = ordered[-1].t - origin
     fold.close_unended(end)
-    first_start = min(fold.starts.values(), default=0.0)
     last_gen = max((e.generation for e in ends if e.generation is not None), default=None)
     ending = job_ending(fold.job_ends, [e for e in ends if e.generation == last_gen], origin)
     last_end = max((s.end for ln in lines.values() for s in ln.generations), default=end)
     last_end = max(last_end, ending.end or last_end)
-    wall = max(last_end - first_start, 0.0)
+    wall = max(last_end, 0.0)  # from the first event, the origin of every time shown
     step_s = heartbeat_step_time(ends) or fold.trained_step_time()
+    startup = _startup(fold, step_s)
     repairs = merge(fold.notes)
     steps = (ends, fold.restored_at, step_s)
     rows = _incidents(fold.faults, origin, fold.starts, fold.recoveries, steps)
     rows = [replace(row, repair=_repaired(repairs, row.generation)) for row in rows]
     if ending.unfinished:
-        rows.append(_tail_row(ending, last_gen, ends, last_end))
-    redone, goodput, bound = _goodput(rows, wall, step_s, ending.unfinished)
+        start = None if last_gen is None else fold.starts.get(last_gen)
+        rows.append(_tail_row(ending, last_gen, start, last_end))
+    redone, goodput, bound = _goodput(rows, wall, step_s, ending.unfinished, startup)
     report = Report(origin, list(lines.values()), rows, wall, fold.final_step, step_s, goodput)
     report.bad_lines, report.ended, report.goodput_bound = bad_lines, ending.text, bound
-    report.redone_s, report.repairs = redone, repairs
+    report.redone_s, report.repairs, report.startup_s = redone, repairs, startup
+    report.restored, report.committed = dict(fold.restored_at), fold.committed
+    report.generations = len(fold.starts)
     return report
+
+
+def _startup(fold: _Fold, step_s: float | None) -> float:
+    """From the first event to the first generation's first step: its workers' first
+    heartbeat seen, less the steps they had made by then at the step time (never before
+    the generation's start); without a heartbeat, or the step time where steps were
+    made, to its start."""
+    if not fold.starts:
+        return 0.0
+    first = min(fold.starts)
+    start = fold.starts[first]
+    index = fold.restored_at.get(first, -1) + 1  # the generation's first step
+    seen = [
+        (e.first_seen_t, e.first_seen - index)
+        for e in fold.ends
+        if e.generation == first and e.first_seen_t is not None and e.first_seen is not None
+    ]
+    if not seen:
+        return start
+    t_seen, made = min(seen)
+    if made > 0 and step_s is None:
+        return start
+    return max(t_seen - max(made, 0) * (step_s or 0.0), start)
 
 
 @dataclass
@@ -146,6 +182,7 @@ class _Fold:
     trained_s: float = 0.0  # the generations whose first and last steps are known
     trained_steps: int = 0
     final_step: int | None = None
+    committed: int | None = None  # the newest snapshot step committed (generation_end)
     faults: list[Event] = field(default_factory=list)
     ends: list[GenerationEnd] = field(default_factory=list)
     job_ends: list[Event] = field(default_factory=list)
@@ -191,15 +228,18 @@ class _Fold:
     def _ended(self, event: Event, line: NodeLine, t: float) -> None:
         generation, start, restored = self.open_at.pop(event.agent)
         line.generations.append(Span(generation, start, t, str(event["outcome"])))
-        reached = event.get("reached_step")
-        last = reached if isinstance(reached, int) else event.get("last_step")
+        end = generation_end(event, self.origin)
+        committed = event.get("last_step")
+        if isinstance(committed, int):
+            self.committed = max(self.committed if self.committed is not None else -1, committed)
+        last = end.reached if end.reached is not None else committed
         first = restored if isinstance(restored, int) else -1 if generation == 0 else None
         if isinstance(last, int) and first is not None:
             self.trained_s += t - start
             self.trained_steps += max(last - first, 0)
         if isinstance(last, int):
             self.final_step = max(self.final_step if self.final_step is not None else -1, last)
-        self.ends.append(generation_end(event, self.origin))
+        self.ends.append(end)
 
     def _repair(self, event: Event, line: NodeLine, t: float) -> None:
         try:
@@ -238,11 +278,11 @@ class _Fold:
 
 
 def _goodput(
-    rows: list[FailureRow], wall: float, step_s: float | None, unfinished: bool
+    rows: list[FailureRow], wall: float, step_s: float | None, unfinished: bool, startup: float
 ) -> tuple[float, float | None, bool]:
     """The steps done again at the step time, the goodput, and whether it is an upper
     bound (something lost unknown). rows: the incidents, an unfinished job's tail last."""
-    down = sum(row.time_lost_s or 0.0 for row in rows)
+    down = startup + sum(row.time_lost_s or 0.0 for row in rows)
     redone = sum(row.steps_lost or 0 for row in rows) * (step_s or 0.0)
     # an upper bound where a recovery's steps are unknown, or its time only bounded
     bound = any(
@@ -250,21 +290,22 @@ def _goodput(
         for row in rows[: len(rows) - unfinished]
     )
     bound = bound or (step_s is None and any(row.steps_lost for row in rows))
+    bound = bound and down + redone < wall  # nothing left to bound: no step was kept
     goodput = max(wall - down - redone, 0.0) / wall if wall > 0 else None
     return redone, goodput, bound
 
 
 def _tail_row(
-    ending: Ending, generation: int | None, ends: list[GenerationEnd], end: float
+    ending: Ending, generation: int | None, start: float | None, end: float
 ) -> FailureRow:
-    """An unfinished job's last generation: the time from its last step to the end."""
+    """An unfinished job's last generation: the time from its last step to the end; from
+    its start where no heartbeat said a step (nothing says it made any progress)."""
     since = ending.tail_from
-    exact = since is not None
-    if since is None:  # no step seen: from its generation's end, a lower bound
-        since = max((e.t for e in ends if e.generation == generation), default=end)
+    if since is None:
+        since = end if start is None else start
     kind = ending.text.split(" (")[0]
     lost = max(end - since, 0.0)
-    return FailureRow(since, generation, kind, "the job", None, lost, None, 0, exact)
+    return FailureRow(since, generation, kind, "the job", None, lost, None, 0)
 
 
 def _repaired(repairs: dict[int, RepairNote], generation: int | None) -> RepairNote | None:

@@ -36,15 +36,21 @@ def _time(value: object, origin: float) -> float | None:
 
 
 def generation_end(event: Event, origin: float) -> GenerationEnd:
+    first_seen = _int(event.get("first_seen_step"))
+    last_beat_t = _time(event.get("last_beat_t"), origin)
+    reached = _int(event.get("reached_step"))
+    if first_seen is None and last_beat_t is None:
+        # no heartbeat seen: older agents read the zeroed heartbeat file as step 0
+        reached = None
     return GenerationEnd(
         event.agent,
         event.generation,
         event.t - origin,
         str(event["outcome"]),
-        _int(event.get("reached_step")),
-        _int(event.get("first_seen_step")),
+        reached,
+        first_seen,
         _time(event.get("first_seen_t"), origin),
-        _time(event.get("last_beat_t"), origin),
+        last_beat_t,
     )
 
 

@@ -33,7 +33,7 @@ def test_log_format_json_makes_every_rtrain_line_one_object(tmp_path: Path) -> N
     records = [json.loads(line) for line in lines if line.startswith("{")]
     assert records and all(r["logger"].startswith("rtrain") for r in records)
     assert {(r["node"], r["generation"]) for r in records} >= {(None, None), (0, 0)}
-    assert any("started 1 workers" in r["message"] for r in records)
+    assert any("started 1 worker (ranks 0-0 of 1)" in r["message"] for r in records)
 
 
 def test_gpu_workers_get_the_flight_recorder_and_its_dump_is_named(tmp_path: Path) -> None:

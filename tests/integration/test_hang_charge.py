@@ -72,7 +72,7 @@ def _assert_charged(cluster: LocalCluster, culprits: list[int], tmp_path) -> Non
     # cause, node 0's blocked rank its victim
     log = cluster.log(0)
     summary = log[log.index("succeeded after") :]
-    root = next(line for line in summary.splitlines() if "root cause" in line)
+    root = next(line for line in summary.splitlines() if "│ root cause" in line)
     assert "hang" in root and any(host in root for host in hosts), summary
     victims = [
         row

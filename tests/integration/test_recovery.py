@@ -109,7 +109,7 @@ def test_hung_worker_is_detected_its_stack_reported_and_the_job_recovers(
     # rank 0 may go silent too (waiting for rank 1 in all_reduce) and be reported as a
     # second hang; either way rank 1 is the root cause
     report = log[log.index("succeeded after") :]
-    root = next(line for line in report.splitlines() if "root cause" in line)
+    root = next(line for line in report.splitlines() if "│ root cause" in line)
     assert "hang" in root and "1 (1)" in root, report
     rank1_stack = report.split("Stack of hung rank 1:")[1].split("Stack of hung rank 0:")[0]
     assert frame in rank1_stack, report
@@ -153,7 +153,7 @@ def test_a_worker_hung_before_its_first_heartbeat_is_found_by_the_first_beat_dea
     silent = float(hung[1]["message"].split("in the ")[1].split("s since")[0])
     assert 4.0 <= silent < 5.5  # found within a check (0.5 s) of the deadline
     report = log[log.index("succeeded after") :]
-    root = next(line for line in report.splitlines() if "root cause" in line)
+    root = next(line for line in report.splitlines() if "│ root cause" in line)
     assert "hang" in root and "1 (1)" in root, report
     assert "deadlocked_here" in report.split("Stack of hung rank 1:")[1], report
 

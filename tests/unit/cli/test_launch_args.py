@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from rtrain.cli.launch_args import build_parser, launch_help, parse_launch_args
 from rtrain.core.config.settings import SETTINGS
@@ -116,7 +118,9 @@ def test_dry_run_shows_the_layout_grid_and_fault_settings(capsys):
         "--rdzv-endpoint=head:29400",
         "examples/train_mlp.py",
     ]
-    assert run_launch(argv, {}) == 0
+    # a node whose NVML answers (a fake one): the checks it promises are run
+    healthy = Path(__file__).parents[2] / "scenarios" / "healthy_8gpu.json"
+    assert run_launch(argv, {"RTRAIN_FAKE_NVML": str(healthy)}) == 0
     out = capsys.readouterr().out
     assert "DP=2 x PP=2 x TP=2 over 2 nodes" in out
     assert "30s after a worker's first heartbeat()" in out

@@ -68,3 +68,16 @@ def test_a_bad_flag_never_reaches_the_start_up(
     assert main.run_launch(["--no-such-flag", "t.py"], {}) == ExitCode.USAGE
     err = capsys.readouterr().err
     assert "unrecognized arguments: --no-such-flag" in err and "reached" not in err
+
+
+def test_a_success_says_so_in_one_line_without_events(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # --events off: no events.jsonl, so no step, wall time or report command to name
+    result = RunResult(
+        AgentState.SUCCEEDED, ExitCode.SUCCESS, "all workers succeeded", str(tmp_path)
+    )
+    _start_up_with(monkeypatch, LaunchOutcome(_plan(tmp_path), result=result))
+    assert main.run_launch(["t.py"], {}) == ExitCode.SUCCESS
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last == f"rtrain: {tmp_path / 'train.py'} succeeded: 0 faults survived"

@@ -455,7 +455,10 @@ def test_steps_done_again_come_from_the_heartbeats() -> None:
     # one step after its first)
     assert crash.time_lost_s == pytest.approx(1007.1 - 0.1 - 1005.1)
     assert report.final_step == 59 and report.ended == "succeeded (exit 0 on every node)"
-    lost = crash.time_lost_s + 31 * report.step_s
+    # the start-up: from the first event to the first step (step 1 seen at 1001, one
+    # step after the first)
+    assert report.startup_s == pytest.approx(0.9)
+    lost = report.startup_s + crash.time_lost_s + 31 * report.step_s
     assert report.goodput == pytest.approx((report.wall_s - lost) / report.wall_s)
     assert not report.goodput_bound
 
@@ -497,7 +500,8 @@ def test_an_unfinished_job_says_how_it_ended_and_costs_its_tail() -> None:
     (tail,) = report.failures  # it said '0.00 s lost' and 'goodput 100.0%'
     assert report.ended == "unfinished: exit 75 on every node (store gone)"
     assert tail.kind == "unfinished: exit 75 on every node" and tail.time_lost_s == 25.0
-    assert report.wall_s == 30.0 and report.goodput == pytest.approx(5 / 30)
+    # 1 s starting up: its first step was seen at 1001
+    assert report.wall_s == 30.0 and report.goodput == pytest.approx(4 / 30)
 
 
 def test_the_report_fits_80_columns_without_cutting_a_cell(monkeypatch, capsys) -> None:
