@@ -16,7 +16,7 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[2] / "rtrain"  # the package: cli, agent, core
 LAYERS = {"cli": 2, "agent": 1, "core": 0}  # a layer imports only lower or equal ones
 IO_MODULES = {
     "asyncio", "concurrent", "ctypes", "fcntl", "glob", "http", "io", "mmap",

@@ -13,7 +13,7 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[2] / "rtrain"  # the package: cli, agent, core
 LAYERS = ("agent", "core", "cli")
 MAX_FUNCTION_LINES = 80
 MAX_FILE_LINES = 400

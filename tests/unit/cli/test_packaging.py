@@ -65,8 +65,8 @@ def test_every_package_folder_is_listed_for_the_wheel() -> None:
     listed = {name.strip() for name in config["options"]["packages"].split() if name.strip()}
     found = set()
     for layer in ("cli", "agent", "core"):
-        for folder, _dirs, files in os.walk(ROOT / layer):
+        for folder, _dirs, files in os.walk(ROOT / "rtrain" / layer):
             if "__init__.py" in files:
-                relative = Path(folder).relative_to(ROOT / layer)
+                relative = Path(folder).relative_to(ROOT / "rtrain" / layer)
                 found.add(".".join(["rtrain", layer, *relative.parts]))
     assert found - listed == set()
