@@ -27,22 +27,10 @@ def _folders(base: Path) -> set[str]:
     return {p.name for p in base.iterdir() if p.name.startswith(PREFIX)}
 
 
-def test_the_next_agent_removes_the_folder_of_a_node_killed_whole(tmp_path: Path) -> None:
-    base = tmp_path / "shm"
-    base.mkdir()
-    (tmp_path / "trains.py").write_text(TRAINS)
-    (tmp_path / "quick.py").write_text(QUICK)
-    env = {**os.environ, BASE_ENV: str(base)}
-    args = ["--standalone", "--nproc-per-node=2"]
-    killed = subprocess.Popen(
-        [*RTRAIN, *args, str(tmp_path / "trains.py")],
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # its own process group: the whole node, and only it
-    )
-    live = subprocess.Popen(
+def _node(tmp_path: Path, env: dict[str, str], args: list[str]) -> subprocess.Popen[bytes]:
+    """A node that trains until it is killed, in its own process group: the whole node,
+    and only it, goes with one killpg."""
+    return subprocess.Popen(
         [*RTRAIN, *args, str(tmp_path / "trains.py")],
         env=env,
         cwd=ROOT,
@@ -50,6 +38,16 @@ def test_the_next_agent_removes_the_folder_of_a_node_killed_whole(tmp_path: Path
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
+
+
+def test_the_next_agent_removes_the_folder_of_a_node_killed_whole(tmp_path: Path) -> None:
+    base = tmp_path / "shm"
+    base.mkdir()
+    (tmp_path / "trains.py").write_text(TRAINS)
+    (tmp_path / "quick.py").write_text(QUICK)
+    env = {**os.environ, BASE_ENV: str(base)}
+    args = ["--standalone", "--nproc-per-node=2"]
+    killed, live = _node(tmp_path, env, args), _node(tmp_path, env, args)
     try:
         deadline = time.monotonic() + 60
         while len(_folders(base)) < 2 and time.monotonic() < deadline:
