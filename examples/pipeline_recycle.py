@@ -28,9 +28,10 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch import nn
+
 from rtrain.core import WorkerPlan, recycle_worker_plan, restore, snapshot
 from rtrain.core.worker.pipelining import ScheduleReCycle, recycle_stage
-from torch import nn
 
 
 def make_stage(stage: int, pp: int, hidden: int) -> nn.Module:

@@ -33,6 +33,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_launch import write_doc
+
 from rtrain.agent.health.fake_nvml import FakeNvml, load_scenario
 from rtrain.agent.health.gpu_monitor import GpuMonitor
 from rtrain.core.health.gpu_health import Thresholds

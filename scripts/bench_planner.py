@@ -29,6 +29,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_launch import write_doc
+
 from rtrain.core.planner.job import PipelineJob
 from rtrain.core.planner.plan import NoSurvivor
 from rtrain.core.planner.report import timeline_svg

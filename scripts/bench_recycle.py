@@ -32,6 +32,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_launch import write_doc
+
 from rtrain.cli.render.timeline import write_timeline_png
 from rtrain.core.layout.recycle import failure_plan
 from rtrain.core.planner.job import PipelineJob

@@ -22,13 +22,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+from torch.nn import functional
+
 from rtrain.core.layout.recycle import failure_plan
 from rtrain.core.planner.job import PipelineJob
 from rtrain.core.worker.pipelining import ScheduleReCycle, recycle_stage
 from rtrain.core.worker.recycle import worker_plan
-from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-from torch.nn import functional
 
 
 class SleepOnBackward(torch.autograd.Function):

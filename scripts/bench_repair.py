@@ -43,6 +43,7 @@ from pathlib import Path
 import psutil
 from rich.console import Console
 from rich.table import Table
+
 from rtrain.core.errors import ExitCode
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -105,8 +105,9 @@ def run_disk() -> None:
 
 
 def run_snapshot() -> None:
-    import rtrain
     from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import rtrain
 
     dist.init_process_group("gloo")
     restored = rtrain.restore(copy=False)
@@ -122,8 +123,9 @@ def run_snapshot() -> None:
 def run_repair() -> None:
     """Repair in place: H8's rtrain.repairable re-enters train() in the same process on
     the next generation's group; the model, optimizer and buffer live outside it."""
-    import rtrain
     from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import rtrain
 
     kept = {"model": MODEL, "optimizer": OPTIMIZER, "extra": EXTRA}
 

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from rich.console import Console
 from rich.table import Table
+
 from rtrain.core.snapshots.format import plan_shard
 from rtrain.core.snapshots.skeleton import decode
 

@@ -48,6 +48,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_e2e import end_to_end
 from bench_launch import write_doc
+
 from rtrain.agent.snapshots.checksums import checksums, verify
 from rtrain.agent.snapshots.peers.client import ShardClient
 from rtrain.agent.snapshots.peers.server import ShardServer

@@ -43,11 +43,12 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-import rtrain.core.worker.snapshots as api
 import torch
+from torch import nn
+
+import rtrain.core.worker.snapshots as api
 from rtrain.core.snapshots.format import ALIGN, set_replicated
 from rtrain.core.worker.dcp import storage as dcp_storage
-from torch import nn
 
 PARTS = ("state_dict", "layout", "write")
 

@@ -27,8 +27,9 @@ import time
 
 import torch
 import torch.distributed as dist
-from rtrain.core import heartbeat, snapshot
 from torch import nn
+
+from rtrain.core import heartbeat, snapshot
 
 
 def build(state_mb: float, world: int, fsdp: bool) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -88,8 +89,9 @@ def _timed_load(source: str, disk: str, model: nn.Module, optimizer: torch.optim
     'tiny' in it loads the data position alone (DCP's fixed cost: the planning
     collectives and the metadata, almost no bytes)."""
     import torch.distributed.checkpoint as dcp
-    from rtrain.core.worker.dcp import SnapshotReader
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    from rtrain.core.worker.dcp import SnapshotReader
 
     tiny = source.startswith("tiny")
     state: dict = {"data": {"next": 0}}
@@ -175,8 +177,9 @@ def main() -> None:
     start = 0
     if args.kept_with == "dcp":
         import torch.distributed.checkpoint as dcp
-        from rtrain.core.worker.dcp import SnapshotWriter, restored_step
         from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        from rtrain.core.worker.dcp import SnapshotWriter, restored_step
 
         if restored_step() is not None:
             timings = restore_timings(args.disk, model, optimizer)

@@ -29,7 +29,6 @@ from rtrain.core.contract.repair_files import (  # noqa: E402
     encode_request,
     encode_resume,
 )
-
 from tests.integration.test_repair_release import Workers, wait_for  # noqa: E402
 
 

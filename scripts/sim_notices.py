@@ -22,8 +22,9 @@ import struct
 import threading
 from collections.abc import Callable
 
-from rtrain.agent.store.tcpstore_wire import TCPStoreReader, _key, _string
 from sim_counting import Requests
+
+from rtrain.agent.store.tcpstore_wire import TCPStoreReader, _key, _string
 
 WAIT = 6  # c10d's QueryType::WAIT; the answer is one byte, STOP_WAITING (0)
 STOP_WAITING = 0

@@ -51,6 +51,10 @@ ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from sim_counting import CountedEtcdClient, CountedTorchStore, Requests  # noqa: E402
+from sim_loop import BATCH, Loop, RunSlots  # noqa: E402
+from sim_notices import WaitMux  # noqa: E402
+
 from rtrain.agent.faults import FaultPolicy  # noqa: E402
 from rtrain.agent.generation import Joined  # noqa: E402
 from rtrain.agent.monitor import STORE_CHECK_S  # noqa: E402
@@ -64,9 +68,6 @@ from rtrain.agent.store.torch_store import TorchKeyValueStore  # noqa: E402
 from rtrain.cli.launch_args import parse_launch_args  # noqa: E402
 from rtrain.core.config.launch_spec import LaunchSpec, build_launch_spec  # noqa: E402
 from rtrain.core.rendezvous.protocol import MemberInfo, Membership  # noqa: E402
-from sim_counting import CountedEtcdClient, CountedTorchStore, Requests  # noqa: E402
-from sim_loop import BATCH, Loop, RunSlots  # noqa: E402
-from sim_notices import WaitMux  # noqa: E402
 
 
 def decode_memberships_once() -> None:

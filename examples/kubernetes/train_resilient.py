@@ -22,11 +22,12 @@ import argparse
 import gc
 import os
 
-import rtrain
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+
+import rtrain
 
 
 def batch(step: int, rank: int, size: int, device: torch.device) -> tuple[torch.Tensor, ...]:

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from rtrain.core.observe.events import Event
 
+from rtrain.core.observe.events import Event
 from tests.integration.helpers import ROOT, RTRAIN, HeldPort, events_under, probe_env
 
 RESUMABLE = str(ROOT / "tests" / "scripts" / "train_resumable.py")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from rtrain.agent.snapshots.checksums import checksums
 from rtrain.agent.snapshots.peers.client import ShardClient
 from rtrain.agent.snapshots.peers.server import ShardServer

@@ -44,8 +44,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from rtrain.agent.snapshots.restore.restorer import STOP_MID_RESTORE
 
+from rtrain.agent.snapshots.restore.restorer import STOP_MID_RESTORE
 from tests.integration.cluster import SNAPSHOTTING, LocalCluster
 
 SCRIPT = str(Path(SNAPSHOTTING).with_name("train_fsdp2_dcp.py"))

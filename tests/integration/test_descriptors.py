@@ -15,8 +15,8 @@ import time
 
 import psutil
 import pytest
-from rtrain.agent.observe.metrics_http import MAX_CONNECTIONS
 
+from rtrain.agent.observe.metrics_http import MAX_CONNECTIONS
 from tests.integration.cluster import SNAPSHOTTING, LocalCluster
 from tests.integration.conftest import SNAPSHOT_FLAGS, SNAPSHOT_STEPS
 from tests.integration.helpers import HeldPort

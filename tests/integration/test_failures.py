@@ -9,8 +9,8 @@ import time
 
 import psutil
 import pytest
-from rtrain.core.rendezvous.failures import FailureRecord
 
+from rtrain.core.rendezvous.failures import FailureRecord
 from tests.integration.helpers import PROBE, RTRAIN, events_under, probe_env, records, run
 
 pytestmark = pytest.mark.integration

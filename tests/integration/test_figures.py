@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 
 import pytest
+
 from rtrain.cli.render.report import no_replication
 from rtrain.core.observe.report import build_report
-
 from tests.integration.cluster import LocalCluster
 from tests.integration.helpers import ROOT, RTRAIN, events_under, probe_env, run
 

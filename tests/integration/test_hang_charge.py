@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 from rtrain.core.observe.report import build_report
-
 from tests.integration.cluster import LocalCluster, final_records
 
 FAST = ["--heartbeat-interval=0.5", "--heartbeat-timeout=2"]

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from rtrain.agent.health.fake_nvml import FakeNvml, load_scenario
 from rtrain.agent.health.nvml_reader import NvmlReader
 from rtrain.core.health.gpu_health import Thresholds, Verdict, evaluate_node
-
 from tests.integration.helpers import ROOT, error_lines, run
 
 HEALTH = [sys.executable, "-m", "rtrain.cli.main", "health"]

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
 from rtrain.core.observe.events import read_events
 
 from . import pods

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from rtrain.agent.runtime_dir import BASE_ENV, PREFIX
 
+from rtrain.agent.runtime_dir import BASE_ENV, PREFIX
 from tests.integration.helpers import ROOT, RTRAIN, run
 
 pytestmark = pytest.mark.integration

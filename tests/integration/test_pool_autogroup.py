@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-from rtrain.agent.workers.pool import WorkerPool
 
+from rtrain.agent.workers.pool import WorkerPool
 from tests.integration.helpers import run
 
 pytestmark = pytest.mark.integration

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from rtrain.agent.workers.pool import WorkerExit, WorkerPool
 
 pytestmark = pytest.mark.integration

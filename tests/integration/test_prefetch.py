@@ -13,6 +13,7 @@ import time
 
 import pytest
 import torch
+
 from rtrain.agent.snapshots.checksums import checksums
 from rtrain.agent.snapshots.peers.client import ShardClient
 from rtrain.agent.snapshots.peers.server import ShardServer

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from rtrain.agent.repair.coordinator import ACK_S
 
+from rtrain.agent.repair.coordinator import ACK_S
 from tests.integration.cluster import LocalCluster
 from tests.integration.helpers import ROOT
 

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from rtrain.core.observe.repairs import RepairNote, merge
 
+from rtrain.core.observe.repairs import RepairNote, merge
 from tests.integration.cluster import LocalCluster
 from tests.integration.helpers import ROOT
 

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from rtrain.core.observe.events import Event
 
+from rtrain.core.observe.events import Event
 from tests.integration.cluster import LocalCluster
 from tests.integration.test_standby_takeover import (
     FLAGS,

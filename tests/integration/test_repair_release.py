@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import torch.distributed as dist
+
 from rtrain.core.contract.repair_files import (
     PARKED,
     REPAIR_DIR,
@@ -26,7 +27,6 @@ from rtrain.core.contract.repair_files import (
     encode_request,
     encode_resume,
 )
-
 from tests.integration.helpers import ROOT
 
 PROBE = str(ROOT / "tests" / "scripts" / "repair_probe.py")

@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 
 import pytest
-from rtrain.core.contract.repair_files import PARKED, REQUEST_FILE, STUCK, encode_request
 
+from rtrain.core.contract.repair_files import PARKED, REQUEST_FILE, STUCK, encode_request
 from tests.integration.helpers import ROOT
 from tests.integration.test_repair_release import Workers, wait_for
 

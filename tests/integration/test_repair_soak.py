@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import psutil
-from rtrain.agent.runtime_dir import PREFIX, runtime_base
 
+from rtrain.agent.runtime_dir import PREFIX, runtime_base
 from tests.integration.cluster import LocalCluster
 from tests.integration.helpers import ROOT
 

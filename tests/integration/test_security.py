@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from rtrain.agent.snapshots.peers.wire import ShardError
 from rtrain.agent.store.opening import host_store
 from rtrain.core.rendezvous.protocol import StoreKeys, decode_master
@@ -27,7 +28,6 @@ from rtrain.core.snapshots.format import (
     write_shard,
 )
 from rtrain.core.snapshots.restore_plan import ShardId
-
 from tests.integration.cluster import SNAPSHOTTING, LocalCluster
 from tests.integration.helpers import PROBE, RTRAIN, probe_env, run
 from tests.integration.shard_peer_helpers import SECRET, get, put

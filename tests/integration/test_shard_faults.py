@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from rtrain.agent.snapshots.checksums import checksums
 from rtrain.agent.snapshots.peers.client import ShardClient
 from rtrain.agent.snapshots.peers.server import ShardServer

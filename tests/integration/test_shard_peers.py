@@ -16,6 +16,7 @@ import time
 
 import pytest
 import torch
+
 from rtrain.agent.snapshots.checksums import checksums
 from rtrain.agent.snapshots.peers import server as shard_server
 from rtrain.agent.snapshots.peers.client import ShardClient
@@ -29,7 +30,6 @@ from rtrain.core.snapshots.format import (
     write_shard,
 )
 from rtrain.core.snapshots.restore_plan import ShardId
-
 from tests.integration.cluster import SNAPSHOTTING, LocalCluster
 from tests.integration.conftest import SNAPSHOT_FLAGS, SNAPSHOT_STEPS
 from tests.integration.shard_peer_helpers import SECRET, get, put

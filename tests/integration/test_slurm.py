@@ -15,8 +15,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from rtrain.core.config.slurm.hostlist import expand_hostlist
 
+from rtrain.core.config.slurm.hostlist import expand_hostlist
 from tests.integration.cluster import RESUMABLE, SNAPSHOTTING, STEPS, assert_same_weights
 from tests.integration.helpers import ROOT, RTRAIN, probe_env, records
 

@@ -13,7 +13,6 @@ import signal
 import time
 
 from rtrain.core.snapshots.interval import Change, Schedule
-
 from tests.integration.cluster import SNAPSHOTTING, LocalCluster
 from tests.integration.conftest import SNAPSHOT_FLAGS, SNAPSHOT_STEPS
 

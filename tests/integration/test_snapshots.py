@@ -10,8 +10,8 @@ import re
 from pathlib import Path
 
 import pytest
-from rtrain.core.snapshots.interval import Change, Schedule
 
+from rtrain.core.snapshots.interval import Change, Schedule
 from tests.integration.cluster import SNAPSHOTTING, LocalCluster
 from tests.integration.conftest import SNAPSHOT_FLAGS, SNAPSHOT_STEPS
 

@@ -13,13 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
+
 from rtrain.agent.observe.status_reader import read_status
 from rtrain.agent.store.opening import connect_store, host_store
 from rtrain.agent.store.torch_store import TorchKeyValueStore
 from rtrain.cli.status import open_reader_store, rdzv_spec
 from rtrain.core.errors import RtrainError
 from rtrain.core.rendezvous.protocol import StoreKeys
-
 from tests.integration.cluster import STEPS, LocalCluster, assert_same_weights, final_records
 from tests.integration.helpers import HeldPort, error_lines
 

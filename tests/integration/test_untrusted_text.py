@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from rtrain.agent.rendezvous.ledger import FailureLedger
 from rtrain.agent.store.opening import host_store
 from rtrain.agent.store.torch_store import TorchKeyValueStore
@@ -20,7 +21,6 @@ from rtrain.core.observe.events import EVENTS_FILE, event_line
 from rtrain.core.observe.status import NodeStatus
 from rtrain.core.rendezvous.failures import FailureKind, FailureRecord
 from rtrain.core.rendezvous.protocol import MemberInfo, Membership, StoreKeys
-
 from tests.integration.helpers import ROOT, RTRAIN, probe_env, run
 
 pytestmark = pytest.mark.integration

@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
+
 from rtrain.agent.workers.boot import fresh_interpreter
 from rtrain.agent.workers.pool import PoolRefused, WorkerExit, WorkerPool
 from rtrain.agent.workers.warm_up import WINDOW_S
 from rtrain.core.errors import ExitCode
-
 from tests.integration.helpers import RTRAIN, run
 
 pytestmark = pytest.mark.integration

@@ -16,9 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from rtrain.agent.workers.boot import fresh_interpreter
 from rtrain.agent.workers.pool import WorkerExit, WorkerPool
-
 from tests.integration.helpers import RTRAIN, probe_env, run
 
 pytestmark = pytest.mark.integration

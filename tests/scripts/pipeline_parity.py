@@ -20,12 +20,13 @@ import os
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
 from rtrain.core.layout.recycle import failure_plan
 from rtrain.core.planner.job import PipelineJob
 from rtrain.core.worker.pipelining import ScheduleReCycle, recycle_stage
 from rtrain.core.worker.recycle import worker_plan
-from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
 
 def make_stage(stage: int, pp: int, hidden: int) -> nn.Module:

@@ -10,9 +10,10 @@ PROBE_GROUP_TIMEOUT: the group's timeout in seconds (120).
 
 import os
 
-import rtrain
 import torch
 import torch.distributed as dist
+
+import rtrain
 
 OUT = os.environ["PROBE_OUT"]
 NUMEL = 1 << 26  # 256 MiB of float32: on the loopback, 0.05-0.3 s on its way

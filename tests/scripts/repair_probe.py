@@ -14,9 +14,10 @@ import json
 import os
 import time
 
-import rtrain
 import torch
 import torch.distributed as dist
+
+import rtrain
 
 OUT = os.environ["PROBE_OUT"]
 DEVICE = os.environ.get("PROBE_KEEP_DEVICE")

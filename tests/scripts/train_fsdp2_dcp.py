@@ -21,13 +21,14 @@ import time
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from rtrain.core import heartbeat
-from rtrain.core.worker.dcp import SnapshotReader, SnapshotWriter, restored_step
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from train_snapshot import inject
+
+from rtrain.core import heartbeat
+from rtrain.core.worker.dcp import SnapshotReader, SnapshotWriter, restored_step
 
 GLOBAL_BATCH = 12
 

@@ -16,11 +16,12 @@ import time
 
 import torch
 import torch.distributed as dist
-from rtrain.core import heartbeat, restore, snapshot
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from train_snapshot import inject
+
+from rtrain.core import heartbeat, restore, snapshot
 
 
 class Position:

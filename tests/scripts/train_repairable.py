@@ -31,11 +31,12 @@ import signal
 import threading
 import time
 
-import rtrain
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+import rtrain
 
 OUT = os.environ.get("PROBE_OUT", "")
 STEPS = int(os.environ.get("PROBE_STEPS", "40"))

@@ -30,16 +30,17 @@ import os
 import time
 import weakref
 
-import rtrain
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from rtrain.core.worker.dcp import SnapshotReader, SnapshotWriter, restored_step
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from train_repairable import inject, write
+
+import rtrain
+from rtrain.core.worker.dcp import SnapshotReader, SnapshotWriter, restored_step
 
 OUT = os.environ.get("PROBE_OUT", "")
 STEPS = int(os.environ.get("PROBE_STEPS", "24"))

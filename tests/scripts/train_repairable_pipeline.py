@@ -26,12 +26,13 @@ import os
 import signal
 import time
 
-import rtrain
 import torch
 import torch.distributed as dist
+from torch import nn
+
+import rtrain
 from rtrain.core import recycle_worker_plan
 from rtrain.core.worker.pipelining import ScheduleReCycle, recycle_stage
-from torch import nn
 
 OUT = os.environ.get("PROBE_OUT", "")
 STEPS = int(os.environ.get("PROBE_STEPS", "30"))

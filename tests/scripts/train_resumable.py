@@ -28,6 +28,7 @@ import time
 
 import torch
 import torch.distributed as dist
+
 from rtrain.core import heartbeat, recycle_actions, topology
 
 GLOBAL_BATCH = 12

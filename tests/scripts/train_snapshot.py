@@ -20,8 +20,9 @@ import time
 
 import torch
 import torch.distributed as dist
-from rtrain.core import heartbeat, restore, snapshot
 from torch import nn
+
+from rtrain.core import heartbeat, restore, snapshot
 
 
 def inject(rank: int, step: int, generation: int, out: str) -> None:

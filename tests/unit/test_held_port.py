@@ -10,9 +10,9 @@ import socket
 import urllib.request
 
 import pytest
+
 from rtrain.agent.observe.metrics_http import MetricsServer
 from rtrain.agent.store.opening import listening_socket
-
 from tests.integration.helpers import HeldPort
 
 

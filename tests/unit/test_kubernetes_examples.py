@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import rtrain
 import yaml
+
+import rtrain
 from rtrain.agent.observe.metrics_http import HEALTH_PATH
 from rtrain.cli.launch_args import parse_launch_args
 from rtrain.core.config.launch_spec import LaunchSpec, build_launch_spec
 from rtrain.core.errors import ExitCode
-
 from tests.integration.pods import Controller
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "kubernetes"

@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 import torch.distributed as dist
+
 from rtrain.agent.store.kv import KeyValueStore
 from rtrain.agent.store.torch_store import TorchKeyValueStore
 from rtrain.cli.launch_args import parse_launch_args

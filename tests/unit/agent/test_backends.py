@@ -5,6 +5,7 @@ responsive to signals fires once, so the shutdown that follows can still use etc
 from __future__ import annotations
 
 import pytest
+
 from rtrain.agent.store.backends import _once, open_etcd, open_job_store
 from rtrain.agent.store.torch_store import TorchKeyValueStore
 from rtrain.core.errors import RendezvousError

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from rtrain.agent.restart_backoff import RestartBackoff
 
 from .fakes import FakeClock

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+
 from rtrain.agent.faults import FaultPolicy
 from rtrain.agent.observe.events import EVENTS
 from rtrain.agent.rendezvous.job import JobRendezvous

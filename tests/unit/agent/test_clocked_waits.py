@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
 from rtrain.agent.health.fake_nvml import FakeNvml
 from rtrain.agent.health.nvml_reader import collect_xids
 from rtrain.agent.net.limits import RateLimitedLog

@@ -9,6 +9,7 @@ import resource
 import threading
 
 import pytest
+
 from rtrain.agent.net.descriptors import raise_if_ran_out_in_thread, ran_out_in_thread
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from rtrain.agent.snapshots.checksums import checksums
 from rtrain.agent.snapshots.disk.checkpoints import (
     KEY_FILE,

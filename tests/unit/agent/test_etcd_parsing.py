@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from rtrain.agent.rendezvous.etcd_leases import EtcdPeerLeases
 from rtrain.agent.store.etcd import store as etcd_store
 from rtrain.agent.store.etcd.watch import KeyWatch

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
+
 from rtrain.agent.faults import FaultPolicy
 from rtrain.agent.generation import Generation, Joined
 from rtrain.agent.rendezvous.job import JobRendezvous

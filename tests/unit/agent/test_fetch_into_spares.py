@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import torch
+
 from rtrain.agent.snapshots.checksums import checksums
 from rtrain.agent.snapshots.peers.client import ShardClient
 from rtrain.agent.snapshots.peers.server import ShardServer

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from rtrain.agent.workers.hang_watch import HangWatch, inspect_hang, process_state
 from rtrain.core.clock import wait_until
 from rtrain.core.contract.environment import HEARTBEAT_FILE

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from rtrain.agent.launch import startup
 from rtrain.agent.launch.startup import OMP_NOTE, launch, plan_launch, prepare
 from rtrain.cli.launch_args import parse_launch_args

@@ -6,6 +6,7 @@ import logging
 from collections.abc import Iterator
 
 import pytest
+
 from rtrain.agent.observe import log
 
 

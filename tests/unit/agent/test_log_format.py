@@ -8,6 +8,7 @@ import logging
 import sys
 
 import pytest
+
 from rtrain.agent.observe import log
 from rtrain.cli.launch_args import parse_launch_args
 from rtrain.core.config.launch_spec import build_launch_spec

@@ -8,6 +8,7 @@ import socket
 import time
 
 import pytest
+
 from rtrain.agent.observe.metrics_http import CONTENT_TYPE, MetricsServer
 from rtrain.core.errors import UsageError
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch.distributed as dist
+
 from rtrain.agent.store.torch_notices import KeyNotices
 from rtrain.agent.store.torch_store import TorchKeyValueStore
 from rtrain.core.errors import StoreUnavailable

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch.distributed as dist
+
 from rtrain.agent.store import opening
 from rtrain.agent.store.backends import open_job_store
 from rtrain.agent.store.opening import (

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+
 from rtrain.agent.observe.events import EVENTS
 from rtrain.agent.repair.coordinator import ACK_S, RepairCoordinator
 from rtrain.agent.repair.fallback import FALLBACK_AFTER
@@ -26,7 +27,6 @@ from rtrain.core.contract.repair_files import (
 )
 from rtrain.core.observe.events import Event
 from rtrain.core.rendezvous.keys import StoreKeys
-
 from tests.unit.agent.fakes import FakeClock, memory_store
 
 GEN = 2

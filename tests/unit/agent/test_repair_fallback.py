@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from rtrain.agent.repair.fallback import FALLBACK_AFTER, Fallback, JobFallback
 from rtrain.core.rendezvous.keys import StoreKeys
-
 from tests.unit.agent.fakes import memory_store
 
 

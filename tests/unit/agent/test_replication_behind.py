@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from rtrain.agent.observe.events import EVENTS
 from rtrain.agent.snapshots.peers.server import ShardServer
 from rtrain.agent.snapshots.peers.transport import TcpTransport

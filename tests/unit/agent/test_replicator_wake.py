@@ -23,6 +23,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+
 from rtrain.agent.snapshots.peers.transport import TcpTransport
 from rtrain.agent.snapshots.replication import wake_fifo
 from rtrain.agent.snapshots.replication.replicator import Replicator

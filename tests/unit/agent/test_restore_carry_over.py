@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from rtrain.agent.rendezvous.job import JobRendezvous
 from rtrain.agent.snapshots.restore.restorer import RestoreRound
 from rtrain.agent.snapshots.service import SnapshotService

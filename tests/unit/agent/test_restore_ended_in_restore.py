@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from rtrain.agent.rendezvous.job import JobRendezvous
 from rtrain.agent.snapshots.peers.transport import TcpTransport
 from rtrain.agent.snapshots.restore.restorer import Restorer

@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+
 from rtrain.agent.rendezvous.job import JobRendezvous
 from rtrain.agent.snapshots.peers.transport import TcpTransport
 from rtrain.agent.snapshots.restore.restorer import Restorer, RestoreRound

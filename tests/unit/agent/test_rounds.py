@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+
 from rtrain.agent.ending import JobEnd
 from rtrain.agent.rendezvous.generation_watch import SWEEP_S, GenerationWatch
 from rtrain.agent.rendezvous.job import JobRendezvous

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+
 from rtrain.agent.runtime_dir import make_runtime_dir, sweep_dead
 
 # An agent that makes its folder and dies without removing it (as a SIGKILL leaves it).

@@ -18,6 +18,7 @@ from typing import BinaryIO
 
 import pytest
 import torch
+
 from rtrain.agent.snapshots.peers.server import ShardServer
 from rtrain.agent.snapshots.peers.transport import Peers, TcpTransport
 from rtrain.agent.snapshots.replication.replicator import Replicator

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from rtrain.agent.rendezvous.job import JobRendezvous
 from rtrain.agent.snapshots.checksums import checksums
 from rtrain.agent.snapshots.peers.client import ShardClient

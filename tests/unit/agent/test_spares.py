@@ -9,6 +9,7 @@ import dataclasses
 from collections import Counter
 
 import pytest
+
 from rtrain.agent.rendezvous.generation_watch import GenerationWatch
 from rtrain.agent.rendezvous.job import JobRendezvous
 from rtrain.core.errors import JobFinished

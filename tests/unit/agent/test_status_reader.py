@@ -4,6 +4,7 @@ writes, that its requests do not grow with the job, and what it refuses."""
 from __future__ import annotations
 
 import pytest
+
 from rtrain.agent.observe.status_reader import CountingStore, NoJob, read_status
 from rtrain.agent.rendezvous.ledger import FailureLedger
 from rtrain.core.errors import RtrainError

@@ -7,6 +7,7 @@ import threading
 
 import pytest
 import torch.distributed as dist
+
 from rtrain.agent.store.kv import KeyValueStore, increment, wrote
 from rtrain.agent.store.torch_store import TorchKeyValueStore
 from rtrain.core.errors import RendezvousError, StoreUnavailable

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from rtrain.agent.store.opening import endpoint_is_local
 from rtrain.agent.store.store_host import choose_store_host, endpoint_owner, owns_address
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch.distributed as dist
+
 from rtrain.agent.store.tcpstore_client import StoreLost, StoreWaitTimeout, TCPStoreClient
 from rtrain.agent.store.torch_notices import KeyNotices
 from rtrain.agent.store.torch_store import UNSET, TorchKeyValueStore

@@ -21,6 +21,7 @@ import pytest
 import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from rtrain.agent.store.tcpstore_wire import (
     CHECK,
     MAGIC,

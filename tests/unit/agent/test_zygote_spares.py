@@ -15,6 +15,7 @@ import signal
 from collections.abc import Iterator
 
 import pytest
+
 from rtrain.agent.workers.spare import Spares
 
 

@@ -8,6 +8,7 @@ import math
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from rtrain.cli.launch_args import parse_launch_args
 from rtrain.core.config import flag_values
 from rtrain.core.config.launch_spec import LaunchSpec, build_launch_spec
@@ -15,7 +16,6 @@ from rtrain.core.config.rdzv_conf import RDZV_CONF_DEFAULTS
 from rtrain.core.config.settings import SETTINGS
 from rtrain.core.config.slurm.env import read_slurm_job
 from rtrain.core.errors import UsageError
-
 from tests.integration.helpers import PROBE
 
 # Values of the kinds the audit tried: plain, huge, non-ASCII digits, non-finite, junk.

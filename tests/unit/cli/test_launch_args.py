@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from rtrain.cli.launch_args import build_parser, launch_help, parse_launch_args
 from rtrain.core.config.settings import SETTINGS
 from rtrain.core.errors import UsageError

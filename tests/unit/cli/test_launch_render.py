@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from rtrain.agent.launch import startup
 from rtrain.agent.launch.startup import LaunchOutcome, Notify, plan_launch
 from rtrain.agent.state import AgentState, RunResult

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from rtrain.core.contract.dcp_index import parse_index
 from rtrain.core.snapshots.format import SnapshotError
 from rtrain.core.worker import snapshots as snapshot_api
-
 from tests.unit.core.test_snapshot_api import _mark_replicated
 
 pytestmark = [
@@ -41,6 +41,7 @@ def _state(seed: int) -> dict:
 
 def test_a_save_loads_back_bitwise_with_its_plain_values(slot_dir: str) -> None:
     import torch.distributed.checkpoint as dcp
+
     from rtrain.core.worker.dcp import SnapshotReader, SnapshotWriter, restored_step
 
     assert restored_step() is None
@@ -60,6 +61,7 @@ def test_a_save_loads_back_bitwise_with_its_plain_values(slot_dir: str) -> None:
 
 def test_a_value_with_no_plain_form_is_refused_at_save_by_name(slot_dir: str) -> None:
     import torch.distributed.checkpoint as dcp
+
     from rtrain.core.worker.dcp import SnapshotWriter
 
     state = {"model": {"w": torch.ones(2)}, "schedule": {"fn": Path("/tmp")}}
@@ -70,6 +72,7 @@ def test_a_value_with_no_plain_form_is_refused_at_save_by_name(slot_dir: str) ->
 
 def test_a_load_with_nothing_restored_says_so(slot_dir: str) -> None:
     import torch.distributed.checkpoint as dcp
+
     from rtrain.core.worker.dcp import SnapshotReader
 
     with pytest.raises(BaseException) as error:  # a CheckpointException
@@ -146,8 +149,9 @@ def test_saves_with_dcp_plan_caching_each_name_their_own_step(slot_dir: str) -> 
     made the cache: its index named that save's step, and every later shard was refused
     at load ('does not match its own index')."""
     import torch.distributed.checkpoint as dcp
-    from rtrain.core.worker.dcp import SnapshotReader, SnapshotWriter, restored_step
     from torch.distributed.checkpoint import DefaultSavePlanner
+
+    from rtrain.core.worker.dcp import SnapshotReader, SnapshotWriter, restored_step
 
     for step in range(3):
         saved = _state(step)

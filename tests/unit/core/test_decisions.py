@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+
 from rtrain.core.rendezvous.decisions import (
     Charge,
     GenerationEnd,

@@ -11,7 +11,6 @@ from rtrain.core.config.worker_env import (
     flight_recorder_note,
     worker_environment,
 )
-
 from tests.unit.core.test_launch_spec import spec_of
 
 ASSIGNMENT = NodeAssignment(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from rtrain.core.errors import UsageError
 from rtrain.core.health.gpu_health import (
     CHECK_ORDER,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 
 import pytest
+
 from rtrain.cli.launch_args import parse_launch_args
 from rtrain.core.config.launch_spec import build_launch_spec, resolve_nproc
 from rtrain.core.config.worker_env import STDERR, STDOUT, stream_plan

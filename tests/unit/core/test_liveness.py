@@ -7,10 +7,10 @@ import collections
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from rtrain.core.errors import UsageError
 from rtrain.core.rendezvous.liveness import LEASE_WATCHERS, StalenessTracker, watched_peers
 from rtrain.core.rendezvous.restart_budget import RestartBudget
-
 from tests.unit.core.test_launch_spec import spec_of
 
 

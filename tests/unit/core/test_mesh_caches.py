@@ -98,8 +98,9 @@ def test_a_worker_that_never_used_dtensor_does_not_import_it() -> None:
 
 
 def test_the_dtensor_rng_tracker_goes_as_in_a_fresh_process() -> None:
-    from rtrain.core.worker.repair.mesh_caches import forget_meshes
     from torch.distributed.tensor import _random
+
+    from rtrain.core.worker.repair.mesh_caches import forget_meshes
 
     _random._rng_tracker = object()  # type: ignore[assignment]
     try:
@@ -114,6 +115,7 @@ def test_on_the_checked_torch_every_named_cache_is_found() -> None:
     # one would leave an old mesh cached without a word, so the checked release's count
     # is pinned here (CI installs it).
     import torch
+
     from rtrain.core.worker.repair import mesh_caches
 
     release = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
 from rtrain.core.observe.events import event_line, parse_event
 from rtrain.core.observe.metrics import RECOVERY_BUCKETS, NodeMetrics
 

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
+
 from rtrain.core.observe.events import (
     FIELD_TYPES,
     SCHEMA,

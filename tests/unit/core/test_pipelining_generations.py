@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from rtrain.core.layout.recycle import failure_plan
 from rtrain.core.planner.job import PipelineJob
 from rtrain.core.worker.pipelining import PlanMismatch, ScheduleReCycle

@@ -10,6 +10,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+
 from rtrain.core.layout.recycle import failure_plan
 from rtrain.core.planner.job import PipelineJob
 from rtrain.core.planner.report import disordered_pairs

@@ -10,6 +10,7 @@ from collections import Counter
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from rtrain.core.planner.job import PipelineJob, PlannerError
 from rtrain.core.planner.plan import NoSurvivor, Op, Plan, normalize, reroute
 from rtrain.core.planner.scheduler import adaptive_plan, plan

@@ -4,6 +4,7 @@ the failed set, and the plan over them."""
 from __future__ import annotations
 
 import pytest
+
 from rtrain.core.layout.recycle import (
     PositionsError,
     carried_positions,

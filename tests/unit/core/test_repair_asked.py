@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+
 from rtrain.core.snapshots.format import SnapshotError
 from rtrain.core.worker.repair.asked import ASKED
 from rtrain.core.worker.snapshots import snapshot

@@ -4,6 +4,7 @@ workers and the seconds given, no process, no file, no clock."""
 from __future__ import annotations
 
 import psutil
+
 from rtrain.core.contract.repair_files import PARKED, RUNNING, STUCK
 from rtrain.core.repair.decisions import (
     HELD,

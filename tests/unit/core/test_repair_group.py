@@ -135,6 +135,7 @@ def test_on_the_checked_torch_the_private_api_is_found() -> None:
     # sub-groups unreleased without a word, so the checked release pins them (CI
     # installs it).
     import torch
+
     from rtrain.core.worker.repair import group_registry
 
     release = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])

@@ -12,9 +12,12 @@ import os
 from pathlib import Path
 
 import pytest
-import rtrain
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
+
+import rtrain
 from rtrain.core.contract.repair_files import (
     REPAIR_DIR,
     REPAIR_WAIT,
@@ -25,8 +28,6 @@ from rtrain.core.contract.repair_files import (
     encode_request,
     encode_resume,
 )
-from torch.distributed.checkpoint import FileSystemWriter
-from torch.distributed.checkpoint.api import CheckpointException
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from rtrain.core.snapshots.format import WAKE_FIFO
 from rtrain.core.worker import snapshots as snapshot_api
 from rtrain.core.worker.snapshots import snapshot

@@ -10,6 +10,7 @@ import threading
 import time
 
 import pytest
+
 from rtrain.core.contract.repair_files import STUCK, WorkerState, decode_state, encode_state
 from rtrain.core.worker.repair.asked import ASKED
 

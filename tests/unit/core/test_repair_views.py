@@ -7,6 +7,7 @@ import json
 
 import pytest
 from rich.console import Console
+
 from rtrain.cli.render.report import print_report, summary
 from rtrain.cli.render.status import status_view
 from rtrain.core.observe.events import event_line, parse_event
@@ -172,7 +173,6 @@ def test_the_agents_status_record_carries_its_last_repair_event(tmp_path) -> Non
     from rtrain.core.config.component_specs import observe_part
     from rtrain.core.rendezvous.place import Place
     from rtrain.core.rendezvous.protocol import StoreKeys
-
     from tests.unit.agent.fakes import FakeClock, launch_spec, memory_store
 
     clock = FakeClock()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from rtrain.core.rendezvous.protocol import ProtocolError
 from rtrain.core.snapshots.restore_plan import Reached, ShardId, Written, written_in
 from rtrain.core.snapshots.restore_records import Inventory, RestoreOutcome

@@ -7,6 +7,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+
 from rtrain.cli.launch_args import build_parser, parse_launch_args
 from rtrain.core.config.launch_spec import FaultSpec, HealthSpec, SnapshotSpec, build_launch_spec
 from rtrain.core.config.settings import SETTINGS, default

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from rtrain.core.config.slurm.env import SlurmJob, apply_slurm, read_slurm_job
 from rtrain.core.config.slurm.hostlist import HostlistError, expand_hostlist
 from rtrain.core.errors import UsageError

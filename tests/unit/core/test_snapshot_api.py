@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+
 from rtrain.core.snapshots.format import read_header, set_replicated
 from rtrain.core.worker import snapshots as snapshot_api
 from rtrain.core.worker.snapshots import restore, slot_paths, snapshot

@@ -6,6 +6,7 @@ import contextlib
 
 import pytest
 import torch
+
 from rtrain.agent.snapshots.checksums import checksums, verify
 from rtrain.core.layout.topology import Layout, NodeSlot, build_grid, recompute_topology
 from rtrain.core.snapshots.format import (

@@ -7,6 +7,7 @@ import os
 
 import pytest
 import torch
+
 from rtrain.core.snapshots.interval import (
     DEFAULT_LEAD,
     INTERVAL_FILE,

@@ -9,6 +9,7 @@ from collections import OrderedDict
 
 import pytest
 import torch
+
 from rtrain.core.snapshots.format import (
     COMMITTED,
     plan_shard,

@@ -7,6 +7,7 @@ import json
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from rtrain.core.observe.status import (
     STATUS_EVERY_S,
     JobStatus,

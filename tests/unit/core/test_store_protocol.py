@@ -6,6 +6,7 @@ import json
 import zlib
 
 import pytest
+
 from rtrain.core.rendezvous.compressed import COMPRESSED, MAX_MEMBERSHIP_BYTES
 from rtrain.core.rendezvous.failures import (
     FailureRecord,
@@ -178,6 +179,7 @@ def test_failure_report_prints_text_that_looks_like_markup():
     import io
 
     from rich.console import Console
+
     from rtrain.cli.render.launch import failure_report
 
     record = FailureRecord(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from rtrain.core.layout.topology import (
     Layout,
     LayoutError,
