@@ -125,7 +125,9 @@ def _render(outcome: LaunchOutcome) -> None:
     elif result.failures:
         _exit_reason.append(result.message)
         script, message = plan.spec.entrypoint.target, result.message
-        render.failure_report(render.report_console(), script, result.failures, message)
+        console = render.report_console()
+        render.failure_report(console, script, result.failures, message)
+        render.recovery_hint(console, plan.spec.max_restarts)
     else:
         _error(result.message)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import ROOT, RTRAIN, HeldPort, error_lines, probe_env, run
+from tests.integration.helpers import PROBE, ROOT, RTRAIN, HeldPort, error_lines, probe_env, run
 
 pytestmark = pytest.mark.integration
 
@@ -82,3 +82,14 @@ def test_a_dry_run_without_a_driver_promises_no_gpu_checks(tmp_path: Path) -> No
     (row,) = [ln for ln in done.stdout.splitlines() if "GPU health" in ln]
     assert "no GPU checks: no NVIDIA driver on this node" in row, row
     assert "every 10s" not in row  # it promised "every check every 10s"
+
+
+def test_a_job_a_fault_ended_names_what_would_have_kept_it_going(tmp_path: Path) -> None:
+    # torchrun's default: no restart; rank 1 exits 1 at its first step
+    args = ["--standalone", "--nproc-per-node=2", PROBE]
+    env = probe_env(tmp_path, PROBE_FAULT="rank=1,step=0,gen=0,action=exit", PROBE_STEPS="3")
+    done = run([*RTRAIN, *args], env, timeout=120)
+    assert done.returncode == 1, done.stderr[-2000:]
+    last = " ".join(done.stderr.strip().splitlines()[-3:])  # the very last lines
+    for remedy in ("--max-restarts=N", "this run: 0", "rtrain.snapshot()", "@rtrain.repairable"):
+        assert remedy in last, last

@@ -50,6 +50,25 @@ def failure_report(
     console.print(Text.assemble(("rtrain:", "red"), " ") + plain(message, limit=None))
 
 
+def recovery_hint(console: Console, max_restarts: int) -> None:
+    """The last lines of a job that a fault ended: what would have kept it going (it
+    ran with --max-restarts={max_restarts}, torchrun's default being 0)."""
+    console.print(
+        Text.assemble(
+            ("rtrain:", "red"),
+            " to keep such a job going: ",
+            ("--max-restarts=N", "bold"),
+            f" restarts the workers after a fault (this run: {max_restarts}); ",
+            ("rtrain.snapshot()", "bold"),
+            " and ",
+            ("rtrain.restore()", "bold"),
+            " resume them from the newest step in peers' memory, not from step 0; ",
+            ("@rtrain.repairable", "bold"),
+            " keeps the survivors' processes. See docs/quickstart.md, 'Survive a crash'.",
+        )
+    )
+
+
 def recovery_report(
     console: Console, script: str, failures: list[FailureRecord], generations: int
 ) -> None:
