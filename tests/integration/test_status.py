@@ -52,6 +52,11 @@ def test_status_of_a_live_job_shows_it_and_leaves_it_alone(tmp_path: Path) -> No
         while not raw.check(records):
             assert time.monotonic() < deadline, cluster.log(0)
             time.sleep(0.1)
+        # The record written as the generation starts has no steps yet (no heartbeat: not
+        # step 0); the next, a status period later, has every rank's.
+        while not all(isinstance(s, int) for n in _view(endpoint, cluster) for s in n["steps"]):
+            assert time.monotonic() < deadline, cluster.log(0)
+            time.sleep(0.5)
         before = raw.num_keys()
         shown = status(endpoint, cluster.run_id, "--json")
         assert shown.returncode == 0, shown.stderr
@@ -82,6 +87,13 @@ def test_status_of_a_live_job_shows_it_and_leaves_it_alone(tmp_path: Path) -> No
         cluster.close()
     assert codes == [0, 0], cluster.log(0) + cluster.log(1)
     assert cluster.progress() == 150
+
+
+def _view(endpoint: str, cluster: LocalCluster) -> list[dict]:
+    """The nodes `rtrain status --json` shows now (it reads, and writes nothing)."""
+    shown = status(endpoint, cluster.run_id, "--json")
+    assert shown.returncode == 0, shown.stderr
+    return json.loads(shown.stdout)["nodes"]
 
 
 def test_status_errors_are_one_line_with_their_exit_code() -> None:
