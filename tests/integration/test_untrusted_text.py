@@ -109,7 +109,10 @@ def test_launch_failure_table_shows_a_worker_error_as_text(tmp_path: Path) -> No
     start = done.stderr.index("FAILED")
     shown = subprocess.CompletedProcess(done.args, 1, "", done.stderr[start:])
     assert_shown_safely(shown, "RuntimeError", "more characters", traceback=True)
-    assert shown.stderr.rstrip().endswith("max_restarts=0 exhausted")
+    # the reason ends rtrain's report of the failure; only the hint of what would have
+    # kept the job going (rtrain's own text) follows it
+    hint = shown.stderr.rindex("rtrain: to keep such a job going")
+    assert shown.stderr[:hint].rstrip().endswith("max_restarts=0 exhausted")
 
 
 def test_plan_and_health_show_user_files_as_text(tmp_path: Path) -> None:
