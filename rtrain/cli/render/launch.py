@@ -98,15 +98,25 @@ def success_line(script: str, result: RunResult) -> str:
         said.append(f"reached step {report.final_step}")
     if report is not None and report.wall_s > 0:
         said.append(f"{report.wall_s:.1f} s wall time")
-    incidents = len({f.generation for f in result.failures})
-    survived = _count(incidents, "fault") + " survived"
-    if incidents:
-        survived += f" over {_count(result.generation + 1, 'generation')}"
-    said.append(survived)
+    said.append(_survived(result, report))
     line = f"{shown(script)} succeeded: {', '.join(said)}"
     if report is not None:
         line += f"; see: rtrain report {shown(shlex.quote(result.run_log_dir), None)}"
     return line
+
+
+def _survived(result: RunResult, report: Report | None) -> str:
+    """The faults the job survived: counted from the job's failure history, which node 0
+    reads; another node, which has none, says how many generations its events show."""
+    incidents = len({f.generation for f in result.failures})
+    if incidents:
+        return f"{_count(incidents, 'fault')} survived over " + _count(
+            result.generation + 1, "generation"
+        )
+    generations = max(result.generation + 1, report.generations if report is not None else 0)
+    if generations > 1:  # not node 0: the faults are in node 0's summary and the report
+        return f"{_count(generations, 'generation')} ran (the faults: node 0's summary)"
+    return "no fault"
 
 
 def run_report(run_log_dir: str) -> Report | None:

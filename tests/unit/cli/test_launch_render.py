@@ -81,4 +81,18 @@ def test_a_success_says_so_in_one_line_without_events(
     _start_up_with(monkeypatch, LaunchOutcome(_plan(tmp_path), result=result))
     assert main.run_launch(["t.py"], {}) == ExitCode.SUCCESS
     last = capsys.readouterr().err.splitlines()[-1]
-    assert last == f"rtrain: {tmp_path / 'train.py'} succeeded: 0 faults survived"
+    assert last == f"rtrain: {tmp_path / 'train.py'} succeeded: no fault"
+
+
+def test_a_node_without_the_jobs_history_does_not_say_no_fault(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # node 1 of a job that recovered: node 0 read the failure history, node 1 has none,
+    # but it ran a second generation: it does not claim that nothing failed
+    result = RunResult(
+        AgentState.SUCCEEDED, ExitCode.SUCCESS, "all workers succeeded", str(tmp_path), 1
+    )
+    _start_up_with(monkeypatch, LaunchOutcome(_plan(tmp_path), result=result))
+    assert main.run_launch(["t.py"], {}) == ExitCode.SUCCESS
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.endswith("succeeded: 2 generations ran (the faults: node 0's summary)")
