@@ -20,11 +20,14 @@ SLOW_NODE = 1
 KILLED_RANK = 3  # on the slow node
 
 
-def _job_changes(cluster: LocalCluster, generation: int) -> dict[int, list[Change]]:
-    """Each node's job-wide interval changes in `generation`, as its events say."""
+def _job_changes(
+    cluster: LocalCluster, generation: int, before: float = float("inf")
+) -> dict[int, list[Change]]:
+    """Each node's job-wide interval changes in `generation`, as its events say (those
+    written before the wall-clock time `before`)."""
     found: dict[int, list[Change]] = {}
     for event in cluster.events("snapshot_interval"):
-        if event.generation == generation and event.get("scope") == "job":
+        if event.generation == generation and event.get("scope") == "job" and event.t < before:
             changes = found.setdefault(event.node, [])
             change = Change(event["step"], event["interval"])
             if change not in changes:
@@ -88,13 +91,18 @@ def check_one_interval_and_a_kept_restore(
         )
         victim = _worker_pid(cluster, KILLED_RANK)
         done = cluster.progress()
+        killed_at = time.time()
         os.kill(victim, signal.SIGKILL)
         codes = cluster.wait()
     finally:
         cluster.close()
     assert codes == [0, 0], cluster.log(0) + cluster.log(1)
     changes = _job_changes(cluster, 0)
-    assert changes[0] == changes[1], changes  # the same k from the same step everywhere
+    # the same k from the same step everywhere, as long as both nodes ran generation 0:
+    # a change agreed after the kill reaches only the node whose generation went on
+    # (seen once in a loaded CI run: node 0 alone recorded a second raise)
+    agreed = _job_changes(cluster, 0, before=killed_at)
+    assert agreed[0] == agreed[1], changes
     schedule = Schedule((Change(0, 1), *changes[0]))
     # (Which node asked for it varies: on two cores the fast node's replicas to the slow
     # one, busy with 256 MiB shards, are late too. Every node applies the largest.)
