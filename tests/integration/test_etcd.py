@@ -164,7 +164,11 @@ def test_an_agent_stopped_until_the_job_finished_without_it_exits_0(tmp_path, et
     }
     # The structured end, not the log's last line: the lease keeper's thread may log
     # that etcd fenced the node after the main thread found the job finished.
-    assert "while this node was away" in ends["127.0.0.3"]["message"]
+    # Its workers ran on while it was stopped and finished with the others: it finds
+    # either the job's end or its own workers' success first (both exit 0; a loaded
+    # fresh-clone CI run saw the second), never the join timeout's 75.
+    message = ends["127.0.0.3"]["message"]
+    assert "while this node was away" in message or message == "all workers succeeded"
 
 
 def test_garbage_under_the_jobs_prefix_is_refused_with_one_line(tmp_path, etcd):
