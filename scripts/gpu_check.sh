@@ -59,12 +59,11 @@ for gpu in report.gpus:
 PY
 
 echo "== 30-second monitored run"
-LOGLEVEL=INFO timeout 60 $PY -m rtrain.cli.main launch --standalone --nproc-per-node=2 \
-    --health-interval 2 examples/train_mlp.py --steps 3000 2>&1 | grep -E "rtrain|GPU|checksum" | tail -n 40 &
-RUN=$!
-sleep 30
-pkill -INT -f "examples/train_mlp.py" 2>/dev/null
-wait $RUN
+# SIGINT to the launcher it started after 30 s (rtrain forwards it to its workers), and
+# SIGKILL 30 s later if it is still there: only this run is ended.
+LOGLEVEL=INFO timeout --signal=INT --kill-after=30 30 $PY -m rtrain.cli.main launch \
+    --standalone --nproc-per-node=2 --health-interval 2 examples/train_mlp.py --steps 3000 \
+    2>&1 | grep -E "rtrain|GPU|checksum" | tail -n 40
 echo "== CUDA in forked workers (a crash, then a restart)"
 timeout 120 $PY -m rtrain.cli.main launch --standalone --nproc-per-node=1 --max-restarts=1 \
     tests/scripts/cuda_fork_probe.py 2>&1 | grep -E "cuda ok|rtrain:|Error|error" | tail -n 20

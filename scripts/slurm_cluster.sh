@@ -94,15 +94,17 @@ start() {
 
 stop() {
     export SLURM_CONF=$CONF
+    # Only the daemons this script started, by the pids their pid files hold.
+    local pids=()
     for pidfile in "$DIR"/slurmd.*.pid "$DIR"/slurmctld.pid; do
-        [ -e "$pidfile" ] || continue
-        kill "$(cat "$pidfile")" 2>/dev/null || true
+        [ -e "$pidfile" ] && pids+=("$(cat "$pidfile")")
     done
+    [ ${#pids[@]} -gt 0 ] && { kill "${pids[@]}" 2>/dev/null || true; }
     for _ in $(seq 1 20); do
-        pgrep -f "slurm(ctld|d) -f $CONF" >/dev/null || break
+        kill -0 "${pids[@]}" 2>/dev/null || break
         sleep 0.25
     done
-    pkill -9 -f "slurm(ctld|d) -f $CONF" 2>/dev/null || true
+    [ ${#pids[@]} -eq 0 ] || kill -9 "${pids[@]}" 2>/dev/null || true
     rm -rf "$DIR/state" "$DIR/spool" "$DIR"/*.pid
 }
 
