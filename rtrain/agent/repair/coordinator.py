@@ -42,7 +42,7 @@ from ..workers.group import Worker, WorkerGroup
 from ..workers.hang_watch import process_state
 from .control import WorkerControl
 from .fallback import Fallback, JobFallback
-from .handover import Handover, Parked
+from .handover import Handover, Parked, worker_view
 
 logger = logging.getLogger(__name__)
 
@@ -82,18 +82,8 @@ class RepairCoordinator:
 
     def view(self, worker: Worker) -> WorkerView:
         """The worker as the decisions see it: its exit, its state file, its process."""
-        state = self.control(worker.local_rank).state()
-        exited = worker.exitcode is not None
-        return WorkerView(
-            local_rank=worker.local_rank,
-            rank=worker.rank,
-            pid=worker.pid,
-            exited=exited,
-            said=None if state is None else state.state,
-            said_generation=None if state is None else state.generation,
-            said_pid=None if state is None else state.pid,
-            process=None if exited else self._process(worker.pid),
-        )
+        process = None if worker.exitcode is not None else self._process(worker.pid)
+        return worker_view(worker, self.control(worker.local_rank), process)
 
     def park(
         self,

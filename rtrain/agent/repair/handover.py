@@ -33,6 +33,22 @@ class Parked:
     ranks: dict[int, int] = field(default_factory=dict)  # local rank -> global rank then
 
 
+def worker_view(worker: Worker, control: WorkerControl, process: str | None) -> WorkerView:
+    """The worker as the repair decisions see it: its exit, its state file (what it
+    said, for which generation, as which pid) and its process's state."""
+    state = control.state()
+    return WorkerView(
+        local_rank=worker.local_rank,
+        rank=worker.rank,
+        pid=worker.pid,
+        exited=worker.exitcode is not None,
+        said=None if state is None else state.state,
+        said_generation=None if state is None else state.generation,
+        said_pid=None if state is None else state.pid,
+        process=process,
+    )
+
+
 class Handover:
     def __init__(
         self,
@@ -100,16 +116,7 @@ class Handover:
     def spares(self, worker: Worker, finding: HangFinding, silent_s: float) -> bool:
         """Whether to leave a silent worker alive for the repair: an opted-in one whose
         process is not held (likely waiting on a hung peer), for a bounded time."""
-        state = self._control(worker.local_rank).state()
-        view = WorkerView(
-            worker.local_rank,
-            worker.rank,
-            worker.pid,
-            exited=False,
-            said=None if state is None else state.state,
-            said_generation=None if state is None else state.generation,
-            said_pid=None if state is None else state.pid,
-        )
+        view = worker_view(worker, self._control(worker.local_rank), process="running")
         spare = spares_victim(
             self._job_repairs(),
             view.opted_in(self._generation),
