@@ -283,12 +283,13 @@ class Agent:
         self._snapshots.start(rdzv)
         try:
             gen = self._starter.start(rdzv, membership, previous, self._policy, leases)
+            # workers kept by a repair in place, if any, and every member's kept ranks
+            self._repair.hand_over(gen, rdzv, self._lease_watch(gen))
         except GenerationEnded as exc:
             logger.info("%s (a member was lost while it started); rejoining", exc)
             return None
         self._gen = gen
         self._policy.settle(previous, gen)
-        self._repair.hand_over(gen)  # workers kept by a repair in place, if any
         gen.group.start()
         self._observer.generation_started(
             gen.place,
@@ -333,6 +334,10 @@ class Agent:
             self._backoff.failed(self._check_signal)
         rdzv.rounds.open_next_round(gen.number)
         return None
+
+    def _lease_watch(self, gen: Generation) -> Callable[[], object]:
+        """A member lost while the generation starts ends it (its leases checked)."""
+        return lambda: self._policy.check_leases(gen.membership, gen.node_rank, gen.peers)
 
     def _join(self, rdzv: JobRendezvous) -> Membership:
         member = MemberInfo(

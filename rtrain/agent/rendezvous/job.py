@@ -3,6 +3,7 @@
 store   the typed store (agent/store/kv.py), for the few keys of other subsystems
 rounds  rounds and memberships                                   (rounds.py)
 workers the workers' store address of each generation           (worker_store.py)
+kept    the ranks of each generation a repair in place kept alive  (kept_ranks.py)
 ledger  failure records, restart claims, lost nodes, exclusion    (ledger.py)
 ends    the exit barrier's counters and the abort record          (job_end.py)
 """
@@ -21,6 +22,7 @@ from ...core.rendezvous.protocol import StoreKeys
 from ..store.kv import KeyValueStore
 from ..waiting import SYSTEM_CLOCK
 from .job_end import JobEndRecords
+from .kept_ranks import KeptRanks
 from .ledger import FailureLedger
 from .rounds import Rounds
 from .worker_store import WorkerStoreAddress
@@ -36,6 +38,7 @@ class JobRendezvous:
     ledger: FailureLedger
     ends: JobEndRecords
     workers: WorkerStoreAddress
+    kept: KeptRanks
 
     @classmethod
     def over(
@@ -49,7 +52,8 @@ class JobRendezvous:
         ends = JobEndRecords(store, keys, clock)
         rounds = Rounds(store, keys, part, ledger, ends, clock)
         workers = WorkerStoreAddress(store, keys, rounds, ends, clock)
-        return cls(store, keys, rounds, ledger, ends, workers)
+        kept = KeptRanks(store, keys, workers, clock)
+        return cls(store, keys, rounds, ledger, ends, workers, kept)
 
     def declare_lost(
         self, generation: int, node_rank: int, by_node: int, record: FailureRecord

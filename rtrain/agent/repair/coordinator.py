@@ -31,6 +31,7 @@ from ...core.repair.decisions import (
     WorkerView,
     answers_in,
     repair_outcome,
+    resumes,
     start_repair,
 )
 from ..generation import Generation
@@ -214,8 +215,18 @@ class RepairCoordinator:
             self._turn_off(written, gen.number)
         return written is not None
 
-    def hand_over(self, gen: Generation) -> None:
-        """Give the new generation's group this node's parked workers and the variables."""
+    def hand_over(
+        self, gen: Generation, rdzv: JobRendezvous, watch: Callable[[], object] | None = None
+    ) -> None:
+        """Give the new generation's group this node's parked workers and the variables:
+        among them every member's kept ranks (exchanged through the store in each
+        generation after the first, kept ones or not: a node that kept none must still
+        say so). GenerationEnded if the generation is over meanwhile."""
+        kept: tuple[int, ...] = ()
+        if gen.number > 0:
+            mine = [] if self._parked is None else self._resuming(gen)
+            timeout, nodes = self._resume_wait_s, len(gen.membership.members)
+            kept = rdzv.kept.exchange(gen.number, gen.node_rank, nodes, mine, timeout, watch)
         gen.group.handover = Handover(
             self.control,
             self._parked,
@@ -224,5 +235,16 @@ class RepairCoordinator:
             self._resume_wait_s,
             lambda: self.enabled,
             self._process,
+            kept,
         )
         self._parked = None
+
+    def _resuming(self, gen: Generation) -> list[int]:
+        """The new generation's ranks of this node's parked workers that can resume."""
+        assert self._parked is not None
+        assignment = gen.group.assignment
+        return [
+            assignment.global_rank(local_rank)
+            for local_rank, pid in self._parked.kept.items()
+            if local_rank < assignment.local_world_size and resumes(pid, self._process(pid))
+        ]

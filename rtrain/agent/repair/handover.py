@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from ...core.contract.environment import KEPT_RANKS, encode_ranks
 from ...core.contract.repair_files import REPAIR_DIR, REPAIR_WAIT, RESUME_WAIT
 from ...core.repair.decisions import WorkerView, resumes, spares_victim
 from ..observe.events import emit
@@ -59,8 +60,12 @@ class Handover:
         resume_wait_s: float,
         job_repairs: Callable[[], bool],
         process: Callable[[int], str | None],
+        kept_ranks: tuple[int, ...] = (),
     ) -> None:
+        """kept_ranks: every member's ranks of this generation kept alive by the repair
+        (agent/rendezvous/kept_ranks.py), for every worker's RTRAIN_KEPT_RANKS."""
         self._control = control
+        self._kept_ranks = kept_ranks
         self._parked = parked
         self._generation = generation
         self._hang_s = hang_s
@@ -75,6 +80,7 @@ class Handover:
             REPAIR_DIR: self._control(local_rank).folder,
             REPAIR_WAIT: str(WORKER_WAIT_S),
             RESUME_WAIT: str(self._resume_wait_s),
+            KEPT_RANKS: encode_ranks(list(self._kept_ranks)),
         }
 
     def resume(self, local_rank: int, env: Mapping[str, str]) -> int | None:

@@ -20,3 +20,28 @@ STACK_FILE = "RTRAIN_STACK_FILE"
 # The heartbeat file: count (u64, bumped by every call), step (i64, -1 when not given).
 HEARTBEAT_FORMAT = "<Qq"
 HEARTBEAT_SIZE = struct.calcsize(HEARTBEAT_FORMAT)
+
+# The ranks of this generation whose processes a repair in place kept alive, "0,2,3"
+# (set by the agents for every worker of a generation after the first; empty: none was
+# kept). A rank not in it is a new process. With rtrain.repairable(train_through=True)
+# the kept ranks train on at once in a group of their own while the new ones start up
+# (core/worker/repair/through.py).
+KEPT_RANKS = "RTRAIN_KEPT_RANKS"
+MAX_RANKS_TEXT = 1 << 20
+
+
+def encode_ranks(ranks: list[int]) -> str:
+    return ",".join(str(r) for r in sorted(set(ranks)))
+
+
+def decode_ranks(text: str | None) -> tuple[int, ...] | None:
+    """The ranks of a KEPT_RANKS value; None when it is absent or not a list of ranks
+    (refused, never guessed: the worker then trains as without train-through)."""
+    if text is None or len(text) > MAX_RANKS_TEXT:
+        return None
+    if not text.strip():
+        return ()
+    parts = text.split(",")
+    if not all(p.isascii() and p.isdigit() for p in parts):
+        return None
+    return tuple(sorted({int(p) for p in parts}))

@@ -33,6 +33,8 @@ A job's keys live under /rtrain/<run_id>/. Generations are rounds:
   repair_failures/<n>      the generation of the n-th
   repair_fallback          written by the node that counted the FALLBACK_AFTER-th: no
                            node repairs in place from then on (agent/repair/)
+  r<g>/kept/<node>         the ranks of generation <g> whose processes node <node> kept
+                           alive through a repair in place, "0,2" ("": none)
   abort                    an AbortRecord: the whole job stops
   abort_acks               counter of agents that read the abort record
 """
@@ -85,6 +87,9 @@ class StoreKeys:
 
     def restart_claim(self, generation: int) -> str:
         return f"{self.prefix}/r{generation}/restart_claim"
+
+    def kept(self, generation: int, node_rank: int) -> str:
+        return f"{self.prefix}/r{generation}/kept/{node_rank}"
 
     def done(self, generation: int) -> str:
         return f"{self.prefix}/r{generation}/done"

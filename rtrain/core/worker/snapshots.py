@@ -230,6 +230,12 @@ class _Slots:
                 best = (step, slot)
         return None if best is None else best[1]
 
+    def open_newest(self) -> _Slot | None:
+        """newest() after mapping the slots the agent filled since (a restore's)."""
+        for slot in self.slots:
+            slot.open_existing()
+        return self.newest()
+
     def next_target(self, newest: _Slot | None, guard: int = 1) -> _Slot:
         """The slot the next snapshot goes to: one holding no snapshot (never written, or
         torn), else the one holding the oldest step. guard: after the job's interval
@@ -364,11 +370,7 @@ def restore(copy: bool = True, *, into: Any = None, mesh: Any = None) -> tuple[A
     tensors keeps all of it), on top of the snapshot slots.
     """
     slots = _my_slots()
-    if slots is None:
-        return None
-    for slot in slots.slots:
-        slot.open_existing()
-    newest = slots.newest()
+    newest = None if slots is None else slots.open_newest()
     if newest is None or newest.map is None:
         return None
     meshes = list(meshes_in(into))

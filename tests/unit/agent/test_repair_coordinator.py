@@ -13,9 +13,11 @@ from typing import Any
 import pytest
 
 from rtrain.agent.observe.events import EVENTS
+from rtrain.agent.rendezvous.kept_ranks import KeptRanks
 from rtrain.agent.repair.coordinator import ACK_S, RepairCoordinator
 from rtrain.agent.repair.fallback import FALLBACK_AFTER
 from rtrain.agent.workers.group import Worker
+from rtrain.core.contract.environment import KEPT_RANKS
 from rtrain.core.contract.repair_files import (
     PARKED,
     REQUEST_FILE,
@@ -42,6 +44,7 @@ class FakeGroup:
         self.preforked: list[int] = []
         self.left: list[int] = []
         self.handover: Any = None
+        self.assignment: Any = None
 
     @property
     def running(self) -> list[Worker]:
@@ -77,7 +80,11 @@ class Job:
         self.gen: Any = SimpleNamespace(
             group=self.group, number=GEN, node_rank=0, hangs=SimpleNamespace(timeout=4.0)
         )
-        self.rdzv: Any = SimpleNamespace(store=store or memory_store(), keys=StoreKeys("job"))
+        store = store or memory_store()
+        keys = StoreKeys("job")
+        ended = SimpleNamespace(raise_if_ended=lambda generation, watch: None)
+        kept = KeptRanks(store, keys, ended, self.clock.clock)  # type: ignore[arg-type]
+        self.rdzv: Any = SimpleNamespace(store=store, keys=keys, kept=kept)
         for worker in self.group.workers:
             self.say(worker.local_rank, RUNNING)
 
@@ -236,9 +243,21 @@ def test_the_hand_over_names_the_kept_process_and_ends_a_stopped_one(
     assert job.repair.park(job.gen, job.rdzv)
     job.processes[102] = "stopped"  # stopped after it was counted as kept
     nxt = FakeGroup(job.clock, 3)
-    gen: Any = SimpleNamespace(group=nxt, number=GEN + 1, hangs=SimpleNamespace(timeout=4.0))
-    job.repair.hand_over(gen)
+    nxt.assignment = SimpleNamespace(global_rank=lambda local: 20 + local, local_world_size=3)
+    # node 1 of the generation kept ranks 23 and 24 (its key written before ours)
+    job.rdzv.store.set(job.rdzv.keys.kept(GEN + 1, 1), "24,23")
+    gen: Any = SimpleNamespace(
+        group=nxt,
+        number=GEN + 1,
+        node_rank=0,
+        membership=SimpleNamespace(members=[0, 1]),
+        hangs=SimpleNamespace(timeout=4.0),
+    )
+    job.repair.hand_over(gen, job.rdzv)
     seam = nxt.handover
+    # every worker learns every member's kept ranks: the stopped one is not among them
+    assert seam.env(0)[KEPT_RANKS] == "21,23,24"
+    assert job.rdzv.store.get(job.rdzv.keys.kept(GEN + 1, 0)) == b"21"
     assert seam.resume(1, {"RANK": "1"}) == 101
     resume = Path(job.repair.control(1).folder, "resume.json").read_bytes()
     assert decode_resume(resume).pid == 101  # type: ignore[union-attr]

@@ -49,7 +49,15 @@ from .group_sockets import Socket, process_sockets, shut_all
 class TrainingGroup:
     """The default process group of one generation, opened from the environment."""
 
-    def __init__(self, backend: str | None, timeout_s: float | None) -> None:
+    def __init__(
+        self,
+        backend: str | None,
+        timeout_s: float | None,
+        members: tuple[Any, int, int] | None = None,
+    ) -> None:
+        """members: (store, rank, world size) of a group of some of the generation's
+        workers (the kept ones training on while a replacement starts: through.py);
+        None: the generation's whole world, from the environment."""
         import torch.distributed as dist
 
         self._dist = dist
@@ -65,6 +73,8 @@ class TrainingGroup:
         group_registry.begin()
         before = process_sockets()
         kwargs: dict[str, Any] = {}
+        if members is not None:
+            kwargs.update(store=members[0], rank=members[1], world_size=members[2])
         if timeout_s is not None:
             kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
         dist.init_process_group(backend, **kwargs)

@@ -52,6 +52,8 @@ from ...contract.repair_files import (
     encode_state,
 )
 from ...rendezvous.failures import is_collective_error
+from .. import shares
+from . import through
 from .asked import ASKED
 from .group import TrainingGroup
 from .mesh_caches import forget_meshes
@@ -217,19 +219,30 @@ def _generation() -> int:
 def repairable(fn: F) -> F: ...
 @overload
 def repairable(
-    fn: None = None, *, backend: str | None = None, timeout_s: float | None = None
+    fn: None = None,
+    *,
+    backend: str | None = None,
+    timeout_s: float | None = None,
+    train_through: bool = False,
 ) -> Callable[[F], F]: ...
 def repairable(
-    fn: F | None = None, *, backend: str | None = None, timeout_s: float | None = None
+    fn: F | None = None,
+    *,
+    backend: str | None = None,
+    timeout_s: float | None = None,
+    train_through: bool = False,
 ) -> F | Callable[[F], F]:
     """Mark `fn` (the training function, called with the wrapper's arguments) as one
     rtrain may repair in place. backend: the process group's (None: torch's default for
-    the devices present); timeout_s: its collectives' timeout (None: torch's)."""
+    the devices present); timeout_s: its collectives' timeout (None: torch's);
+    train_through: the kept workers train on while a replacement starts up, the
+    missing ranks' data done by peers (the script takes its data by rtrain.data_ranks()
+    and averages by rtrain.average_gradients(): core/worker/repair/through.py)."""
 
     def wrap(function: F) -> F:
         @functools.wraps(function)
         def run(*args: Any, **kwargs: Any) -> Any:
-            return _run(function, args, kwargs, backend, timeout_s)
+            return _run(function, args, kwargs, backend, timeout_s, train_through)
 
         return run  # type: ignore[return-value]
 
@@ -242,6 +255,7 @@ def _run(
     kwargs: dict[str, Any],
     backend: str | None,
     timeout_s: float | None,
+    train_through: bool = False,
 ) -> Any:
     control = _Control.from_env()
     if control is None:
@@ -251,48 +265,70 @@ def _run(
         finally:
             group.close()
     try:
-        return _generations(lambda: fn(*args, **kwargs), backend, timeout_s, control)
+        call = functools.partial(fn, *args, **kwargs)
+        return _generations(call, backend, timeout_s, control, train_through)
     finally:
         ASKED.clear()  # out of the loop, no generation of this process is being repaired
 
 
 def _generations(
-    call: Callable[[], Any], backend: str | None, timeout_s: float | None, control: _Control
+    call: Callable[[], Any],
+    backend: str | None,
+    timeout_s: float | None,
+    control: _Control,
+    train_through: bool = False,
 ) -> Any:
-    """call() once per generation this process takes part in, repaired between."""
+    """call() once per generation this process takes part in, repaired between (and
+    once more in a generation whose warm replacement joined: through.py)."""
     generation = _generation()
     while True:
-        group = TrainingGroup(backend, timeout_s)
-        ASKED.clear()
-        control.say(RUNNING, generation)
-        watcher = _Watcher(control, generation, group)
-        try:
-            result = call()
-        except BaseException as exc:
-            watcher.left.set()
-            if not isinstance(exc, Exception) and not _checkpoint_failure(exc):
-                watcher.stop()  # else it lives on, and a later request sets ASKED
+        part = through.role(train_through, _Count.repairs > 0)
+        interim = part is through.Role.KEPT
+        while True:  # a kept worker's interim group, then the whole one
+            opened = _open(part, interim, backend, timeout_s, generation, control.resume_s)
+            if opened is None:  # the kept ranks finished before this new one was warm
+                return None
+            group, ended = opened
+            ASKED.clear()
+            control.say(RUNNING, generation)
+            watcher = _Watcher(control, generation, group)
+            try:
+                result = call()
+            except through.Regroup:
+                watcher.stop()
+                assert ended is not None
+                ended.close()
+                interim = False
+                continue
+            except BaseException as exc:
+                shares.leave()
+                watcher.left.set()
+                if not isinstance(exc, Exception) and not _checkpoint_failure(exc):
+                    watcher.stop()  # else it lives on, and a later request sets ASKED
+                    group.close()
+                    raise  # KeyboardInterrupt, SystemExit: the process ends, as without repair
+                group.release()  # peers blocked on this worker are freed at once
+                asked = watcher.asked.is_set() or (
+                    _peer_may_have_failed(exc) and control.wait_request(generation)
+                )
+                watcher.stop()
+                if not asked:
+                    group.close()
+                    raise
+                print(
+                    f"rtrain: generation {generation} ended under this worker "
+                    f"({type(exc).__name__}); repairing in place",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                del exc
+                break
+            else:
+                watcher.stop()
+                if ended is not None:
+                    ended.finish()
                 group.close()
-                raise  # KeyboardInterrupt, SystemExit: the process ends, as without repair
-            group.release()  # peers blocked on this worker are freed at once
-            asked = watcher.asked.is_set() or (
-                _peer_may_have_failed(exc) and control.wait_request(generation)
-            )
-            watcher.stop()
-            if not asked:
-                group.close()
-                raise
-            print(
-                f"rtrain: generation {generation} ended under this worker "
-                f"({type(exc).__name__}); repairing in place",
-                file=sys.stderr,
-                flush=True,
-            )
-            del exc
-        else:
-            watcher.stop()
-            group.close()
-            return result
+                return result
         group.close()
         control.say(PARKED, generation)
         # The old generation's wrappers (DDP, FSDP2) and their hooks go now, while the
@@ -312,3 +348,27 @@ def _generations(
         _Count.repairs += 1
         with contextlib.suppress(OSError):
             os.remove(os.path.join(control.folder, RESUME_FILE))
+
+
+def _open(
+    part: through.Role | None,
+    interim: bool,
+    backend: str | None,
+    timeout_s: float | None,
+    generation: int,
+    wait_s: float,
+) -> tuple[TrainingGroup, through.Interim | None] | None:
+    """The group this worker trains in now, and the interim it is (None: the whole
+    generation's); None for a new worker whose kept peers finished the training before
+    it was warm. A new worker says it is warm first (and waits up to wait_s for the kept
+    ones); once the whole group is open after an interim, the kept ranks' newest
+    snapshot goes to the new ones."""
+    if interim:
+        opened = through.Interim(backend, timeout_s, generation)
+        return opened.group, opened
+    if part is through.Role.NEW and not through.say_ready(generation, wait_s):
+        return None
+    group = TrainingGroup(backend, timeout_s)
+    if part is not None:
+        through.hand_over_state()
+    return group, None

@@ -1,0 +1,124 @@
+"""data_ranks(), data_world_size() and average_gradients(): a data-parallel script's data
+shares, which rtrain may reroute (ReCycle's rerouting, for data parallelism).
+
+A job has as many logical data ranks as the world it was launched with; logical rank
+r's share of step s's data is the same whichever process does it. Normally each worker
+holds one, its own rank. While a failed rank's replacement starts up under
+rtrain.repairable(train_through=True), the kept workers train on at once and its share
+is done by a peer (core/repair/shares.py assigns them), so the step's global batch and
+sample order stay those of a run without the fault:
+
+    for step in range(start, steps):
+        grads = {}
+        for logical in rtrain.data_ranks():      # once per step: a step boundary
+            model.zero_grad()
+            loss_of(batch(step, logical)).backward()
+            grads[logical] = [p.grad.clone() for p in model.parameters()]
+        rtrain.average_gradients(model.parameters(), grads)
+        optimizer.step()
+
+average_gradients sums every logical rank's gradient in logical order and divides by
+their number: the same additions in the same order however the shares are spread, so a
+run with a fault ends bitwise equal to one without. Without rtrain (torchrun, plain
+python) data_ranks() is (RANK,) and the same script runs unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..repair.shares import holder_of
+
+__all__ = ["average_gradients", "data_ranks", "data_world_size"]
+
+
+@dataclass(frozen=True)
+class Shares:
+    """The shares of the workers present now."""
+
+    world: int  # logical ranks: the world the job was launched with
+    rank: int  # this worker's rank in the generation (RANK)
+    held: dict[int, tuple[int, ...]]  # present rank -> its logical ranks
+    # Run at each step boundary (data_ranks()): it raises when the group changes there.
+    boundary: Callable[[], None] | None = None
+
+
+class _Active:
+    shares: Shares | None = None
+
+
+def enter(shares: Shares) -> None:
+    """From now on the workers present and their shares are these (core/worker/repair/
+    through.py, while a replacement warms up)."""
+    _Active.shares = shares
+
+
+def leave() -> None:
+    _Active.shares = None
+
+
+def current() -> Shares:
+    if _Active.shares is not None:
+        return _Active.shares
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    rank = int(os.environ.get("RANK", "0") or 0)
+    return Shares(world, rank, {r: (r,) for r in range(world)})
+
+
+def data_ranks() -> tuple[int, ...]:
+    """The logical data ranks this worker does in this step, ascending. Call it once at
+    the start of every step: it is the step boundary where a warm replacement joins."""
+    shares = current()
+    if shares.boundary is not None:
+        shares.boundary()
+    return shares.held[shares.rank]
+
+
+def data_world_size() -> int:
+    """How many logical data ranks each step has (the job's launched world size)."""
+    return current().world
+
+
+def average_gradients(params: Iterable[Any], grads: Mapping[int, Sequence[Any]]) -> None:
+    """Set each parameter's .grad to the mean over every logical rank of the step of that
+    rank's gradient, summed in logical order. grads: for each of data_ranks(), the
+    gradients of `params`, in their order. A collective over the current process group."""
+    import torch
+    import torch.distributed as dist
+
+    shares = current()
+    params = list(params)
+    mine = shares.held[shares.rank]
+    if sorted(grads) != list(mine):
+        raise ValueError(
+            f"average_gradients: gradients for logical ranks {sorted(grads)}, but this "
+            f"worker holds {list(mine)} (rtrain.data_ranks())"
+        )
+    if any(len(grads[logical]) != len(params) for logical in mine):
+        raise ValueError("average_gradients: one gradient per parameter for each logical rank")
+    rows = torch.stack([torch.cat([g.reshape(-1) for g in grads[r]]) for r in mine])
+    width = max(len(held) for held in shares.held.values())
+    send = torch.zeros(width, rows.shape[1], dtype=rows.dtype)
+    send[: len(mine)] = rows
+    present = sorted(shares.held)
+    if dist.is_available() and dist.is_initialized() and len(present) > 1:
+        parts = [torch.empty_like(send) for _ in present]
+        dist.all_gather(parts, send)
+    else:
+        parts = [send]
+    where = holder_of(shares.held)
+    total = None
+    for logical in range(shares.world):
+        holder, index = where[logical]
+        row = parts[present.index(holder)][index]
+        total = row.clone() if total is None else total.add_(row)
+    assert total is not None
+    total.div_(shares.world)
+    offset = 0
+    for param in params:
+        size = param.numel()
+        param.grad = total[offset : offset + size].view_as(param).clone()
+        offset += size

@@ -1,0 +1,94 @@
+"""A data-parallel job written for train-through (rtrain.repairable(train_through=True)).
+
+Each step's data is a function of (step, logical rank) only; the script takes its
+logical ranks from rtrain.data_ranks() and averages by rtrain.average_gradients(), so
+a run whose survivors did a failed rank's share ends bitwise equal to one without a
+fault. Runs unchanged under torchrun (one logical rank per process).
+
+PROBE_STARTUP_S=S: a process started in a generation after the first (a replacement)
+sleeps S seconds at module level: a GPU process's cold start. PROBE_FAULT as in
+train_repairable.py ("rank=R,step=S,action=kill|stop[,gen=G]", ";"-separated).
+Writes to $PROBE_OUT: fault.json (t_fault), steps_rank<R>.jsonl (one line per step
+done: t, generation, group world size, logical ranks, pid), final_rank<R>.json (pid,
+digest, world).
+"""
+
+import json
+import os
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+from probe_io import digest, write
+from torch import nn
+
+import rtrain
+
+OUT = os.environ.get("PROBE_OUT", "")
+if OUT:
+    os.makedirs(OUT, exist_ok=True)
+STEPS = int(os.environ.get("PROBE_STEPS", "40"))
+PAUSE = float(os.environ.get("PROBE_STEP_SLEEP", "0.03"))
+if int(os.environ.get("RTRAIN_GENERATION", "0") or 0) > 0:
+    time.sleep(float(os.environ.get("PROBE_STARTUP_S", "0")))  # a cold start
+
+torch.manual_seed(0)
+MODEL = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
+OPTIMIZER = torch.optim.SGD(MODEL.parameters(), lr=0.05, momentum=0.9)
+
+
+def inject(rank: int, step: int, generation: int) -> None:
+    for index, spec in enumerate(os.environ.get("PROBE_FAULT", "").split(";")):
+        fault = dict(i.split("=", 1) for i in spec.split(",") if "=" in i)
+        if not fault or int(fault["rank"]) != rank or int(fault["step"]) != step:
+            continue
+        if int(fault.get("gen", "0")) != generation:
+            continue
+        name = "fault.json" if index == 0 else f"fault{index}.json"
+        if os.path.exists(os.path.join(OUT, name)):
+            continue
+        write(OUT, name, {"t_fault": time.time(), "step": step})
+        os.kill(os.getpid(), signal.SIGSTOP if fault.get("action") == "stop" else signal.SIGKILL)
+
+
+@rtrain.repairable(backend="gloo", train_through=True)
+def train() -> None:
+    rank = int(os.environ.get("RANK", "0"))
+    generation = rtrain.topology().generation
+    state = {"model": MODEL, "optimizer": OPTIMIZER}
+    restored = rtrain.restore(into=state)
+    start = 0 if restored is None else restored[1] + 1
+    for step in range(start, STEPS):
+        logical = rtrain.data_ranks()  # the step boundary: a warm replacement joins here
+        inject(rank, step, generation)
+        grads = {}
+        for data_rank in logical:
+            data = torch.Generator().manual_seed(step * 100 + data_rank)
+            inputs = torch.randn(8, 16, generator=data)
+            targets = inputs.sum(dim=1, keepdim=True)
+            OPTIMIZER.zero_grad()
+            nn.functional.mse_loss(MODEL(inputs), targets).backward()
+            grads[data_rank] = [p.grad.clone() for p in MODEL.parameters()]
+        rtrain.average_gradients(MODEL.parameters(), grads)
+        OPTIMIZER.step()
+        rtrain.snapshot(state, step)
+        rtrain.heartbeat(step)
+        if OUT:
+            line = {
+                "t": time.time(),
+                "step": step,
+                "generation": generation,
+                "world": dist.get_world_size(),
+                "logical": list(logical),
+                "pid": os.getpid(),
+            }
+            with open(os.path.join(OUT, f"steps_rank{rank}.jsonl"), "a") as handle:
+                handle.write(json.dumps(line) + "\n")
+        time.sleep(PAUSE)
+    dist.barrier()
+    write(OUT, f"final_rank{rank}.json", {"pid": os.getpid(), "digest": digest(MODEL, OPTIMIZER)})
+
+
+if __name__ == "__main__":
+    train()
