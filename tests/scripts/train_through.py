@@ -8,9 +8,10 @@ fault. Runs unchanged under torchrun (one logical rank per process).
 PROBE_STARTUP_S=S: a process started in a generation after the first (a replacement)
 sleeps S seconds at module level: a GPU process's cold start. PROBE_FAULT as in
 train_repairable.py ("rank=R,step=S,action=kill|stop[,gen=G]", ";"-separated).
-Writes to $PROBE_OUT: fault.json (t_fault), steps_rank<R>.jsonl (one line per step
-done: t, generation, group world size, logical ranks, pid), final_rank<R>.json (pid,
-digest, world).
+PROBE_STARTUP_FAULT=crash|hang: the first replacement exits 3, or sleeps an hour, at
+module level (after its start-up sleep). Writes to $PROBE_OUT: fault.json (t_fault),
+steps_rank<R>.jsonl (one line per step done: t, generation, group world size, logical
+ranks, pid), final_rank<R>.json (pid, digest).
 """
 
 import json
@@ -32,6 +33,13 @@ STEPS = int(os.environ.get("PROBE_STEPS", "40"))
 PAUSE = float(os.environ.get("PROBE_STEP_SLEEP", "0.03"))
 if int(os.environ.get("RTRAIN_GENERATION", "0") or 0) > 0:
     time.sleep(float(os.environ.get("PROBE_STARTUP_S", "0")))  # a cold start
+    # PROBE_STARTUP_FAULT=crash|hang: the first replacement fails in its start-up
+    MARK = os.path.join(OUT, "startup_fault")
+    if os.environ.get("PROBE_STARTUP_FAULT") and not os.path.exists(MARK):
+        open(MARK, "w").close()
+        if os.environ["PROBE_STARTUP_FAULT"] == "crash":
+            raise SystemExit(3)
+        time.sleep(3600)
 
 torch.manual_seed(0)
 MODEL = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))

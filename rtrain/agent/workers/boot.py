@@ -30,6 +30,7 @@ from typing import Any, NoReturn
 from ...core.contract.environment import RTRAIN_GENERATION, STACK_FILE
 from ...core.rendezvous.failures import error_file_payload
 from .hang_watch import STACK_SIGNAL
+from .joiner_watch import watch_joiner
 
 # setproctitle (a maintained package, as gunicorn's and celery's workers use) rewrites the
 # process's argument area, which is what ps, top and /proc/PID/cmdline read. Doing it by
@@ -149,6 +150,7 @@ def run_fresh_interpreter(argv: Sequence[str]) -> NoReturn:
     request = {"kind": kind, "target": target, "args": args, "env": dict(os.environ)}
     _set_title(request)
     _arm_stack_dump()
+    watch_joiner(os.environ)
     _finish(_run_python(request))
 
 
@@ -181,6 +183,7 @@ def boot(request: dict[str, Any], parent_pid: int, inherited_fds: Sequence[int])
         os._exit(EXEC_FAILED)
     if request["kind"] == "exec":
         _exec(request)
+    watch_joiner(request["env"])  # a replacement the kept ranks may finish without
     _finish(_run_python(request))
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from ...clock import wait_until
 from ...contract.environment import KEPT_RANKS, SNAPSHOT_BUDGET, decode_ranks
+from ...contract.train_through import finished_key, interim_prefix, ready_key, regroup_key
 from ...repair.shares import assign_shares
 from ...snapshots.format import SnapshotError
 from .. import shares
@@ -74,21 +75,6 @@ def role(train_through: bool, repaired: bool) -> Role | None:
 
 def kept_ranks() -> tuple[int, ...]:
     return decode_ranks(os.environ.get(KEPT_RANKS)) or ()
-
-
-def ready_key(generation: int, rank: int) -> str:
-    return f"rtrain/through/{generation}/ready/{rank}"
-
-
-def regroup_key(generation: int) -> str:
-    """Set by the kept ranks when they leave the interim for the whole group."""
-    return f"rtrain/through/{generation}/regroup"
-
-
-def finished_key(generation: int) -> str:
-    """Set by the kept ranks when the function returned in the interim: the job's
-    training ended before the new ranks were warm, and they have nothing to join."""
-    return f"rtrain/through/{generation}/finished"
 
 
 def worker_store() -> Any:
@@ -138,7 +124,7 @@ class Interim:
         self.joiners = [r for r in range(world) if r not in self.kept]
         self._keys = [ready_key(generation, r) for r in self.joiners]
         self._store = worker_store()
-        prefixed = dist.PrefixStore(f"rtrain/through/{generation}/interim", self._store)
+        prefixed = dist.PrefixStore(interim_prefix(generation), self._store)
         members = (prefixed, self.kept.index(rank), len(self.kept))
         self.group = TrainingGroup(backend, timeout_s, members)
         held = assign_shares(world, self.kept)
