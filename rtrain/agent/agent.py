@@ -331,7 +331,12 @@ class Agent:
                 return self._result(
                     AgentState.FAILED, give_up.exit_code, give_up.reason, give_up.failures
                 )
+            # The round opens before the back-off: the other nodes learn of the fault now
+            # (their workers park at once, not after a broken collective's wait for a
+            # request) and wait in the round for this node.
+            rdzv.rounds.open_next_round(gen.number)
             self._backoff.failed(self._check_signal)
+            return None
         rdzv.rounds.open_next_round(gen.number)
         return None
 

@@ -25,15 +25,9 @@ NEXT_STEP_S = 3.0
 
 def _run(tmp: Path, flags: list[str] | None = None, **env: str) -> LocalCluster:
     env.setdefault("PROBE_STEP_SLEEP", "0.01")
+    env.setdefault("PROBE_STEPS", STEPS)
     cluster = LocalCluster(
-        tmp,
-        2,
-        "2",
-        [*FLAGS, *(flags or [])],
-        conf="join_timeout=60",
-        script=SCRIPT,
-        PROBE_STEPS=STEPS,
-        **env,
+        tmp, 2, "2", [*FLAGS, *(flags or [])], conf="join_timeout=60", script=SCRIPT, **env
     )
     codes = cluster.finish(240)
     assert codes == [0, 0], cluster.log(0) + cluster.log(1)
@@ -167,3 +161,57 @@ def test_a_second_fault_while_the_replacement_warms_up_still_ends_equal(
     after = [s for s in _steps(cluster, 2) if s["t"] > t_second]
     assert after[0]["t"] - t_second < NEXT_STEP_S and after[0]["world"] == 2
     assert after[-1]["world"] == 4
+
+
+def test_a_node_lost_without_a_standby_leaves_its_shares_to_the_other(
+    tmp_path: Path, reference: str
+) -> None:
+    """--nnodes=1:2: node 1 is killed whole; node 0's two workers go on alone, each
+    holding two of the job's four logical ranks, and end as the four did."""
+    cluster = LocalCluster(
+        tmp_path,
+        2,
+        "1:2",
+        FLAGS,
+        conf="join_timeout=60,last_call_timeout=5",
+        script=SCRIPT,
+        PROBE_STEPS=STEPS,
+        PROBE_STEP_SLEEP="0.02",
+    )
+    codes = cluster.kill_node_at(20, 1, 240)
+    assert codes[0] == 0, cluster.log(0)
+    finals = _finals(cluster)
+    assert {rank: rec["digest"] for rank, rec in finals.items() if rank < 2} == {
+        0: reference,
+        1: reference,
+    }
+    last = _steps(cluster, 0)[-1]
+    assert last["world"] == 2 and last["logical"] == [0, 2]
+    assert {s["pid"] for s in _steps(cluster, 0)} == {finals[0]["pid"]}
+
+
+def test_thirty_faults_and_joins_leak_nothing(tmp_path: Path) -> None:
+    """Rank 1 (its replacement each time) is killed at its fifth step of each of 30
+    generations; the survivors' descriptors, threads, shared-memory mappings and process
+    groups stay level, their resident memory grows by a bounded amount, and every rank
+    ends with the same state."""
+    cycles = 30
+    faults = ";".join(f"rank=1,nth=5,action=kill,gen={g}" for g in range(cycles))
+    cluster = _run(
+        tmp_path,
+        [f"--max-restarts={cycles + 1}", "--restart-backoff=0"],
+        PROBE_FAULT=faults,
+        PROBE_USAGE="1",
+        PROBE_STEPS="100000",  # ended by the last fault's join: see PROBE_STOP_AFTER
+        PROBE_STOP_AFTER=str(cycles),
+    )
+    finals = _finals(cluster)
+    assert len(finals) == 4 and len({rec["digest"] for rec in finals.values()}) == 1
+    for rank in (0, 2, 3):
+        usage = [json.loads(line) for line in (cluster.out / f"usage_rank{rank}.jsonl").open()]
+        assert max(u["generation"] for u in usage) == cycles, usage
+        level = [u for u in usage if u["generation"] >= 2]
+        first, last = level[0], level[-1]
+        for key in ("fds", "threads", "shm_maps", "groups"):
+            assert last[key] <= first[key] + 2, (key, first, last)
+        assert last["rss_kib"] - first["rss_kib"] < 64 * 1024, (first, last)

@@ -7,11 +7,15 @@ fault. Runs unchanged under torchrun (one logical rank per process).
 
 PROBE_STARTUP_S=S: a process started in a generation after the first (a replacement)
 sleeps S seconds at module level: a GPU process's cold start. PROBE_FAULT as in
-train_repairable.py ("rank=R,step=S,action=kill|stop[,gen=G]", ";"-separated).
+train_repairable.py ("rank=R,step=S,action=kill|stop[,gen=G]", ";"-separated; nth=N
+instead of step=S: at the N-th step of the function's call).
+PROBE_STOP_AFTER=G: the training ends after 10 steps at full size in generation G.
 PROBE_STARTUP_FAULT=crash|hang: the first replacement exits 3, or sleeps an hour, at
 module level (after its start-up sleep). Writes to $PROBE_OUT: fault.json (t_fault),
 steps_rank<R>.jsonl (one line per step done: t, generation, group world size, logical
-ranks, pid), final_rank<R>.json (pid, digest).
+ranks, pid), final_rank<R>.json (pid, digest), progress (rank 0: steps done) and with
+PROBE_USAGE=1 usage_rank<R>.jsonl (the process's resources at each generation's first
+step).
 """
 
 import json
@@ -46,10 +50,14 @@ MODEL = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
 OPTIMIZER = torch.optim.SGD(MODEL.parameters(), lr=0.05, momentum=0.9)
 
 
-def inject(rank: int, step: int, generation: int) -> None:
+def inject(rank: int, step: int, generation: int, nth: int) -> None:
+    """nth: the steps this call of the function has done (a fault with nth=N instead of
+    step=S strikes at this process's N-th step of its generation)."""
     for index, spec in enumerate(os.environ.get("PROBE_FAULT", "").split(";")):
         fault = dict(i.split("=", 1) for i in spec.split(",") if "=" in i)
-        if not fault or int(fault["rank"]) != rank or int(fault["step"]) != step:
+        if not fault or int(fault["rank"]) != rank:
+            continue
+        if int(fault.get("step", -2)) != step and int(fault.get("nth", -2)) != nth:
             continue
         if int(fault.get("gen", "0")) != generation:
             continue
@@ -60,6 +68,24 @@ def inject(rank: int, step: int, generation: int) -> None:
         os.kill(os.getpid(), signal.SIGSTOP if fault.get("action") == "stop" else signal.SIGKILL)
 
 
+def usage() -> dict:
+    """This process's resources now: descriptors, threads, resident KiB, mappings of
+    shared memory, process groups torch holds."""
+    from torch.distributed import distributed_c10d
+
+    with open("/proc/self/status") as status:
+        fields = dict(line.split(":", 1) for line in status.read().splitlines())
+    with open("/proc/self/maps") as maps:
+        shm = sum("/dev/shm/" in line for line in maps)
+    return {
+        "fds": len(os.listdir("/proc/self/fd")),
+        "threads": int(fields["Threads"]),
+        "rss_kib": int(fields["VmRSS"].split()[0]),
+        "shm_maps": shm,
+        "groups": len(distributed_c10d._world.pg_map),
+    }
+
+
 @rtrain.repairable(backend="gloo", train_through=True)
 def train() -> None:
     rank = int(os.environ.get("RANK", "0"))
@@ -67,9 +93,13 @@ def train() -> None:
     state = {"model": MODEL, "optimizer": OPTIMIZER}
     restored = rtrain.restore(into=state)
     start = 0 if restored is None else restored[1] + 1
+    stop_after = int(os.environ.get("PROBE_STOP_AFTER", "0"))
     for step in range(start, STEPS):
+        full = dist.get_world_size() == int(os.environ["WORLD_SIZE"])
+        if stop_after and generation >= stop_after and full and step - start >= 10:
+            break  # every rank alike: they entered this call at the same step
         logical = rtrain.data_ranks()  # the step boundary: a warm replacement joins here
-        inject(rank, step, generation)
+        inject(rank, step, generation, step - start)
         grads = {}
         for data_rank in logical:
             data = torch.Generator().manual_seed(step * 100 + data_rank)
@@ -82,6 +112,12 @@ def train() -> None:
         OPTIMIZER.step()
         rtrain.snapshot(state, step)
         rtrain.heartbeat(step)
+        if OUT and rank == 0:
+            with open(os.path.join(OUT, "progress"), "w") as handle:
+                handle.write(str(step + 1))
+        if OUT and os.environ.get("PROBE_USAGE") and step == start:
+            with open(os.path.join(OUT, f"usage_rank{rank}.jsonl"), "a") as handle:
+                handle.write(json.dumps({"generation": generation, **usage()}) + "\n")
         if OUT:
             line = {
                 "t": time.time(),

@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..contract.environment import RTRAIN_GENERATION
+from ..contract.environment import DATA_WORLD, RTRAIN_GENERATION
 from .launch_spec import LaunchSpec
 
 STDOUT, STDERR = 1, 2
@@ -220,6 +220,8 @@ def worker_environment(
             RTRAIN_GENERATION: str(assignment.generation),
         }
     )
+    if spec.layout.tp == spec.layout.pp == 1:  # a data-parallel job's shares
+        env[DATA_WORLD] = str(spec.nodes.max_nodes * assignment.local_world_size)
     omp = omp_threads_default(base_env, assignment.local_world_size)
     if omp is not None:
         env["OMP_NUM_THREADS"] = omp

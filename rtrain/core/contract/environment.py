@@ -14,6 +14,10 @@ TOPOLOGY_FILE = "RTRAIN_TOPOLOGY_FILE"
 SNAPSHOT_DIR = "RTRAIN_SNAPSHOT_DIR"
 SNAPSHOT_BUDGET = "RTRAIN_SNAPSHOT_BUDGET"  # bytes one slot may take
 RECYCLE_PLAN_FILE = "RTRAIN_RECYCLE_PLAN"
+# How many logical data ranks each step of a data-parallel job has (rtrain.data_ranks()):
+# the job's full size, --nnodes' maximum times the workers per node, whatever the size
+# of the generation running (core/worker/shares.py).
+DATA_WORLD = "RTRAIN_DATA_WORLD"
 # Where a worker's boot code writes its stack when the agent asks (a hang).
 STACK_FILE = "RTRAIN_STACK_FILE"
 

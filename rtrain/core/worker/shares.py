@@ -20,7 +20,9 @@ sample order stay those of a run without the fault:
 average_gradients sums every logical rank's gradient in logical order and divides by
 their number: the same additions in the same order however the shares are spread, so a
 run with a fault ends bitwise equal to one without. Without rtrain (torchrun, plain
-python) data_ranks() is (RANK,) and the same script runs unchanged.
+python) data_ranks() is (RANK,) and the same script runs unchanged. A job that goes on
+smaller (a node lost without a standby) keeps its logical ranks too: RTRAIN_DATA_WORLD
+is its full size, and each worker of the smaller world holds more of them.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..repair.shares import holder_of
+from ..contract.environment import DATA_WORLD
+from ..repair.shares import assign_shares, holder_of
 
 __all__ = ["average_gradients", "data_ranks", "data_world_size"]
 
@@ -60,12 +63,23 @@ def leave() -> None:
     _Active.shares = None
 
 
+def data_world() -> int:
+    """The job's logical data ranks: RTRAIN_DATA_WORLD under rtrain (its full size),
+    else the world's size."""
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    return max(int(os.environ.get(DATA_WORLD, "") or world), world)
+
+
 def current() -> Shares:
     if _Active.shares is not None:
         return _Active.shares
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     rank = int(os.environ.get("RANK", "0") or 0)
-    return Shares(world, rank, {r: (r,) for r in range(world)})
+    logical = data_world()
+    if logical == world:
+        return Shares(world, rank, {r: (r,) for r in range(world)})
+    # a generation smaller than the job (a node lost, no standby): every rank takes more
+    return Shares(logical, rank, assign_shares(logical, range(world)))
 
 
 def data_ranks() -> tuple[int, ...]:

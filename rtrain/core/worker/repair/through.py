@@ -127,8 +127,9 @@ class Interim:
         prefixed = dist.PrefixStore(interim_prefix(generation), self._store)
         members = (prefixed, self.kept.index(rank), len(self.kept))
         self.group = TrainingGroup(backend, timeout_s, members)
-        held = assign_shares(world, self.kept)
-        shares.enter(shares.Shares(world, rank, held, self._boundary))
+        logical = shares.data_world()
+        held = assign_shares(logical, self.kept)
+        shares.enter(shares.Shares(logical, rank, held, self._boundary))
 
     def _boundary(self) -> None:
         """Regroup once every kept rank has seen every new one ready."""
