@@ -13,6 +13,7 @@ that moved past this generation fences the node, which stops its workers and rej
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import uuid
@@ -33,13 +34,10 @@ from ..core.layout.topology import LayoutError
 from ..core.rendezvous.decisions import Next, after_generation
 from ..core.rendezvous.failures import FailureRecord
 from ..core.rendezvous.place import Place
-from ..core.rendezvous.protocol import MemberInfo, Membership
+from ..core.rendezvous.protocol import Membership
 from .ending import JobEnd
 from .faults import FaultPolicy
-from .generation import (
-    Generation,
-    default_node_addr,
-)
+from .generation import Generation, Joined, default_node_addr
 from .health.gpu_monitor import GpuFault
 from .health.guard import HealthGuard
 from .kube.eviction import leave_job, leaves_on
@@ -284,7 +282,7 @@ class Agent:
         try:
             gen = self._starter.start(rdzv, membership, previous, self._policy, leases)
             # workers kept by a repair in place, if any, and every member's kept ranks
-            self._repair.hand_over(gen, rdzv, self._lease_watch(gen))
+            self._repair.hand_over(gen, rdzv, lambda: self._policy.check_peers(gen))
         except GenerationEnded as exc:
             logger.info("%s (a member was lost while it started); rejoining", exc)
             return None
@@ -331,28 +329,17 @@ class Agent:
                 return self._result(
                     AgentState.FAILED, give_up.exit_code, give_up.reason, give_up.failures
                 )
-            # The round opens before the back-off: the other nodes learn of the fault now
-            # (their workers park at once, not after a broken collective's wait for a
-            # request) and wait in the round for this node.
+            # The round opens before the back-off: the others learn of the fault now (their
+            # workers park at once, not after a broken collective's wait for a request).
             rdzv.rounds.open_next_round(gen.number)
             self._backoff.failed(self._check_signal)
             return None
         rdzv.rounds.open_next_round(gen.number)
         return None
 
-    def _lease_watch(self, gen: Generation) -> Callable[[], object]:
-        """A member lost while the generation starts ends it (its leases checked)."""
-        return lambda: self._policy.check_leases(gen.membership, gen.node_rank, gen.peers)
-
     def _join(self, rdzv: JobRendezvous) -> Membership:
-        member = MemberInfo(
-            node_id=self.node_id,
-            addr=self.addr,
-            local_world_size=self.nproc,
-            requested_rank=self.spec.node_rank,
-            prev_rank=self._starter.joined.node_rank if self._starter.joined is not None else None,
-        )
         last = self._starter.joined
+        member = Joined.member(self.node_id, self.addr, self.nproc, self.spec.node_rank, last)
         return rdzv.rounds.join(
             member,
             check_stop=self._check_signal,
@@ -380,11 +367,8 @@ class Agent:
         workers' failures down to this node), then stop the workers."""
         assert self._health is not None
         last = self._starter.joined
-        place = Place(last.membership, last.node_rank) if last is not None else None
-
-        def stop() -> None:
-            self._stop_group(signal.SIGTERM, RESTART_STOP_GRACE_S)
-
+        place = last.place if last is not None else None
+        stop = functools.partial(self._stop_group, signal.SIGTERM, RESTART_STOP_GRACE_S)
         timeout = self.spec.rdzv.join_timeout
         record = end.leave_for_fault(self._health, fault, place, self.addr, stop, timeout)
         message = f"this node left the job: {fault.describe()}"

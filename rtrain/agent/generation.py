@@ -14,7 +14,7 @@ from ..core.contract.environment import TOPOLOGY_FILE
 from ..core.errors import RendezvousError
 from ..core.layout.topology import Layout, NodeSlot, Topology, build_grid, recompute_topology
 from ..core.rendezvous.place import Place
-from ..core.rendezvous.protocol import Membership
+from ..core.rendezvous.protocol import MemberInfo, Membership
 from .observe.observer import WorkerBeat
 from .rendezvous.job import JobRendezvous
 from .rendezvous.lease import PeerWatch
@@ -34,6 +34,18 @@ class Joined:
     membership: Membership
     node_rank: int
     peers: PeerWatch
+
+    @property
+    def place(self) -> Place:
+        return Place(self.membership, self.node_rank)
+
+    @staticmethod
+    def member(
+        node_id: str, addr: str, nproc: int, requested: int | None, last: Joined | None
+    ) -> MemberInfo:
+        """What a node says of itself when it joins a round: its rank in `last` if any."""
+        previous = last.node_rank if last is not None else None
+        return MemberInfo(node_id, addr, nproc, requested_rank=requested, prev_rank=previous)
 
 
 @dataclass

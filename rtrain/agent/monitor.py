@@ -85,7 +85,11 @@ class GenerationMonitor:
                 # the adapt policy's job-wide interval, ahead of where the workers are
                 self._snapshots.agree_interval([beat[1] for _, beat in beats if beat])
                 self._observer.sample(beats, *progress)
-                self._observer.publish_status(rdzv.store, rdzv.keys, gen.place, beats, *progress)
+                seam = group.handover
+                through = None if seam is None else seam.observe(group.workers)
+                self._observer.publish_status(
+                    rdzv.store, rdzv.keys, gen.place, beats, *progress, through
+                )
             look = False  # at the round, the abort record and the waiting nodes
             if store_due or group.failed:
                 self._leases.raise_if_store_lost()

@@ -6,6 +6,9 @@ bitwise equal to a run without the fault (and to the same script under torchrun)
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,7 @@ from tests.integration.helpers import ROOT, probe_env, run_torchrun
 SCRIPT = str(ROOT / "tests" / "scripts" / "train_through.py")
 STEPS = "400"
 FLAGS = ["--nproc-per-node=2", "--max-restarts=3", "--heartbeat-interval=0.5"]
+STATUS = [sys.executable, "-m", "rtrain.cli.main", "status"]
 # Survivors' next step after a crash: the fault seen, the kept ones parked, a round, the
 # kept ranks exchanged, an interim group: 0.3 s here unloaded. Not the replacement's
 # start-up, which is made 20 s.
@@ -72,15 +76,50 @@ def test_the_script_runs_unchanged_under_torchrun_to_the_same_state(
     assert {rec["digest"] for rec in finals} == {reference}
 
 
+def _status_while_reduced(cluster: LocalCluster) -> tuple[dict[str, Any], str]:
+    """`rtrain status` (--json, then the table) once it shows the reduced stretch."""
+    argv = [*STATUS, f"--rdzv-endpoint=127.0.0.1:{cluster.port}", f"--rdzv-id={cluster.run_id}"]
+    deadline = time.monotonic() + 60
+    while not (cluster.out / "fault.json").exists():  # the job runs, its store is up
+        assert time.monotonic() < deadline, cluster.log(0)
+        time.sleep(0.1)
+    while True:
+        shown = subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0, shown.stderr
+        view = json.loads(shown.stdout)
+        if view["through"] is not None:
+            table = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+            return view, table.stdout
+        assert time.monotonic() < deadline, cluster.log(0)
+        time.sleep(0.5)
+
+
 def test_survivors_train_on_at_once_while_the_replacement_starts_up(
     tmp_path: Path, reference: str
 ) -> None:
-    cluster = _run(
+    cluster = LocalCluster(
         tmp_path,
+        2,
+        "2",
+        FLAGS,
+        conf="join_timeout=60",
+        script=SCRIPT,
+        PROBE_STEPS=STEPS,
         PROBE_FAULT="rank=1,step=10,action=kill",
         PROBE_STARTUP_S="20",
         PROBE_STEP_SLEEP="0.06",
     )
+    try:
+        view, table = _status_while_reduced(cluster)
+    except BaseException:
+        cluster.close()
+        raise
+    assert cluster.finish(240) == [0, 0], cluster.log(0) + cluster.log(1)
+    # rtrain status, while the replacement warmed up: the job at 3 of 4 ranks
+    through = view["through"]
+    assert (through["kept"], through["joining"], through["full"]) == ([0, 2, 3], [1], False)
+    assert through["shares"]["2"] == [1, 2]
+    assert "training at 3 of 4 ranks, rank 1's share on rank 2, rank 1 joining" in table
     t_fault = _fault(cluster)
     finals = _finals(cluster)
     assert {rank: rec["digest"] for rank, rec in finals.items()} == dict.fromkeys(
@@ -102,6 +141,16 @@ def test_survivors_train_on_at_once_while_the_replacement_starts_up(
     assert new[0]["t"] - t_fault >= 20 and new[0]["step"] == interim[-1]["step"] + 1
     (repair,) = [e.fields for e in cluster.events("repair") if e.node == 0]
     assert repair["kept"] == [0] and repair["restarted"] == [1]
+    # each node says when its kept ranks trained on reduced, and when at full size again
+    through = {e.node: e for e in cluster.events("train_through")}
+    full = {e.node: e for e in cluster.events("full_size")}
+    assert sorted(through) == sorted(full) == [0, 1]
+    for node in (0, 1):
+        assert through[node]["kept"] == [0, 2, 3] and through[node]["joining"] == [1]
+        assert through[node]["shares"]["2"] == [1, 2] and through[node].generation == 1
+        assert through[node].t - t_fault < NEXT_STEP_S
+        assert full[node]["reduced_s"] >= 20 - NEXT_STEP_S
+    assert full[0]["joined"] == [1] and full[1]["joined"] == []
 
 
 def test_a_hung_worker_is_trained_around_after_the_hang_timeout(

@@ -29,6 +29,7 @@ from ...core.errors import StoreUnavailable
 from ...core.observe.events import Event
 from ...core.observe.repairs import RepairError, RepairNote
 from ...core.observe.status import NodeStatus, status_period
+from ...core.observe.through import ThroughNote
 from ...core.rendezvous.decisions import Outcome
 from ...core.rendezvous.place import Place
 from ...core.rendezvous.protocol import StoreKeys
@@ -197,6 +198,7 @@ class Observer:
         beats: Sequence[WorkerBeat],
         committed: int | None,
         replicated: int | None,
+        through: ThroughNote | None = None,
     ) -> None:
         """This node's status record for `rtrain status`, every status_period (longer past
         64 nodes: the job's status writes stay flat as it grows): one small
@@ -208,7 +210,14 @@ class Observer:
         steps = [_step(beat) for _, beat in beats]
         ranks = tuple(rank for rank, _ in beats)
         record = NodeStatus(
-            self._clock.wall(), "running", ranks, tuple(steps), committed, replicated, self._repair
+            self._clock.wall(),
+            "running",
+            ranks,
+            tuple(steps),
+            committed,
+            replicated,
+            self._repair,
+            through,
         )
         with contextlib.suppress(StoreUnavailable):
             store.set(keys.status(place.generation, place.node_rank), record.encode())

@@ -44,6 +44,7 @@ from ..workers.hang_watch import process_state
 from .control import WorkerControl
 from .fallback import Fallback, JobFallback
 from .handover import Handover, Parked, worker_view
+from .through_watch import ThroughWatch
 
 logger = logging.getLogger(__name__)
 
@@ -227,6 +228,8 @@ class RepairCoordinator:
             mine = [] if self._parked is None else self._resuming(gen)
             timeout, nodes = self._resume_wait_s, len(gen.membership.members)
             kept = rdzv.kept.exchange(gen.number, gen.node_rank, nodes, mine, timeout, watch)
+        world = sum(member.local_world_size for member in gen.membership.members)
+        through = ThroughWatch(self.control, gen.number, kept, world, self._wall)
         gen.group.handover = Handover(
             self.control,
             self._parked,
@@ -236,6 +239,7 @@ class RepairCoordinator:
             lambda: self.enabled,
             self._process,
             kept,
+            through,
         )
         self._parked = None
 

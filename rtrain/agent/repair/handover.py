@@ -7,16 +7,18 @@ starts, and a silent worker spared for the repair instead of killed as hung."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ...core.contract.environment import KEPT_RANKS, encode_ranks
 from ...core.contract.repair_files import REPAIR_DIR, REPAIR_WAIT, RESUME_WAIT
+from ...core.observe.through import ThroughNote
 from ...core.repair.decisions import WorkerView, resumes, spares_victim
 from ..observe.events import emit
 from ..workers.group import Worker
 from ..workers.hang_watch import HangFinding
 from .control import WorkerControl
+from .through_watch import ThroughWatch
 
 logger = logging.getLogger(__name__)
 
@@ -61,11 +63,14 @@ class Handover:
         job_repairs: Callable[[], bool],
         process: Callable[[int], str | None],
         kept_ranks: tuple[int, ...] = (),
+        through: ThroughWatch | None = None,
     ) -> None:
         """kept_ranks: every member's ranks of this generation kept alive by the repair
-        (agent/rendezvous/kept_ranks.py), for every worker's RTRAIN_KEPT_RANKS."""
+        (agent/rendezvous/kept_ranks.py), for every worker's RTRAIN_KEPT_RANKS; through:
+        the watch of the kept ranks training through (events, status)."""
         self._control = control
         self._kept_ranks = kept_ranks
+        self._through = through
         self._parked = parked
         self._generation = generation
         self._hang_s = hang_s
@@ -118,6 +123,10 @@ class Handover:
         """A kept process of this local rank that did not resume: the group ends it
         (SIGKILL, reaped) before its replacement starts, so it can never come back."""
         return self._stale.pop(local_rank, None)
+
+    def observe(self, workers: Sequence[Worker]) -> ThroughNote | None:
+        """The generation's train-through as this node's workers say it (None: none)."""
+        return None if self._through is None else self._through.see(workers)
 
     def spares(self, worker: Worker, finding: HangFinding, silent_s: float) -> bool:
         """Whether to leave a silent worker alive for the repair: an opted-in one whose

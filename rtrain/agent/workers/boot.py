@@ -29,8 +29,8 @@ from typing import Any, NoReturn
 
 from ...core.contract.environment import RTRAIN_GENERATION, STACK_FILE
 from ...core.rendezvous.failures import error_file_payload
+from ..repair.joiner_watch import watch_joiner
 from .hang_watch import STACK_SIGNAL
-from .joiner_watch import watch_joiner
 
 # setproctitle (a maintained package, as gunicorn's and celery's workers use) rewrites the
 # process's argument area, which is what ps, top and /proc/PID/cmdline read. Doing it by

@@ -7,7 +7,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from ...core.clock import Clock, wait_until
@@ -23,6 +23,7 @@ from ...core.config.worker_env import (
     tee_prefix,
     worker_environment,
 )
+from ...core.observe.through import ThroughNote
 from ...core.rendezvous.failures import FailureRecord
 from ..launch.preflight import gpu_count
 from ..waiting import SYSTEM_CLOCK
@@ -51,6 +52,8 @@ class RepairSeam(Protocol):
     def stale(self, local_rank: int) -> int | None: ...
 
     def spares(self, worker: Worker, finding: HangFinding, silent_s: float) -> bool: ...
+
+    def observe(self, workers: Sequence[Worker]) -> ThroughNote | None: ...
 
 
 class WorkerGroup:

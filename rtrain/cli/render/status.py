@@ -58,6 +58,9 @@ def status_view(view: JobStatus, seconds: float | None = None) -> Group:
                 str(n.node_rank), plain(n.addr, limit=80), seen_text, str(n.workers), steps, snap
             )
         parts.append(nodes)
+    through = view.through
+    if through is not None:  # a train-through stretch: its note, against this clock
+        parts.append(plain(through.describe(time.time()), limit=None))
     repair = view.last_repair
     if repair is not None:
         parts.append(

@@ -3,13 +3,15 @@ the worker's own control folder ($RTRAIN_REPAIR_DIR), each written whole (a temp
 file renamed over it), so a reader sees the old content or the new, never a part.
 
   state.json    worker -> agent   {"state": "running"|"parked"|"stuck", "generation": g,
-                "pid": p}
+                "pid": p, "group": "whole"|"interim"}
                 running: the worker opted in and trains in generation g; parked: it left
                 generation g (its group released and destroyed) and waits, alive, for
                 the next one (the acknowledgement of a request); stuck: asked to park,
                 it released its group, and its training thread still waits, idle, in
                 generation g (gloo's limit, core/worker/repair/group.py): the agent
-                restarts it now rather than after its wait for the answer.
+                restarts it now rather than after its wait for the answer. group: the
+                generation's whole group, or (train-through) the kept ranks' interim one
+                while new ranks start up (core/worker/repair/through.py).
   request.json  agent -> worker   {"generation": g}: leave generation g and park.
   resume.json   agent -> worker   {"generation": g2, "pid": p, "env": {...}}: the
                 process p (and no other: a hand-over names the process it is for) enters
@@ -39,6 +41,7 @@ REQUEST_FILE = "request.json"
 RESUME_FILE = "resume.json"
 
 RUNNING, PARKED, STUCK = "running", "parked", "stuck"
+WHOLE, INTERIM = "whole", "interim"
 MAX_BYTES = 1 << 20  # a control file is a few hundred bytes; a larger one is refused
 
 
@@ -47,6 +50,7 @@ class WorkerState:
     state: str
     generation: int
     pid: int
+    group: str = WHOLE
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,12 @@ class Resume:
 
 def encode_state(state: WorkerState) -> bytes:
     return json.dumps(
-        {"state": state.state, "generation": state.generation, "pid": state.pid}
+        {
+            "state": state.state,
+            "generation": state.generation,
+            "pid": state.pid,
+            "group": state.group,
+        }
     ).encode()
 
 
@@ -91,9 +100,10 @@ def decode_state(data: bytes | None) -> WorkerState | None:
     if found is None or found.get("state") not in (RUNNING, PARKED, STUCK):
         return None
     generation, pid = _integer(found.get("generation")), _integer(found.get("pid"))
-    if generation is None or pid is None:
+    group = found.get("group", WHOLE)
+    if generation is None or pid is None or group not in (WHOLE, INTERIM):
         return None
-    return WorkerState(str(found["state"]), generation, pid)
+    return WorkerState(str(found["state"]), generation, pid, str(group))
 
 
 def decode_request(data: bytes | None) -> int | None:

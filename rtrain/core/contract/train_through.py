@@ -1,6 +1,6 @@
 """What the workers of a train-through generation (core/worker/repair/through.py) say to
 each other in the generation's store, and what a new worker's boot watches
-(agent/workers/joiner_watch.py). Pure: the key names, and whether an environment
+(agent/repair/joiner_watch.py). Pure: the key names, and whether an environment
 makes its worker a new one (a replacement that joins when warm)."""
 
 from __future__ import annotations

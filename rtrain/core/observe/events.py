@@ -98,6 +98,18 @@ SCHEMA: dict[str, tuple[tuple[str, ...], str]] = {
         "and reaped, before its replacement started) or gone; it was replaced, so the "
         "repair kept one rank fewer than its `repair` event says",
     ),
+    "train_through": (
+        ("kept", "joining", "shares"),
+        "this node's kept workers train on at reduced size in the generation while new "
+        "ranks start up (rtrain.repairable(train_through=True)): the kept ranks, the new "
+        "ranks joining when warm, and which logical data ranks each kept rank holds "
+        "(shares: rank -> logical ranks)",
+    ),
+    "full_size": (
+        ("joined", "reduced_s"),
+        "the generation's whole group runs again: this node's new ranks that joined, and "
+        "how long its kept ranks trained at reduced size (null: none of its own did)",
+    ),
     "repair_fallback": (
         ("from_generation", "at_generation", "by_node", "failed_generations"),
         "this node stops repairing in place for the rest of the job: the job's repairs of "

@@ -23,6 +23,8 @@ from typing import Any
 from ..rendezvous.failures import FailureRecord, failure_roles
 from ..rendezvous.protocol import Membership, ProtocolError, json_object
 from .repairs import RepairError, RepairNote, merge
+from .through import ThroughError, ThroughNote
+from .through import merged as merged_through
 
 STATUS_VERSION = 1
 STATUS_EVERY_S = 5.0
@@ -52,9 +54,11 @@ class NodeStatus:
     committed: int | None = None  # newest snapshot step this node's workers committed
     replicated: int | None = None  # newest of them safe on peers
     repair: RepairNote | None = None  # this node's last repair in place, if any
+    through: ThroughNote | None = None  # its kept ranks training through, if they do
 
     def encode(self) -> str:
         repair = {} if self.repair is None else {"repair": self.repair.as_json()}
+        through = {} if self.through is None else {"through": self.through.as_json()}
         return json.dumps(
             {
                 "v": STATUS_VERSION,
@@ -65,6 +69,7 @@ class NodeStatus:
                 "committed": self.committed,
                 "replicated": self.replicated,
                 **repair,
+                **through,
             },
             separators=(",", ":"),
         )
@@ -86,7 +91,17 @@ class NodeStatus:
         committed = _optional_step(data.get("committed"), "committed")
         replicated = _optional_step(data.get("replicated"), "replicated")
         repair = _repair(data.get("repair"))
-        return cls(float(t), state, tuple(ranks), tuple(steps), committed, replicated, repair)  # type: ignore[arg-type]
+        through = _through(data.get("through"))
+        return cls(
+            float(t),
+            state,
+            tuple(ranks),  # type: ignore[arg-type]
+            tuple(steps),
+            committed,
+            replicated,
+            repair,
+            through,
+        )
 
 
 def _repair(value: Any) -> RepairNote | None:
@@ -98,6 +113,17 @@ def _repair(value: Any) -> RepairNote | None:
         return RepairNote.from_fields(value)
     except RepairError as exc:
         raise ProtocolError(f"status record: repair: {exc}") from None
+
+
+def _through(value: Any) -> ThroughNote | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ProtocolError("status record: through must be an object or null")
+    try:
+        return ThroughNote.from_fields(value)
+    except ThroughError as exc:
+        raise ProtocolError(f"status record: through: {exc}") from None
 
 
 def _int_list(value: Any, name: str, allow_none: bool) -> list[int | None]:
@@ -173,6 +199,13 @@ class JobStatus:
         merged = merge(notes)
         return merged[max(merged)] if merged else None
 
+    @property
+    def through(self) -> ThroughNote | None:
+        """The running generation's train-through, as the nodes' records say."""
+        return merged_through(
+            [n.status.through for n in self.nodes if n.status and n.status.through]
+        )
+
     def as_json(self) -> dict[str, Any]:
         return {
             "run_id": self.run_id,
@@ -198,6 +231,7 @@ class JobStatus:
                 for n in self.nodes
             ],
             "last_repair": None if self.last_repair is None else self.last_repair.as_json(),
+            "through": None if self.through is None else self.through.as_json(),
             "failures": [vars(f) for f in self.failures],
             "failures_from_generation": self.failures_from,
             "store_reads": self.reads,

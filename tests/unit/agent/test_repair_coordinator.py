@@ -250,7 +250,7 @@ def test_the_hand_over_names_the_kept_process_and_ends_a_stopped_one(
         group=nxt,
         number=GEN + 1,
         node_rank=0,
-        membership=SimpleNamespace(members=[0, 1]),
+        membership=SimpleNamespace(members=[SimpleNamespace(local_world_size=3)] * 2),
         hangs=SimpleNamespace(timeout=4.0),
     )
     job.repair.hand_over(gen, job.rdzv)

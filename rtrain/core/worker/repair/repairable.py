@@ -36,6 +36,7 @@ from typing import Any, TypeVar, overload
 from ...clock import wait_until
 from ...contract.environment import RTRAIN_GENERATION
 from ...contract.repair_files import (
+    INTERIM,
     PARKED,
     REPAIR_DIR,
     REPAIR_WAIT,
@@ -45,6 +46,7 @@ from ...contract.repair_files import (
     RUNNING,
     STATE_FILE,
     STUCK,
+    WHOLE,
     Resume,
     WorkerState,
     decode_request,
@@ -107,10 +109,10 @@ class _Control:
         folder = os.environ.get(REPAIR_DIR)
         return cls(folder) if folder and os.path.isdir(folder) else None
 
-    def say(self, state: str, generation: int) -> None:
+    def say(self, state: str, generation: int, group: str = WHOLE) -> None:
         path = os.path.join(self.folder, STATE_FILE)
         with open(path + ".tmp", "wb") as handle:
-            handle.write(encode_state(WorkerState(state, generation, os.getpid())))
+            handle.write(encode_state(WorkerState(state, generation, os.getpid(), group)))
         os.replace(path + ".tmp", path)
 
     def requested(self, generation: int) -> bool:
@@ -290,7 +292,7 @@ def _generations(
                 return None
             group, ended = opened
             ASKED.clear()
-            control.say(RUNNING, generation)
+            control.say(RUNNING, generation, INTERIM if interim else WHOLE)
             watcher = _Watcher(control, generation, group)
             try:
                 result = call()
