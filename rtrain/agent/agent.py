@@ -117,7 +117,11 @@ class Agent:
             snapshot_part(spec), self._runtime_dir, self.addr, secret, clock
         )
         self._repair = RepairCoordinator(
-            self._runtime_dir, spec.rdzv.join_timeout, clock=clock, wall=clock.wall
+            self._runtime_dir,
+            spec.rdzv.join_timeout,
+            clock=clock,
+            wall=clock.wall,
+            lift_ceiling=self._snapshots.local.ceiling.lift,
         )
         self._starter: Starts = starter or GenerationStarter(
             spec,

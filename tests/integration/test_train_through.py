@@ -264,3 +264,50 @@ def test_thirty_faults_and_joins_leak_nothing(tmp_path: Path) -> None:
         for key in ("fds", "threads", "shm_maps", "groups"):
             assert last[key] <= first[key] + 2, (key, first, last)
         assert last["rss_kib"] - first["rss_kib"] < 64 * 1024, (first, last)
+
+
+def test_a_lost_node_with_a_standby_the_standbys_workers_join_when_warm(
+    tmp_path: Path, reference: str
+) -> None:
+    """Node 1 is killed whole; a standby takes its place, its two new workers starting
+    up (3 s each) while node 0's two kept ones train on holding all four data ranks."""
+    flags = [*FLAGS, "--heartbeat-timeout=2"]
+    cluster = LocalCluster(
+        tmp_path,
+        2,
+        "2",
+        flags,
+        conf="join_timeout=60",
+        script=SCRIPT,
+        PROBE_STEPS=STEPS,
+        PROBE_STEP_SLEEP="0.05",
+        PROBE_STARTUP_S="3",
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not cluster.events("generation_start"):  # round 0 closed: a standby waits
+            assert time.monotonic() < deadline, cluster.log(0)
+            time.sleep(0.05)
+        cluster.start_node(2, "2", flags)
+        while "joined round 1" not in cluster.log(2):
+            assert time.monotonic() < deadline, cluster.log(2)
+            time.sleep(0.05)
+        cluster.wait_progress(20)
+        t_kill = cluster.kill_node(1)
+        codes = cluster.wait_some([0, 2], 180)
+    finally:
+        cluster.close()
+    assert codes == [0, 0], cluster.log(0) + cluster.log(2)
+    finals = _finals(cluster)
+    assert {rank: rec["digest"] for rank, rec in finals.items()} == dict.fromkeys(
+        range(4), reference
+    )
+    steps = _steps(cluster, 0)
+    assert {s["pid"] for s in steps} == {finals[0]["pid"]}
+    after = [s for s in steps if s["t"] > t_kill]
+    # the loss seen when its lease lapses (--heartbeat-timeout), then on at once
+    assert after[0]["world"] == 2 and after[0]["logical"] == [0, 2]
+    assert after[0]["t"] - t_kill < 2 + NEXT_STEP_S
+    assert after[-1]["world"] == 4
+    (through,) = [e for e in cluster.events("train_through") if e.node == 0]
+    assert through["kept"] == [0, 1] and through["joining"] == [2, 3]

@@ -61,10 +61,14 @@ class RepairCoordinator:
         clock: Clock = SYSTEM_CLOCK,
         wall: Callable[[], float] = time.time,
         process: Callable[[int], str | None] = process_state,
+        lift_ceiling: Callable[[], None] = lambda: None,
     ) -> None:
         """clock: the answers' wait and the repair's duration; wall: the event's
         timestamps (compared with other processes'); process: a pid's state (psutil's
-        name, None when gone)."""
+        name, None when gone); lift_ceiling: called when every worker of this node is a
+        new one joining kept ranks elsewhere (the shard server's step ceiling is lifted
+        until one of them commits: core/snapshots/admission.py)."""
+        self._lift_ceiling = lift_ceiling
         self._root = os.path.join(runtime_dir, "repair")
         self._resume_wait_s = resume_wait_s
         self._ack_s = ack_s
@@ -229,6 +233,8 @@ class RepairCoordinator:
             timeout, nodes = self._resume_wait_s, len(gen.membership.members)
             kept = rdzv.kept.exchange(gen.number, gen.node_rank, nodes, mine, timeout, watch)
         world = sum(member.local_world_size for member in gen.membership.members)
+        if kept and not set(self._ranks_here(gen)) & set(kept):
+            self._lift_ceiling()
         through = ThroughWatch(self.control, gen.number, kept, world, self._wall)
         gen.group.handover = Handover(
             self.control,
@@ -242,6 +248,11 @@ class RepairCoordinator:
             through,
         )
         self._parked = None
+
+    @staticmethod
+    def _ranks_here(gen: Generation) -> list[int]:
+        assignment = gen.group.assignment
+        return [assignment.global_rank(local) for local in range(assignment.local_world_size)]
 
     def _resuming(self, gen: Generation) -> list[int]:
         """The new generation's ranks of this node's parked workers that can resume."""

@@ -34,8 +34,17 @@ class StepCeiling:
 
     newest: int | None = None
     gap: int = 0
+    # No limit while this node's workers are all new ones warming up in a train-through
+    # generation: the kept ranks elsewhere go on stepping, and nothing of this node's
+    # says how far (their replicas would be refused and their snapshots wait). Until
+    # one of its own workers commits a step.
+    lifted: bool = False
+
+    def lift(self) -> None:
+        self.lifted = True
 
     def observe(self, step: int) -> None:
+        self.lifted = False
         if self.newest is not None and step > self.newest:
             self.gap = max(self.gap, step - self.newest)
         if self.newest is None or step > self.newest:
@@ -43,8 +52,9 @@ class StepCeiling:
 
     @property
     def limit(self) -> int | None:
-        """The newest step a peer's replica may have; None: nothing known yet."""
-        if self.newest is None:
+        """The newest step a peer's replica may have; None: nothing known yet (or
+        lifted)."""
+        if self.newest is None or self.lifted:
             return None
         return self.newest + max(2 * self.gap, MIN_LEAD)
 
