@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ...core.observe.report import FailureRow, Report
+from ...core.observe.report_through import Reduced
 from .safe_text import plain, shown
 
 OUTCOME_COLOURS = {
@@ -22,6 +23,7 @@ OUTCOME_COLOURS = {
 
 
 REPAIRED: dict[str, Any] = {"color": "#59a14f", "mfc": "none", "ms": 9, "mew": 1.5}
+REDUCED = "#edc948"  # a node's kept ranks trained at reduced size (train through a fault)
 
 
 def _seconds(value: float | None, exact: bool = True) -> str:
@@ -122,7 +124,39 @@ def summary(report: Report) -> list[str]:
             f"{len(report.repairs)} repair(s) in place: {kept} worker process(es) kept "
             "across them instead of restarted"
         )
+    return lines + reduced_lines(report.reduced)
+
+
+def reduced_lines(stretches: list[Reduced]) -> list[str]:
+    """One line per stretch trained at reduced size (train through a fault), and their
+    cost as its own cause: reduced throughput, not lost time (not in the goodput)."""
+    lines = [
+        f"trained at reduced size: {s.seconds:.2f} s at {s.ranks} of {s.world} ranks "
+        f"(reduced throughput: {s.reduced_throughput_s:.2f} s of full-size training), "
+        f"generation {s.generation}, from {s.start:.2f} s to {s.end:.2f} s ({s.until})"
+        for s in stretches
+    ]
+    if stretches:
+        cost = sum(s.reduced_throughput_s for s in stretches)
+        lines.append(
+            f"reduced throughput: {cost:.2f} s of full-size training in {len(stretches)} "
+            "stretch(es) at reduced size (seconds x missing ranks / full size); its own "
+            "cause, not lost time: the goodput counts those stretches as trained"
+        )
     return lines
+
+
+def reduced_bars(report: Report) -> list[tuple[int, float, float]]:
+    """(lane, start, length) of each node's spans at reduced size, as the timeline draws
+    them: on the lane of the node that said it (a node the report has no lane for:
+    none)."""
+    lane = {node.agent: y for y, node in enumerate(report.nodes)}
+    return [
+        (lane[node.agent], node.start, node.end - node.start)
+        for stretch in report.reduced
+        for node in stretch.nodes
+        if node.agent in lane
+    ]
 
 
 def no_replication(report: Report) -> str:
@@ -144,14 +178,12 @@ def _label(text: str) -> str:
 
 def draw_report(report: Report, folder: Path) -> list[Path]:
     """rtrain-report.png and .svg in `folder`: per node, its generations (coloured by how
-    they ended), downtime, faults (x) and detections (|); below, replication MB/s."""
+    they ended), its spans at reduced size, downtime, faults (x) and detections (|);
+    below, replication MB/s."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.artist import Artist
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
 
     nodes = report.nodes
     figure, (lanes, rates) = plt.subplots(
@@ -179,21 +211,48 @@ def draw_report(report: Report, folder: Path) -> list[Path]:
         if node.replication:
             times, speeds = zip(*node.replication, strict=True)
             rates.plot(times, speeds, "o-", ms=3, lw=1, label=_label(node.agent))
+    for i, (y, start, length) in enumerate(reduced_bars(report)):
+        # its own colour, thinner than the generation's bar it lies on (its gid names it)
+        lanes.broken_barh([(start, length)], (y - 0.2, 0.4), color=REDUCED, gid=f"reduced-{i}")
     lanes.set_yticks(range(len(nodes)), [_label(n.agent) for n in nodes], fontsize=8)
     lanes.set_ylim(len(nodes) - 0.5, -0.5)
-    lanes.set_title("generations per node (colour: how each ended), downtime, faults", loc="left")
-    legend: list[Artist] = [Patch(color=c, label=o) for o, c in OUTCOME_COLOURS.items()]
-    legend += [
+    lanes.set_title(
+        "generations per node (colour: how each ended), reduced size, downtime, faults",
+        loc="left",
+    )
+    legend = _legend()
+    figure.legend(handles=legend, fontsize=7, ncol=(len(legend) + 1) // 2, loc="upper right")
+    _rates(rates, report)
+    figure.tight_layout(rect=(0, 0, 1, 0.93))
+    paths = [folder / "rtrain-report.png", folder / "rtrain-report.svg"]
+    for path in paths:
+        figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return paths
+
+
+def _legend() -> list[Any]:
+    """The lanes' legend: each outcome's colour, then the marks drawn on them."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    legend: list[Any] = [Patch(color=c, label=o) for o, c in OUTCOME_COLOURS.items()]
+    return [
+        *legend,
+        Patch(color=REDUCED, label="reduced size"),
         Patch(facecolor="#ddd", hatch="//", label="down"),
         Line2D([], [], marker="x", color="#c00", ls="", label="fault"),
         Line2D([], [], marker="|", color="k", ls="", ms=10, label="detected"),
         Line2D([], [], marker="o", ls="", label="repaired in place", **REPAIRED),
     ]
-    figure.legend(handles=legend, fontsize=7, ncol=len(legend), loc="upper right")
+
+
+def _rates(rates: Any, report: Report) -> None:
+    """The replication panel: each node's MB/s, or why there is none."""
     rates.set_ylabel("replication MB/s")
     rates.set_xlabel("seconds from the first event")
     rates.set_title("snapshot replication throughput (whole shards / time sending)", loc="left")
-    if any(n.replication for n in nodes):
+    if any(n.replication for n in report.nodes):
         rates.legend(fontsize=7)
     else:
         rates.text(
@@ -205,9 +264,3 @@ def draw_report(report: Report, folder: Path) -> list[Path]:
             color="#666",
         )
     rates.grid(alpha=0.3)
-    figure.tight_layout(rect=(0, 0, 1, 0.95))
-    paths = [folder / "rtrain-report.png", folder / "rtrain-report.svg"]
-    for path in paths:
-        figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return paths

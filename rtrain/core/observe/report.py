@@ -27,6 +27,13 @@ clock (wall-clock, from the first event), in the table as in the timeline:
 - a repair in place (the `repair` event: rtrain.repairable workers): its incident says
   which ranks kept their processes and which were restarted, and each node's lane
   marks when it repaired;
+- a reduced-size stretch (train through a fault, rtrain.repairable(train_through=True)):
+  on a node, from its `train_through` event (its kept ranks train on while the new ones
+  start up) to its `full_size` of the same generation, else to its generation's end (or
+  the generation's first fault), else to the report's end; the job's, per generation,
+  from the earliest node's start to the latest's end, at kept / (kept + joining) ranks;
+  its cost, reduced throughput: its seconds x joining / world, full-size training not
+  done; its own cause, not lost time (goodput counts the stretch as trained);
 - goodput: the wall time, from the first event to the job's end, less the start-up,
   the downtime, the steps done again at the step time and an unfinished job's tail,
   over the wall time (a job that never stepped: 0); an upper bound where something
@@ -44,11 +51,13 @@ from .repairs import RepairError, RepairNote, merge
 from .report_steps import (
     Ending,
     GenerationEnd,
+    first_step_at,
     generation_end,
     heartbeat_step_time,
     incident_cost,
     job_ending,
 )
+from .report_through import Reduced, reduced_stretches
 
 
 @dataclass(frozen=True)
@@ -109,6 +118,7 @@ class Report:
     restored: dict[int, int] = field(default_factory=dict)  # generation -> snapshot step
     committed: int | None = None  # the newest snapshot step committed, where said
     generations: int = 0  # how many generations started
+    reduced: list[Reduced] = field(default_factory=list)  # trained through faults at reduced size
 
 
 def build_report(events: Iterable[Event], bad_lines: int = 0) -> Report:
@@ -127,7 +137,7 @@ def build_report(events: Iterable[Event], bad_lines: int = 0) -> Report:
     last_end = max(last_end, ending.end or last_end)
     wall = max(last_end, 0.0)  # from the first event, the origin of every time shown
     step_s = heartbeat_step_time(ends) or fold.trained_step_time()
-    startup = _startup(fold, step_s)
+    startup = first_step_at(fold.starts, fold.restored_at, fold.ends, step_s)
     repairs = merge(fold.notes)
     steps = (ends, fold.restored_at, step_s)
     rows = _incidents(fold.faults, origin, fold.starts, fold.recoveries, steps)
@@ -141,30 +151,10 @@ def build_report(events: Iterable[Event], bad_lines: int = 0) -> Report:
     report.redone_s, report.repairs, report.startup_s = redone, repairs, startup
     report.restored, report.committed = dict(fold.restored_at), fold.committed
     report.generations = len(fold.starts)
+    report.reduced = reduced_stretches(
+        ordered, origin, {a: ln.generations for a, ln in lines.items()}, end
+    )
     return report
-
-
-def _startup(fold: _Fold, step_s: float | None) -> float:
-    """From the first event to the first generation's first step: its workers' first
-    heartbeat seen, less the steps they had made by then at the step time (never before
-    the generation's start); without a heartbeat, or the step time where steps were
-    made, to its start."""
-    if not fold.starts:
-        return 0.0
-    first = min(fold.starts)
-    start = fold.starts[first]
-    index = fold.restored_at.get(first, -1) + 1  # the generation's first step
-    seen = [
-        (e.first_seen_t, e.first_seen - index)
-        for e in fold.ends
-        if e.generation == first and e.first_seen_t is not None and e.first_seen is not None
-    ]
-    if not seen:
-        return start
-    t_seen, made = min(seen)
-    if made > 0 and step_s is None:
-        return start
-    return max(t_seen - max(made, 0) * (step_s or 0.0), start)
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """What failures cost in time and steps, from the heartbeats the agents saw: the step
-time, each incident's downtime and steps done again, and how the job ended (an
-unfinished job's tail). Pure: events in, numbers out, on the events' clock (seconds
-from the report's origin). core/observe/report.py says the definitions.
+time, the start-up, each incident's downtime and steps done again, and how the job
+ended (an unfinished job's tail). Pure: events in, numbers out, on the events' clock
+(seconds from the report's origin). core/observe/report.py says the definitions.
 """
 
 from __future__ import annotations
@@ -144,3 +144,32 @@ def job_ending(job_ends: list[Event], last: list[GenerationEnd], origin: float) 
     steps = [e.last_beat_t for e in last if e.last_beat_t is not None]
     tail_from = max(steps) if steps else None
     return Ending(f"unfinished: {how}" + (f" ({message})" if message else ""), True, tail_from, end)
+
+
+def first_step_at(
+    starts: dict[int, float],
+    restored_at: dict[int, int],
+    ends: list[GenerationEnd],
+    step_s: float | None,
+) -> float:
+    """The start-up: from the first event to the first generation's first step (`starts`:
+    generation -> its first start; `restored_at`: the step each resumed after; `ends`:
+    the generations' ends): its workers' first heartbeat seen, less the steps they had
+    made by then at the step time (never before the generation's start); without a
+    heartbeat, or the step time where steps were made, to its start."""
+    if not starts:
+        return 0.0
+    first = min(starts)
+    start = starts[first]
+    index = restored_at.get(first, -1) + 1  # the generation's first step
+    seen = [
+        (e.first_seen_t, e.first_seen - index)
+        for e in ends
+        if e.generation == first and e.first_seen_t is not None and e.first_seen is not None
+    ]
+    if not seen:
+        return start
+    t_seen, made = min(seen)
+    if made > 0 and step_s is None:
+        return start
+    return max(t_seen - max(made, 0) * (step_s or 0.0), start)
