@@ -21,6 +21,7 @@ SCRIPT = str(ROOT / "tests" / "scripts" / "train_through.py")
 STEPS = "400"
 FLAGS = ["--nproc-per-node=2", "--max-restarts=3", "--heartbeat-interval=0.5"]
 STATUS = [sys.executable, "-m", "rtrain.cli.main", "status"]
+REPORT = [sys.executable, "-m", "rtrain.cli.main", "report"]
 # Survivors' next step after a crash: the fault seen, the kept ones parked, a round, the
 # kept ranks exchanged, an interim group: 0.3 s here unloaded. Not the replacement's
 # start-up, which is made 20 s.
@@ -151,6 +152,15 @@ def test_survivors_train_on_at_once_while_the_replacement_starts_up(
         assert through[node].t - t_fault < NEXT_STEP_S
         assert full[node]["reduced_s"] >= 20 - NEXT_STEP_S
     assert full[0]["joined"] == [1] and full[1]["joined"] == []
+    # rtrain report: the stretch at 3 of 4 ranks as its own cause, not lost time
+    report = subprocess.run(
+        [*REPORT, str(tmp_path / "logs"), "--json"], capture_output=True, text=True, timeout=60
+    )
+    assert report.returncode == 0, report.stderr
+    (reduced,) = json.loads(report.stdout)["reduced"]
+    assert (reduced["generation"], reduced["ranks"], reduced["world"]) == (1, 3, 4)
+    assert reduced["seconds"] >= 20 - NEXT_STEP_S
+    assert reduced["reduced_throughput_s"] == pytest.approx(reduced["seconds"] / 4, rel=0.01)
 
 
 def test_a_hung_worker_is_trained_around_after_the_hang_timeout(
