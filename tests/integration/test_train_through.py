@@ -16,6 +16,7 @@ import pytest
 
 from tests.integration.cluster import LocalCluster
 from tests.integration.helpers import ROOT, probe_env, run_torchrun
+from tests.integration.test_gpu_faults import NODE_UNHEALTHY, scenario
 
 SCRIPT = str(ROOT / "tests" / "scripts" / "train_through.py")
 STEPS = "400"
@@ -276,12 +277,17 @@ def test_thirty_faults_and_joins_leak_nothing(tmp_path: Path) -> None:
         assert last["rss_kib"] - first["rss_kib"] < 64 * 1024, (first, last)
 
 
-def test_a_lost_node_with_a_standby_the_standbys_workers_join_when_warm(
-    tmp_path: Path, reference: str
+@pytest.mark.parametrize("fault", ["node_kill", "sick_gpu"])
+def test_a_node_lost_to_a_standby_whose_workers_join_when_warm(
+    tmp_path: Path, reference: str, fault: str
 ) -> None:
-    """Node 1 is killed whole; a standby takes its place, its two new workers starting
+    """Node 1 is killed whole, or its GPU falls off the bus (the fake NVML's XID 79: its
+    agent takes it out, exit 77); a standby takes its place, its two new workers starting
     up (3 s each) while node 0's two kept ones train on holding all four data ranks."""
-    flags = [*FLAGS, "--heartbeat-timeout=2"]
+    flags = [*FLAGS, "--heartbeat-timeout=2", "--health-interval=0.5"]
+    trigger = tmp_path / "trigger"
+    sick = {"timeline": [{"after_file": str(trigger), "xid": 79}]}
+    nvml = {i: scenario(tmp_path, f"node{i}", sick if i == 1 else None) for i in range(3)}
     cluster = LocalCluster(
         tmp_path,
         2,
@@ -289,6 +295,7 @@ def test_a_lost_node_with_a_standby_the_standbys_workers_join_when_warm(
         flags,
         conf="join_timeout=60",
         script=SCRIPT,
+        node_env=nvml,
         PROBE_STEPS=STEPS,
         PROBE_STEP_SLEEP="0.05",
         PROBE_STARTUP_S="3",
@@ -298,24 +305,31 @@ def test_a_lost_node_with_a_standby_the_standbys_workers_join_when_warm(
         while not cluster.events("generation_start"):  # round 0 closed: a standby waits
             assert time.monotonic() < deadline, cluster.log(0)
             time.sleep(0.05)
-        cluster.start_node(2, "2", flags)
+        cluster.start_node(2, "2", flags, nvml[2])
         while "joined round 1" not in cluster.log(2):
             assert time.monotonic() < deadline, cluster.log(2)
             time.sleep(0.05)
         cluster.wait_progress(20)
-        t_kill = cluster.kill_node(1)
-        codes = cluster.wait_some([0, 2], 180)
+        if fault == "node_kill":
+            t_kill = cluster.kill_node(1)
+        else:
+            t_kill = time.time()
+            trigger.touch()
+        codes = cluster.wait_some([0, 1, 2], 180)
     finally:
         cluster.close()
-    assert codes == [0, 0], cluster.log(0) + cluster.log(2)
+    lost = -9 if fault == "node_kill" else NODE_UNHEALTHY  # SIGKILLed, or out: exit 77
+    assert codes == [0, lost, 0], cluster.log(0) + cluster.log(1) + cluster.log(2)
     finals = _finals(cluster)
     assert {rank: rec["digest"] for rank, rec in finals.items()} == dict.fromkeys(
         range(4), reference
     )
     steps = _steps(cluster, 0)
     assert {s["pid"] for s in steps} == {finals[0]["pid"]}
-    after = [s for s in steps if s["t"] > t_kill]
-    # the loss seen when its lease lapses (--heartbeat-timeout), then on at once
+    # steps begun before the fault was seen may end after it: those of generation 0
+    after = [s for s in steps if s["t"] > t_kill and s["generation"] > 0]
+    # the loss seen when its lease lapses (--heartbeat-timeout) or the GPU is read, then
+    # on at once
     assert after[0]["world"] == 2 and after[0]["logical"] == [0, 2]
     assert after[0]["t"] - t_kill < 2 + NEXT_STEP_S
     assert after[-1]["world"] == 4

@@ -37,14 +37,16 @@ class StepCeiling:
     # No limit while this node's workers are all new ones warming up in a train-through
     # generation: the kept ranks elsewhere go on stepping, and nothing of this node's
     # says how far (their replicas would be refused and their snapshots wait). Until
-    # one of its own workers commits a step.
+    # one of its own workers commits a step past the newest known then (the restored
+    # shards put in their slots are seen again as the slots are scanned: not theirs).
     lifted: bool = False
 
     def lift(self) -> None:
         self.lifted = True
 
     def observe(self, step: int) -> None:
-        self.lifted = False
+        if self.newest is None or step > self.newest:
+            self.lifted = False
         if self.newest is not None and step > self.newest:
             self.gap = max(self.gap, step - self.newest)
         if self.newest is None or step > self.newest:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rtrain.core.snapshots.admission import (
     Admission,
     Reason,
+    StepCeiling,
     confirmed_step,
     superseded_by,
 )
@@ -59,3 +60,16 @@ def test_every_refusal_names_its_reason():
     assert judge.refuse_put("127.0.0.2", 3, 12, []) is None
     assert reason(judge.refuse_get("127.0.0.9")) is Reason.READER
     assert judge.refuse_get("127.0.0.2") is None
+
+
+def test_a_lifted_ceiling_admits_any_step_until_the_node_commits_past_it() -> None:
+    """A node of new workers joining kept ranks elsewhere (train-through) judges no
+    replica by its own progress until one of them commits a newer step; its restored
+    shards, seen again by the slot scan, do not count."""
+    ceiling = StepCeiling()
+    ceiling.observe(21)  # the restored step
+    ceiling.lift()
+    ceiling.observe(21)  # the scan sees the restored shard again
+    assert ceiling.limit is None
+    ceiling.observe(40)  # its first own commit, after it joined
+    assert ceiling.limit == 40 + 2 * 19
