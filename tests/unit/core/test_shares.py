@@ -9,8 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rtrain.core.contract.environment import decode_ranks, encode_ranks
+from rtrain.core.contract.train_through import joins_late
 from rtrain.core.repair.shares import ShareError, assign_shares, holder_of
 from rtrain.core.worker import shares
+from rtrain.core.worker.repair import through
 
 
 def test_every_rank_present_holds_its_own_share() -> None:
@@ -100,3 +102,33 @@ def test_without_rtrain_a_worker_holds_its_own_rank(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "8")
     assert shares.data_ranks() == (3,) and shares.data_world_size() == 8
+
+
+@pytest.mark.parametrize(
+    ("env", "joins"),
+    [
+        ({"RTRAIN_KEPT_RANKS": "0,2,3", "WORLD_SIZE": "4", "RANK": "1"}, True),
+        ({"RTRAIN_KEPT_RANKS": "0,2,3", "WORLD_SIZE": "4", "RANK": "2"}, False),
+        ({"RTRAIN_KEPT_RANKS": "0,1", "WORLD_SIZE": "2", "RANK": "1"}, False),  # all kept
+        ({"RTRAIN_KEPT_RANKS": "", "WORLD_SIZE": "4", "RANK": "1"}, False),  # a restart
+        ({"RTRAIN_KEPT_RANKS": "0,x", "WORLD_SIZE": "4", "RANK": "1"}, False),  # refused
+        ({"RTRAIN_KEPT_RANKS": "0", "WORLD_SIZE": "four", "RANK": "1"}, False),
+        ({"WORLD_SIZE": "4", "RANK": "1"}, False),
+    ],
+)
+def test_a_new_worker_joins_late_only_beside_kept_ranks(env: dict[str, str], joins: bool) -> None:
+    assert joins_late(env) is joins
+
+
+def test_a_fresh_process_named_kept_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kept rank's place taken by a new process (the kept one lost at the hand-over)
+    must not train through as if it had the kept state: it fails, and is repaired."""
+    monkeypatch.setenv("RTRAIN_KEPT_RANKS", "0,2,3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "2")
+    assert through.role(True, repaired=True) is through.Role.KEPT
+    with pytest.raises(through.TrainThroughError, match="new one"):
+        through.role(True, repaired=False)
+    assert through.role(False, repaired=False) is None  # not asked for: as before
+    monkeypatch.setenv("RANK", "1")
+    assert through.role(True, repaired=False) is through.Role.NEW
