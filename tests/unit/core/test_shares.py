@@ -126,6 +126,8 @@ def test_a_fresh_process_named_kept_is_refused(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("RTRAIN_KEPT_RANKS", "0,2,3")
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("RANK", "2")
+    assert through.role(True, repaired=True) is None  # no data world: --tp/--pp above 1
+    monkeypatch.setenv("RTRAIN_DATA_WORLD", "4")
     assert through.role(True, repaired=True) is through.Role.KEPT
     with pytest.raises(through.TrainThroughError, match="new one"):
         through.role(True, repaired=False)

@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 from ...clock import wait_until
-from ...contract.environment import KEPT_RANKS, SNAPSHOT_BUDGET, decode_ranks
+from ...contract.environment import DATA_WORLD, KEPT_RANKS, SNAPSHOT_BUDGET, decode_ranks
 from ...contract.train_through import finished_key, interim_prefix, ready_key, regroup_key
 from ...repair.shares import assign_shares
 from ...snapshots.format import SnapshotError
@@ -59,8 +59,10 @@ class Role(enum.Enum):
 def role(train_through: bool, repaired: bool) -> Role | None:
     """This worker's part in its generation; None: the generation's whole group at once
     (no train-through asked, the first generation, every rank kept, or a full restart)."""
-    if not train_through:
+    if not train_through or KEPT_RANKS not in os.environ:
         return None
+    if DATA_WORLD not in os.environ:  # the agents set it for a data-parallel job alone
+        return None  # --tp or --pp above 1: repaired in place, waiting for the new ranks
     kept = decode_ranks(os.environ.get(KEPT_RANKS))
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     if not kept or len(kept) >= world:
@@ -186,6 +188,16 @@ def hand_over_state() -> int:
             raise SnapshotError(f"refusing a handed-over snapshot of {int(size.item())} bytes")
         data = torch.empty(int(size.item()), dtype=torch.uint8)
         dist.recv(data, source)
-        if adopt_shard(bytearray(data.numpy().tobytes())) != step:
+        try:
+            adopted = adopt_shard(bytearray(data.numpy().tobytes()))
+        except SnapshotError as exc:
+            if "DTensor" not in str(exc):
+                raise
+            raise TrainThroughError(
+                "train_through=True needs every kept rank to hold the same state (DDP's "
+                "replicas); this snapshot holds sharded DTensors (FSDP2): leave "
+                "train_through off for such a job"
+            ) from None
+        if adopted != step:
             raise SnapshotError("the handed-over snapshot is not of the kept ranks' step")
     return step
