@@ -1,19 +1,34 @@
 """The job scripts/bench_repair.py measures: the same small DDP model with BENCH_STATE_MB of
-extra state per rank (a buffer kept and restored with the model), over gloo, written four
-ways for the four ways of coming back from a fault:
+extra state per rank (a buffer kept and restored with the model), over gloo, written five
+ways for the five ways of coming back from a fault:
 
   disk      torch.save of the state every step, torch.load on start (torchrun, ft_launcher)
   snapshot  rtrain.snapshot() every step, rtrain.restore() on start (rtrain's restart)
   repair    rtrain.repairable: the training function is re-entered in the same process
             (repair in place; the hook for rtrain.core.worker.repair)
+  through   rtrain.repairable(train_through=True): the kept rank trains on at once and
+            does the failed rank's data share too (rtrain.data_ranks(),
+            rtrain.average_gradients(): the global batch is kept); the replacement
+            joins at a step boundary once its start-up is done
   torchft   torchft's Manager over its lighthouse: one process per replica group, the
             healthy group keeps stepping while the failed one is gone
 
-Rank 1 (replica group 1 under torchft) SIGKILLs itself at the start of step
-BENCH_FAULT_STEP, once, after writing $BENCH_OUT/fault.json (t_fault). Every process
-appends "began ended step" to $BENCH_OUT/steps_<pid>.txt as each step completes (for
-torchft: as each step commits), so the harness can find the first step begun after the
-fault and its end: a step under way at the fault does not count.
+Rank 1 (replica group 1 under torchft) injects BENCH_FAULT at the start of step
+BENCH_FAULT_STEP, once, after writing $BENCH_OUT/fault.json (t_fault): crash = SIGKILL,
+hang = SIGSTOP, none = the marker only (a fault-free run timed the same way). Every
+process appends "began ended step world shares" to $BENCH_OUT/steps_<pid>.txt as each
+step completes (for torchft: as each step commits; world = the processes or replica
+groups that took part, shares = the logical data ranks it did, comma-separated), so the
+harness can find the first step begun after the fault and its end (a step under way at
+the fault does not count), the first at full size again, and the samples trained.
+
+BENCH_STEP_SLEEP: a share's compute (a GPU's time for one rank's batch), slept after
+each step; a worker doing two logical shares (train through's interim) sleeps twice it.
+
+BENCH_STARTUP_S=S: a process started after the first generation (RTRAIN_GENERATION > 0,
+TORCHELASTIC_RESTART_COUNT > 0, or BENCH_RESTARTED=1: a torchft replica the harness
+restarted) sleeps S seconds at module level, before building its model: a GPU process's
+cold start (CUDA context, NCCL init, model to device, compile), the same in every launcher.
 """
 
 from __future__ import annotations
@@ -32,6 +47,10 @@ MODE = os.environ.get("BENCH_MODE", "disk")
 STEPS = int(os.environ.get("BENCH_STEPS", "30"))
 FAULT_STEP = int(os.environ.get("BENCH_FAULT_STEP", "8"))
 PAUSE = float(os.environ.get("BENCH_STEP_SLEEP", "0.05"))
+FAULT = os.environ.get("BENCH_FAULT", "crash")
+RESTARTED = ("RTRAIN_GENERATION", "TORCHELASTIC_RESTART_COUNT", "BENCH_RESTARTED")
+if any(int(os.environ.get(name, "0") or 0) > 0 for name in RESTARTED):
+    time.sleep(float(os.environ.get("BENCH_STARTUP_S", "0")))  # a GPU process's cold start
 
 torch.manual_seed(0)
 MODEL = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
@@ -49,10 +68,11 @@ def load(saved: dict) -> None:
     EXTRA.copy_(saved["extra"])
 
 
-def note_step(step: int, began: float) -> None:
+def note_step(step: int, began: float, world: int, shares: tuple[int, ...]) -> None:
     if OUT:
+        done = ",".join(str(s) for s in shares)
         with open(os.path.join(OUT, f"steps_{os.getpid()}.txt"), "a") as handle:
-            handle.write(f"{began:.6f} {time.time():.6f} {step}\n")
+            handle.write(f"{began:.6f} {time.time():.6f} {step} {world} {done}\n")
 
 
 def inject(who: int, step: int) -> None:
@@ -62,7 +82,8 @@ def inject(who: int, step: int) -> None:
     with open(marker + ".tmp", "w") as handle:
         handle.write(f'{{"t_fault": {time.time():.6f}, "step": {step}}}')
     os.replace(marker + ".tmp", marker)
-    os.kill(os.getpid(), signal.SIGKILL)
+    if FAULT != "none":
+        os.kill(os.getpid(), signal.SIGSTOP if FAULT == "hang" else signal.SIGKILL)
 
 
 def batch(step: int, who: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,8 +100,20 @@ def loop(model: nn.Module, rank: int, start: int, keep: Callable[[int], None]) -
         nn.functional.mse_loss(model(inputs), targets).backward()
         OPTIMIZER.step()
         keep(step)
-        note_step(step, began)
+        note_step(step, began, dist.get_world_size(), (rank,))
         time.sleep(PAUSE)
+
+
+def nvrx_heartbeat() -> Callable[[], None]:
+    """Under ft_launcher: heartbeats to its rank monitor each step (what its hang
+    detection, --ft-rank_heartbeat_timeout, watches); elsewhere nothing."""
+    if "FT_RANK_MONITOR_IPC_SOCKET" not in os.environ:
+        return lambda: None
+    from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
+
+    client = RankMonitorClient()
+    client.init_workload_monitoring()
+    return client.send_heartbeat
 
 
 def run_disk() -> None:
@@ -95,9 +128,12 @@ def run_disk() -> None:
         load(saved)
         start = saved["step"] + 1
 
+    beat = nvrx_heartbeat()
+
     def keep(step: int) -> None:
         torch.save({**state(), "step": step}, path + ".tmp")
         os.replace(path + ".tmp", path)
+        beat()
 
     loop(DDP(MODEL), rank, start, keep)
     dist.barrier()
@@ -115,7 +151,12 @@ def run_snapshot() -> None:
     if restored is not None:
         load(restored[0])
         start = restored[1] + 1
-    loop(DDP(MODEL), dist.get_rank(), start, lambda step: rtrain.snapshot(state(), step))
+
+    def keep(step: int) -> None:
+        rtrain.snapshot(state(), step)
+        rtrain.heartbeat(step)
+
+    loop(DDP(MODEL), dist.get_rank(), start, keep)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -133,7 +174,53 @@ def run_repair() -> None:
     def train() -> None:
         restored = rtrain.restore(into=kept)
         start = 0 if restored is None else restored[1] + 1
-        loop(DDP(MODEL), dist.get_rank(), start, lambda step: rtrain.snapshot(kept, step))
+
+        def keep(step: int) -> None:
+            rtrain.snapshot(kept, step)
+            rtrain.heartbeat(step)
+
+        loop(DDP(MODEL), dist.get_rank(), start, keep)
+        dist.barrier()
+
+    train()
+
+
+def through_step(step: int, logical: tuple[int, ...]) -> None:
+    """One step over the logical data ranks this worker does: each one's gradient, then
+    the mean over every logical rank of the step (the global batch of a fault-free run)."""
+    import rtrain
+
+    grads = {}
+    for data_rank in logical:
+        inputs, targets = batch(step, data_rank)
+        OPTIMIZER.zero_grad()
+        nn.functional.mse_loss(MODEL(inputs), targets).backward()
+        grads[data_rank] = [torch.clone(p.grad) for p in MODEL.parameters() if p.grad is not None]
+    rtrain.average_gradients(MODEL.parameters(), grads)
+    OPTIMIZER.step()
+
+
+def run_through() -> None:
+    """Train through: the kept rank goes on at once in a group of its own, doing the
+    failed rank's share as well; the replacement joins when its start-up is done."""
+    import rtrain
+
+    kept = {"model": MODEL, "optimizer": OPTIMIZER, "extra": EXTRA}
+    rank = int(os.environ.get("RANK", "0"))
+
+    @rtrain.repairable(backend="gloo", train_through=True)
+    def train() -> None:
+        restored = rtrain.restore(into=kept)
+        start = 0 if restored is None else restored[1] + 1
+        for step in range(start, STEPS):
+            began = time.time()
+            logical = rtrain.data_ranks()  # the step boundary: a warm replacement joins here
+            inject(rank, step)
+            through_step(step, logical)
+            rtrain.snapshot(kept, step)
+            rtrain.heartbeat(step)
+            note_step(step, began, dist.get_world_size(), logical)
+            time.sleep(PAUSE * len(logical))  # a share's compute: two shares take twice it
         dist.barrier()
 
     train()
@@ -152,8 +239,9 @@ def run_torchft() -> None:
         is_master=True,
         wait_for_workers=False,
     )
+    timeout = float(os.environ.get("BENCH_TORCHFT_TIMEOUT_S", "10"))
     manager = Manager(
-        pg=ProcessGroupGloo(timeout=timedelta(seconds=10)),
+        pg=ProcessGroupGloo(timeout=timedelta(seconds=timeout)),
         min_replica_size=1,
         load_state_dict=load,
         state_dict=state,
@@ -180,13 +268,18 @@ def run_torchft() -> None:
         nn.functional.mse_loss(model(inputs), targets).backward()
         if manager.should_commit():
             OPTIMIZER.step()
-            note_step(step, began)
+            note_step(step, began, manager.num_participants(), (group,))
         time.sleep(PAUSE)
     manager.shutdown()
     del store
 
 
 if __name__ == "__main__":
-    {"disk": run_disk, "snapshot": run_snapshot, "repair": run_repair, "torchft": run_torchft}[
-        MODE
-    ]()
+    modes: dict[str, Callable[[], None]] = {
+        "disk": run_disk,
+        "snapshot": run_snapshot,
+        "repair": run_repair,
+        "through": run_through,
+        "torchft": run_torchft,
+    }
+    modes[MODE]()

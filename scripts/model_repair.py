@@ -5,13 +5,16 @@ process, CUDA context, compiled modules and data loaders; only what failed is re
 and the communicator is rebuilt), from published figures.
 
     scripts/model_repair.py [--png docs/images/model_repair.png] [--gpus 1024,16384]
+        [--through-png docs/images/model_through.png]
 
 Three faults: a worker crashes on a healthy node (its replacement starts on the same
 node); a node is lost and a hot standby takes its ranks (its workers started and warmed
 up before the fault, as TrainMover's sandboxed warm-up and NVRx's hot spares do); a node
 is lost with no standby and the world shrinks by one node. Every assumption is a field
 of Assumptions with where its number comes from; docs/benchmarks.md lists them too.
-Prints a table (rich) and writes a PNG (matplotlib).
+Prints a table (rich) and writes a PNG (matplotlib). The train-through case (the survivors
+go on at once in a smaller group; the replacement joins when warm) is in
+scripts/model_through.py: a second table and PNG.
 """
 
 from __future__ import annotations
@@ -80,6 +83,18 @@ class Assumptions:
     loader_start_s: float = 8.0
     # One training step of a large dense model at this scale (scripts/goodput.py).
     step_s: float = 10.0
+    # Train through (scripts/model_through.py): the survivors drop the failed ranks from
+    # their communicator. NCCL 2.27+ ncclCommShrink / torch 2.13's shrink_group do it
+    # without a fresh init (shared/REFERENCE.md section 11); no time for it at scale is
+    # published: ElasWave (2025) reports "communicator repair under 1 s" (scale not
+    # stated), taken here as 1 s flat. Without a shrink, the group is created anew
+    # (nccl_init_s above: what rtrain does today, a new group of the kept ranks).
+    shrink_s: float = 1.0
+    # While the replacement starts, one peer does the failed rank's data share as well
+    # as its own: a compute-bound step then takes this many times as long (rtrain's
+    # shares move whole logical ranks; spreading micro-batches over several peers, as
+    # ReCycle does, would cut it).
+    interim_step_factor: float = 2.0
 
     def nccl_init_s(self, ranks: int) -> float:
         return self.nccl_floor_s + self.nccl_per_rank_s * ranks
@@ -222,6 +237,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--png", default=str(ROOT / "docs" / "images" / "model_repair.png"))
     parser.add_argument("--gpus", default="1024,16384", help="job sizes, comma-separated")
     parser.add_argument("--markdown", action="store_true", help="also print a markdown table")
+    parser.add_argument(
+        "--through-png", default=str(ROOT / "docs" / "images" / "model_through.png")
+    )
     args = parser.parse_args(argv)
     try:
         sizes = [int(s) for s in args.gpus.split(",")]
@@ -240,6 +258,9 @@ def main(argv: list[str]) -> int:
         print(f"wrote {args.png}")
     except ImportError:
         print("no matplotlib: no PNG (pip install matplotlib)", file=sys.stderr)
+    import model_through
+
+    model_through.report(Assumptions(), sizes, Path(args.through_png), args.markdown)
     return ExitCode.SUCCESS
 
 
