@@ -318,27 +318,28 @@ class Agent:
         if action is Next.LEAVE:
             assert ended.fault is not None
             return self._leave(rdzv, end, ended.fault)
+        rejoin = action is Next.REJOIN
+        if rejoin:  # moved on, or ended to admit a node: the round says so before this
+            rdzv.rounds.open_next_round(gen.number)  # node's workers stop under the others
         # A node whose own failure finds --max-restarts spent ends the job: no park.
-        restarts_left = action is Next.REJOIN or not self._policy.budget.exhausted
+        restarts_left = rejoin or not self._policy.budget.exhausted
         repaired = self._repair.park(gen, rdzv, ended.fault is not None, restarts_left)
         if not repaired:
             self._stop_workers()
-        if action is Next.REJOIN:  # ours may have failed as the job moved on
+        if rejoin:  # ours may have failed as the job moved on
             self._policy.record_failures(gen)
             self._backoff.healthy()
-        else:
-            give_up = self._policy.recover(gen, ended.fault, self._health, repaired)
-            if give_up is not None:
-                end.end_job(gen.place, give_up.exit_code, give_up.reason)
-                return self._result(
-                    AgentState.FAILED, give_up.exit_code, give_up.reason, give_up.failures
-                )
-            # The round opens before the back-off: the others learn of the fault now (their
-            # workers park at once, not after a broken collective's wait for a request).
-            rdzv.rounds.open_next_round(gen.number)
-            self._backoff.failed(self._check_signal)
             return None
+        give_up = self._policy.recover(gen, ended.fault, self._health, repaired)
+        if give_up is not None:
+            end.end_job(gen.place, give_up.exit_code, give_up.reason)
+            return self._result(
+                AgentState.FAILED, give_up.exit_code, give_up.reason, give_up.failures
+            )
+        # The round opens before the back-off: the others learn of the fault now (their
+        # workers park at once, not after a broken collective's wait for a request).
         rdzv.rounds.open_next_round(gen.number)
+        self._backoff.failed(self._check_signal)
         return None
 
     def _join(self, rdzv: JobRendezvous) -> Membership:

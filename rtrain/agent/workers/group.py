@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import signal
@@ -36,6 +37,7 @@ from .records import Worker, failure_record
 logger = logging.getLogger(__name__)
 
 KILL_WAIT_S = 5.0
+ERROR_FILE_LIMIT = 1 << 22  # an error file is a traceback: a few KiB
 WARM_WAIT_LINE_S = 0.5  # a start that waited this long for the warm-up says so
 
 
@@ -231,10 +233,16 @@ class WorkerGroup:
     def _stopped_clean(self, worker: Worker) -> bool:
         """An exit after the stop is the agent's doing unless the worker had already
         written its error file: it was failing on its own (a peer's crash broke its
-        collective, say) and only took longer to exit than the agent took to stop it."""
+        collective, say) and only took longer to exit than the agent took to stop it. A
+        file the stop cut off half-written (not JSON) says nothing of its own failure:
+        the stop's (seen under load: a victim counted as a root cause)."""
         try:
             written = os.stat(worker.error_file).st_mtime
+            with open(worker.error_file, "rb") as handle:
+                json.loads(handle.read(ERROR_FILE_LIMIT))
         except OSError:
+            return True
+        except ValueError:  # torn by the stop
             return True
         return written >= self._stop_time
 

@@ -6,6 +6,7 @@ time."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
 from pathlib import Path
 from types import SimpleNamespace
@@ -148,3 +149,23 @@ def test_events_are_stamped_by_the_wall_clock_the_agent_hands_the_sink(tmp_path:
     (event,) = read_events((tmp_path / "events.jsonl").read_text().splitlines())[0]
     assert event.t == FAKE_EPOCH + 1002.5
     assert EVENTS.wall == SYSTEM_CLOCK.wall  # closed: the process's own clock again
+
+
+def test_a_stopped_worker_whose_error_file_the_stop_cut_off_is_not_a_root_cause(
+    tmp_path: Path,
+) -> None:
+    """Rank 0 had written its error file whole before the stop (failing on its own);
+    rank 1 was in the middle of writing its own when the SIGTERM ended it: not JSON,
+    it says nothing of a failure of its own (a loaded CI run counted it a root cause)."""
+    clock = FakeClock()
+    pool = PaperPool(clock)
+    group = _group(clock, pool, tmp_path)
+    (tmp_path / "error0.json").write_text('{"message": {"message": "RuntimeError: gloo"}}')
+    (tmp_path / "error1.json").write_text('{"message": {"message": "RuntimeErr')
+    for name in ("error0.json", "error1.json"):  # both written before the stop began
+        os.utime(tmp_path / name, (clock.wall() - 1.0, clock.wall() - 1.0))
+    clock.at(0.2, lambda: pool.exits.append(WorkerExit("0", NO_PID, -15, clock.wall())))
+    clock.at(0.3, lambda: pool.exits.append(WorkerExit("1", NO_PID + 1, -15, clock.wall())))
+    group.stop(signal.SIGTERM, 3.0)
+    assert [w.local_rank for w in group.failed] == [0]
+    assert group.workers[1].stopped_by_agent and group.workers[1].exitcode == -15
