@@ -69,10 +69,12 @@ def run(
 
 
 # torch 2.13's workers die of SIGABRT ("terminate called without an active exception")
-# in interpreter teardown about once in 35 torchrun runs here, after the script is done.
-# rtrain's workers end with os._exit after atexit, so they do not; the oracle's own
-# teardown crash is not what a parity test is about, so it gets two more tries.
-ORACLE_TRIES = 3
+# in interpreter teardown about once in 35 torchrun runs here, after the script is done,
+# more often on a loaded machine (a fresh-clone CI run saw the DCP client's oracle abort
+# three times in a row). rtrain's workers end with os._exit after atexit, so they do
+# not; the oracle's own teardown crash is not what a parity test is about, so it gets
+# more tries.
+ORACLE_TRIES = 5
 
 
 def run_torchrun(
