@@ -27,6 +27,7 @@ is its full size, and each worker of the smaller world holds more of them.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -75,7 +76,13 @@ def current() -> Shares:
         return _Active.shares
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     rank = int(os.environ.get("RANK", "0") or 0)
-    logical = data_world()
+    return _whole(world, rank, data_world())
+
+
+@functools.lru_cache(maxsize=4)
+def _whole(world: int, rank: int, logical: int) -> Shares:
+    """The shares of a whole generation: made once per generation, not every step (a
+    dict of every rank at thousands of ranks)."""
     if logical == world:
         return Shares(world, rank, {r: (r,) for r in range(world)})
     # a generation smaller than the job (a node lost, no standby): every rank takes more
@@ -123,11 +130,12 @@ def average_gradients(params: Iterable[Any], grads: Mapping[int, Sequence[Any]])
         dist.all_gather(parts, send)
     else:
         parts = [send]
+    dense = {rank: index for index, rank in enumerate(present)}  # the group's rank of each
     where = holder_of(shares.held)
     total = None
     for logical in range(shares.world):
         holder, index = where[logical]
-        row = parts[present.index(holder)][index]
+        row = parts[dense[holder]][index]
         total = row.clone() if total is None else total.add_(row)
     assert total is not None
     total.div_(shares.world)
