@@ -1,6 +1,6 @@
 """What the probe scripts write for their tests to read: a JSON record put whole (a
-temporary file renamed over it) and a digest of a model's parameters and optimizer
-state (bitwise: two runs match only if every bit does)."""
+temporary file renamed over it), a digest of a model's parameters and optimizer
+state (bitwise: two runs match only if every bit does), and the process's resources."""
 
 import hashlib
 import json
@@ -26,3 +26,21 @@ def digest(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
             value = state[key]
             h.update(value.numpy().tobytes() if torch.is_tensor(value) else repr(value).encode())
     return h.hexdigest()
+
+
+def usage() -> dict:
+    """This process's resources now: descriptors, threads, resident KiB, mappings of
+    shared memory, process groups torch holds."""
+    from torch.distributed import distributed_c10d
+
+    with open("/proc/self/status") as status:
+        fields = dict(line.split(":", 1) for line in status.read().splitlines())
+    with open("/proc/self/maps") as maps:
+        shm = sum("/dev/shm/" in line for line in maps)
+    return {
+        "fds": len(os.listdir("/proc/self/fd")),
+        "threads": int(fields["Threads"]),
+        "rss_kib": int(fields["VmRSS"].split()[0]),
+        "shm_maps": shm,
+        "groups": len(distributed_c10d._world.pg_map),
+    }

@@ -33,6 +33,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from probe_io import usage
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -122,24 +123,6 @@ def second_fault(rank: int, generation: int) -> None:
                 time.sleep(0.001)
 
         threading.Thread(target=die_once_parked, daemon=True).start()
-
-
-def usage() -> dict:
-    """This process's resources now: descriptors, threads, resident KiB, mappings of
-    shared memory, and process groups torch holds."""
-    from torch.distributed import distributed_c10d
-
-    with open("/proc/self/status") as status:
-        fields = dict(line.split(":", 1) for line in status.read().splitlines())
-    with open("/proc/self/maps") as maps:
-        shm = sum("/dev/shm/" in line for line in maps)
-    return {
-        "fds": len(os.listdir("/proc/self/fd")),
-        "threads": int(fields["Threads"]),
-        "rss_kib": int(fields["VmRSS"].split()[0]),
-        "shm_maps": shm,
-        "groups": len(distributed_c10d._world.pg_map),
-    }
 
 
 def created() -> float:

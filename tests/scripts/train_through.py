@@ -25,7 +25,7 @@ import time
 
 import torch
 import torch.distributed as dist
-from probe_io import digest, write
+from probe_io import digest, usage, write
 from torch import nn
 
 import rtrain
@@ -66,24 +66,6 @@ def inject(rank: int, step: int, generation: int, nth: int) -> None:
             continue
         write(OUT, name, {"t_fault": time.time(), "step": step})
         os.kill(os.getpid(), signal.SIGSTOP if fault.get("action") == "stop" else signal.SIGKILL)
-
-
-def usage() -> dict:
-    """This process's resources now: descriptors, threads, resident KiB, mappings of
-    shared memory, process groups torch holds."""
-    from torch.distributed import distributed_c10d
-
-    with open("/proc/self/status") as status:
-        fields = dict(line.split(":", 1) for line in status.read().splitlines())
-    with open("/proc/self/maps") as maps:
-        shm = sum("/dev/shm/" in line for line in maps)
-    return {
-        "fds": len(os.listdir("/proc/self/fd")),
-        "threads": int(fields["Threads"]),
-        "rss_kib": int(fields["VmRSS"].split()[0]),
-        "shm_maps": shm,
-        "groups": len(distributed_c10d._world.pg_map),
-    }
 
 
 @rtrain.repairable(backend="gloo", train_through=True)
