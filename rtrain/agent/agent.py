@@ -116,12 +116,8 @@ class Agent:
         self._snapshots = SnapshotService.for_launch(
             snapshot_part(spec), self._runtime_dir, self.addr, secret, clock
         )
-        self._repair = RepairCoordinator(
-            self._runtime_dir,
-            spec.rdzv.join_timeout,
-            clock=clock,
-            wall=clock.wall,
-            lift_ceiling=self._snapshots.local.ceiling.lift,
+        self._repair = RepairCoordinator.for_launch(
+            spec, self._runtime_dir, self.run_log_dir, clock, self._snapshots.local.ceiling.lift
         )
         self._starter: Starts = starter or GenerationStarter(
             spec,

@@ -5,8 +5,9 @@ logical ranks from rtrain.data_ranks() and averages by rtrain.average_gradients(
 a run whose survivors did a failed rank's share ends bitwise equal to one without a
 fault. Runs unchanged under torchrun (one logical rank per process).
 
-PROBE_STARTUP_S=S: a process started in a generation after the first (a replacement)
-sleeps S seconds at module level: a GPU process's cold start. PROBE_FAULT as in
+PROBE_STARTUP_S=S: a process started in a generation after the first (a replacement),
+or a warm spare (--spares-per-node), sleeps S seconds at module level: a GPU process's
+cold start. PROBE_FAULT as in
 train_repairable.py ("rank=R,step=S,action=kill|stop[,gen=G]", ";"-separated; nth=N
 instead of step=S: at the N-th step of the function's call).
 PROBE_STOP_AFTER=G: the training ends after 10 steps at full size in generation G.
@@ -35,7 +36,7 @@ if OUT:
     os.makedirs(OUT, exist_ok=True)
 STEPS = int(os.environ.get("PROBE_STEPS", "40"))
 PAUSE = float(os.environ.get("PROBE_STEP_SLEEP", "0.03"))
-if int(os.environ.get("RTRAIN_GENERATION", "0") or 0) > 0:
+if int(os.environ.get("RTRAIN_GENERATION", "0") or 0) > 0 or "RTRAIN_SPARE" in os.environ:
     time.sleep(float(os.environ.get("PROBE_STARTUP_S", "0")))  # a cold start
     # PROBE_STARTUP_FAULT=crash|hang: the first replacement fails in its start-up
     MARK = os.path.join(OUT, "startup_fault")

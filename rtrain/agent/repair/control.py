@@ -21,13 +21,15 @@ from ..runtime_dir import make_folder, write_small_file
 
 
 class WorkerControl:
-    def __init__(self, root: str, local_rank: int) -> None:
+    def __init__(self, root: str, local_rank: int, name: str = "") -> None:
+        """name: the folder's, when not local rank's (a warm spare's: spare<slot>)."""
         self.local_rank = local_rank
-        self.folder = os.path.join(root, f"local{local_rank}")
+        self.folder = os.path.join(root, name or f"local{local_rank}")
+        self._whose = name or f"local rank {local_rank}"
 
     def clear(self) -> None:
         """Before a fresh worker of this local rank starts: nothing of its predecessor's."""
-        make_folder(self.folder, f"local rank {self.local_rank}'s repair folder")
+        make_folder(self.folder, f"{self._whose}'s repair folder")
         for name in (STATE_FILE, REQUEST_FILE, RESUME_FILE):
             with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(self.folder, name))
@@ -41,7 +43,7 @@ class WorkerControl:
 
     def _write(self, name: str, data: bytes) -> None:
         path = os.path.join(self.folder, name)
-        write_small_file(path + ".tmp", data, f"local rank {self.local_rank}'s {name}")
+        write_small_file(path + ".tmp", data, f"{self._whose}'s {name}")
         os.replace(path + ".tmp", path)
 
     def request(self, generation: int) -> None:

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 
 from ...core.clock import Clock, wait_until
+from ...core.config.launch_spec import LaunchSpec
 from ...core.errors import RendezvousError
 from ...core.repair.decisions import (
     Ask,
@@ -45,6 +46,7 @@ from .control import WorkerControl
 from .fallback import Fallback, JobFallback
 from .handover import Handover, Parked, worker_view
 from .through_watch import ThroughWatch
+from .warm_spares import WarmSpares
 
 logger = logging.getLogger(__name__)
 
@@ -62,14 +64,18 @@ class RepairCoordinator:
         wall: Callable[[], float] = time.time,
         process: Callable[[int], str | None] = process_state,
         lift_ceiling: Callable[[], None] = lambda: None,
+        spares: tuple[int, str] = (0, ""),
     ) -> None:
         """clock: the answers' wait and the repair's duration; wall: the event's
         timestamps (compared with other processes'); process: a pid's state (psutil's
         name, None when gone); lift_ceiling: called when every worker of this node is a
         new one joining kept ranks elsewhere (the shard server's step ceiling is lifted
-        until one of them commits: core/snapshots/admission.py)."""
+        until one of them commits: core/snapshots/admission.py); spares: warm spares
+        per node and the run's log folder (agent/repair/warm_spares.py)."""
         self._lift_ceiling = lift_ceiling
         self._root = os.path.join(runtime_dir, "repair")
+        count, log_root = spares
+        self._spares = WarmSpares(count, self._root, log_root, process, wall) if count else None
         self._resume_wait_s = resume_wait_s
         self._ack_s = ack_s
         self._clock = clock
@@ -78,6 +84,25 @@ class RepairCoordinator:
         self._fallback: Fallback | None = None  # the job stopped repairing
         self._parked: Parked | None = None
         make_folder(self._root, "the workers' repair folders")
+
+    @classmethod
+    def for_launch(
+        cls,
+        spec: LaunchSpec,
+        runtime_dir: str,
+        run_log_dir: str,
+        clock: Clock,
+        lift_ceiling: Callable[[], None],
+    ) -> RepairCoordinator:
+        """The agent's: its resume wait is the rendezvous' join timeout."""
+        return cls(
+            runtime_dir,
+            spec.rdzv.join_timeout,
+            clock=clock,
+            wall=clock.wall,
+            lift_ceiling=lift_ceiling,
+            spares=(spec.faults.spares_per_node, run_log_dir),
+        )
 
     @property
     def enabled(self) -> bool:
@@ -246,6 +271,7 @@ class RepairCoordinator:
             self._process,
             kept,
             through,
+            self._spares,
         )
         self._parked = None
 

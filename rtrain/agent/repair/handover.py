@@ -15,10 +15,11 @@ from ...core.contract.repair_files import REPAIR_DIR, REPAIR_WAIT, RESUME_WAIT
 from ...core.observe.through import ThroughNote
 from ...core.repair.decisions import WorkerView, resumes, spares_victim
 from ..observe.events import emit
-from ..workers.group import Worker
+from ..workers.group import SpareSpawner, Worker
 from ..workers.hang_watch import HangFinding
 from .control import WorkerControl
 from .through_watch import ThroughWatch
+from .warm_spares import WarmSpares
 
 logger = logging.getLogger(__name__)
 
@@ -64,10 +65,13 @@ class Handover:
         process: Callable[[int], str | None],
         kept_ranks: tuple[int, ...] = (),
         through: ThroughWatch | None = None,
+        spares: WarmSpares | None = None,
     ) -> None:
         """kept_ranks: every member's ranks of this generation kept alive by the repair
         (agent/rendezvous/kept_ranks.py), for every worker's RTRAIN_KEPT_RANKS; through:
-        the watch of the kept ranks training through (events, status)."""
+        the watch of the kept ranks training through (events, status); spares: the
+        node's warm spares (--spares-per-node)."""
+        self._spares = spares
         self._control = control
         self._kept_ranks = kept_ranks
         self._through = through
@@ -102,6 +106,18 @@ class Handover:
         if pid is not None and self._parked is not None:
             self._lost(local_rank, pid, state)
         return None
+
+    def take_spare(self, local_rank: int, env: Mapping[str, str]) -> int | None:
+        """A warm spare's pid, handed `env` (a new worker of this local rank); None: none
+        is warm, a process starts. Only in a generation that a repair in place made (a
+        full restart starts every worker anew, as torchrun does)."""
+        if self._spares is None or (self._parked is None and not self._kept_ranks):
+            return None
+        return self._spares.take(self._generation, int(env.get("RANK", "-1")), env)
+
+    def fill_spares(self, spawn: SpareSpawner) -> None:
+        if self._spares is not None and self._spares.count:
+            self._spares.fill(spawn, self._resume_wait_s)
 
     def _lost(self, local_rank: int, pid: int, state: str | None) -> None:
         """A kept worker that cannot resume: ended before its replacement, and said."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import signal
@@ -32,13 +31,16 @@ from .boot import fresh_interpreter
 from .hang_watch import STOPPED_STATES, HangFinding, HangWatch, inspect_hang, process_state
 from .log_tail import LogTail
 from .pool import PoolDied, WorkerPool
-from .records import Worker, failure_record
+from .records import Worker, failure_record, stopped_clean
 
 logger = logging.getLogger(__name__)
 
 KILL_WAIT_S = 5.0
-ERROR_FILE_LIMIT = 1 << 22  # an error file is a traceback: a few KiB
 WARM_WAIT_LINE_S = 0.5  # a start that waited this long for the warm-up says so
+
+
+# Starts warm spare `slot` (its log folder, variables to set or, as None, to drop): pid.
+SpareSpawner = Callable[[int, str, Mapping[str, "str | None"]], int]
 
 
 class RepairSeam(Protocol):
@@ -56,6 +58,10 @@ class RepairSeam(Protocol):
     def spares(self, worker: Worker, finding: HangFinding, silent_s: float) -> bool: ...
 
     def observe(self, workers: Sequence[Worker]) -> ThroughNote | None: ...
+
+    def take_spare(self, local_rank: int, env: Mapping[str, str]) -> int | None: ...
+
+    def fill_spares(self, spawn: SpareSpawner) -> None: ...
 
 
 class WorkerGroup:
@@ -93,6 +99,7 @@ class WorkerGroup:
     def start(self) -> None:
         spec, a = self._spec, self.assignment
         kept_alive = 0  # workers a repair in place handed over, not started
+        taken = 0  # warm spares that took a rank
         for local_rank in range(a.local_world_size):
             log_dir = attempt_dir(self._run_log_dir, a.generation, local_rank)
             os.makedirs(log_dir, exist_ok=True)
@@ -114,28 +121,18 @@ class WorkerGroup:
                 stale = self.handover.stale(local_rank)
                 if stale is not None:
                     self._end_stale(worker.worker_id, stale)
-            plan = stream_plan(spec, local_rank)
-            stdout_file = os.path.join(log_dir, "stdout.log") if plan.redirect & STDOUT else None
-            stderr_file = os.path.join(log_dir, "stderr.log") if plan.redirect & STDERR else None
+                spare = self.handover.take_spare(local_rank, env)
+                if spare is not None:  # a warm spare takes the rank; its output stays its own
+                    self._pool.rename(spare, worker.worker_id)
+                    worker.pid, taken = spare, taken + 1
+                    self.workers.append(worker)
+                    continue
             prefix = tee_prefix(spec.role, worker.rank)
-            if stdout_file and plan.tee & STDOUT:
-                self._tail.add(stdout_file, prefix, sys.stdout)
-            if stderr_file and plan.tee & STDERR:
-                self._tail.add(stderr_file, prefix, sys.stderr)
-            worker.pid = self._pool.spawn(
-                {
-                    "id": worker.worker_id,
-                    **self._entry(env),
-                    "env": env,
-                    "cwd": os.getcwd(),
-                    "stdout_file": stdout_file,
-                    "stderr_file": stderr_file,
-                },
-                # as long as the generation's rendezvous may take: a loaded node is slow
-                timeout=self._spec.rdzv.join_timeout,
-            )
+            worker.pid = self._spawn(worker.worker_id, env, log_dir, local_rank, prefix)
             self.workers.append(worker)
         self._pool.drop_spares()
+        if self.handover is not None:  # after the workers: they go first on a busy node
+            self.handover.fill_spares(self._spare_spawner())
         self.warm_up_wait_s = self._pool.take_warm_wait()
         if self.warm_up_wait_s >= WARM_WAIT_LINE_S:
             logger.info(
@@ -144,11 +141,53 @@ class WorkerGroup:
             )
         logger.info(
             "started %s (ranks %d-%d of %d)",
-            started_line(len(self.workers) - kept_alive, kept_alive),
+            started_line(len(self.workers) - kept_alive - taken, kept_alive, taken),
             a.rank_offset,
             a.rank_offset + a.local_world_size - 1,
             a.world_size,
         )
+
+    def _spawn(
+        self, worker_id: str, env: Mapping[str, str], log_dir: str, local_rank: int, prefix: str
+    ) -> int:
+        """Start one worker (or spare) from the pool, its streams as the flags say; its pid."""
+        plan = stream_plan(self._spec, local_rank)
+        stdout_file = os.path.join(log_dir, "stdout.log") if plan.redirect & STDOUT else None
+        stderr_file = os.path.join(log_dir, "stderr.log") if plan.redirect & STDERR else None
+        if stdout_file and plan.tee & STDOUT:
+            self._tail.add(stdout_file, prefix, sys.stdout)
+        if stderr_file and plan.tee & STDERR:
+            self._tail.add(stderr_file, prefix, sys.stderr)
+        return self._pool.spawn(
+            {
+                "id": worker_id,
+                **self._entry(env),
+                "env": dict(env),
+                "cwd": os.getcwd(),
+                "stdout_file": stdout_file,
+                "stderr_file": stderr_file,
+            },
+            # as long as the generation's rendezvous may take: a loaded node is slow
+            timeout=self._spec.rdzv.join_timeout,
+        )
+
+    def _spare_spawner(self) -> SpareSpawner:
+        """How a warm spare of slot s starts: as a worker of local rank (local world + s),
+        into log_dir, with `env` over that worker's variables."""
+        a = self.assignment
+
+        def spawn(slot: int, log_dir: str, overrides: Mapping[str, str | None]) -> int:
+            local_rank = a.local_world_size + slot
+            error_file = os.path.join(log_dir, "error.json")
+            env = worker_environment(
+                self._spec, a, local_rank, error_file, self._base_env, node_has_gpus()
+            )
+            env.update({k: v for k, v in overrides.items() if v is not None})
+            for name in [k for k, v in overrides.items() if v is None]:
+                env.pop(name, None)
+            return self._spawn(f"spare{slot}", env, log_dir, local_rank, f"[spare{slot}]:")
+
+        return spawn
 
     def _end_stale(self, worker_id: str, pid: int) -> None:
         """SIGKILL a kept process that will not resume and wait for its exit, before its
@@ -198,10 +237,11 @@ class WorkerGroup:
         except PoolDied:
             exits = []
             self._mark_all_lost()
-        by_id = {w.worker_id: w for w in self.workers}
+        # by pid: a warm spare that took a rank may exit before the pool hears its new id
+        by_pid = {w.pid: w for w in self.workers}
         for event in exits:
-            worker = by_id.get(event.worker_id)
-            if worker is not None and worker.pid == event.pid and worker.exitcode is None:
+            worker = by_pid.get(event.pid)
+            if worker is not None and worker.exitcode is None:
                 worker.exitcode = event.exitcode
                 worker.exit_time = event.time
                 # Reaped before the stop began: it failed on its own, even if its report
@@ -227,24 +267,8 @@ class WorkerGroup:
             for w in self.workers
             if w.exitcode not in (None, 0)
             and not w.left_out
-            and not (w.stopped_by_agent and self._stopped_clean(w))
+            and not (w.stopped_by_agent and stopped_clean(w, self._stop_time))
         ]
-
-    def _stopped_clean(self, worker: Worker) -> bool:
-        """An exit after the stop is the agent's doing unless the worker had already
-        written its error file: it was failing on its own (a peer's crash broke its
-        collective, say) and only took longer to exit than the agent took to stop it. A
-        file the stop cut off half-written (not JSON) says nothing of its own failure:
-        the stop's (seen under load: a victim counted as a root cause)."""
-        try:
-            written = os.stat(worker.error_file).st_mtime
-            with open(worker.error_file, "rb") as handle:
-                json.loads(handle.read(ERROR_FILE_LIMIT))
-        except OSError:
-            return True
-        except ValueError:  # torn by the stop
-            return True
-        return written >= self._stop_time
 
     @property
     def succeeded(self) -> bool:
@@ -363,8 +387,11 @@ def node_has_gpus() -> bool:
     return gpu_count() > 0
 
 
-def started_line(started: int, kept: int) -> str:
+def started_line(started: int, kept: int, spares: int = 0) -> str:
     """What a generation's start did: '2 workers', or '1 worker, kept 1 alive by the
-    repair in place' where a repair in place handed workers over instead."""
+    repair in place' where a repair in place handed workers over instead (and ', 1 warm
+    spare took a rank' where spares did)."""
     line = f"{started} worker{'' if started == 1 else 's'}"
-    return line if not kept else f"{line}, kept {kept} alive by the repair in place"
+    line = line if not kept else f"{line}, kept {kept} alive by the repair in place"
+    took = "spare took a rank" if spares == 1 else "spares took ranks"
+    return line if not spares else f"{line}, {spares} warm {took}"

@@ -227,6 +227,12 @@ class WorkerPool:
             self._send({"op": "drop_spares"})
         self._spares = False
 
+    def rename(self, pid: int, worker_id: str) -> None:
+        """Worker `pid` (a warm spare that took a rank) is `worker_id` from now on: its
+        signals and its exit go by that id."""
+        if self.running:
+            self._send({"op": "rename", "pid": int(pid), "id": worker_id})
+
     def signal_all(self, sig: int) -> None:
         if self.running:
             self._send({"op": "signal", "sig": int(sig)})

@@ -4,12 +4,15 @@ FailureRecord, from its error file, its hang and torch's flight recorder dumps."
 from __future__ import annotations
 
 import glob
+import json
 import os
 from dataclasses import dataclass
 
 from ...core.config.worker_env import FLIGHT_RECORDER_PREFIX, NodeAssignment, flight_recorder_note
 from ...core.rendezvous.failures import FailureKind, FailureRecord, RecordError, parse_error_file
 from .hang_watch import HangFinding
+
+ERROR_FILE_LIMIT = 1 << 22  # an error file is a traceback: a few KiB
 
 
 @dataclass
@@ -81,3 +84,21 @@ def flight_recorder_dumps(log_dir: str) -> list[str]:
     """The flight recorder's dumps torch left in a worker's log folder (a NCCL watchdog
     timeout or collective error writes one per rank), sorted."""
     return sorted(glob.glob(os.path.join(glob.escape(log_dir), f"{FLIGHT_RECORDER_PREFIX}*")))
+
+
+def stopped_clean(worker: Worker, stop_time: float) -> bool:
+    """Whether a worker that exited after its group's stop (begun at stop_time, wall
+    clock) ended by the stop. Yes unless it had already written its error file: it was
+    failing on its own (a peer's crash broke its collective, say) and only took longer
+    to exit than the agent took to stop it. A file the stop cut off half-written (not
+    JSON) says nothing of its own failure: the stop's (seen under load: a victim counted
+    as a root cause)."""
+    try:
+        written = os.stat(worker.error_file).st_mtime
+        with open(worker.error_file, "rb") as handle:
+            json.loads(handle.read(ERROR_FILE_LIMIT))
+    except OSError:
+        return True
+    except ValueError:  # torn by the stop
+        return True
+    return written >= stop_time

@@ -10,6 +10,8 @@ The agent talks to the zygote over a socketpair, one JSON object per line:
                     {"op": "prefork", "id": ...}   (fork a spare for that worker id now;
                                                     its spawn hands the spare the request)
                     {"op": "drop_spares"}   (kill the spares no spawn took)
+                    {"op": "rename", "pid": N, "id": ...}   (a warm spare that took a
+                                                            rank: its id from now on)
                     {"op": "standby", "ids": [...]}   (a standby node: warm up now, at
                                                        the normal priority, then fork a
                                                        spare for each worker id)
@@ -108,6 +110,11 @@ class Zygote:
         try:
             while self._queued:
                 self._sock.sendall(self._queued.pop(0))
+        except (BrokenPipeError, ConnectionResetError):
+            # The agent is gone; its socket's end is what serve() acts on. Not raised
+            # here: this may be the SIGCHLD handler reporting a worker killed because of
+            # it (a warm spare still waiting when the job ended), after serve returned.
+            self._queued.clear()
         finally:
             self._sending = False
 
@@ -159,6 +166,9 @@ class Zygote:
             self._prefork(str(message["id"]))
         elif op == "drop_spares":
             self._spares.drop()
+        elif op == "rename":
+            if int(message["pid"]) in self._children:  # not reaped yet
+                self._children[int(message["pid"])] = str(message["id"])
         elif op == "standby":
             self._become_standby([str(i) for i in message.get("ids") or []])
         elif op == "exit":

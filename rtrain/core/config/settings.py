@@ -193,6 +193,16 @@ OWN_SETTINGS: tuple[Setting, ...] = (
         check=SWITCH,
     ),
     S(
+        "spares-per-node",
+        0,
+        "warm spare workers per node: each runs the script's start-up ahead of any fault "
+        "and waits in rtrain.repairable to take a failed rank's place (on a GPU node, a "
+        "free device each)",
+        "N",
+        own=True,
+        check=COUNT,
+    ),
+    S(
         "max-node-failures",
         0,
         "exclude a node from the job once it was lost, or the root cause of a failure, N "
@@ -200,6 +210,32 @@ OWN_SETTINGS: tuple[Setting, ...] = (
         "N",
         own=True,
         check=COUNT,
+    ),
+    S(
+        "standby-after-faults",
+        2,
+        "a node charged N faults within --fault-window (this job's and, with "
+        "--checkpoint-dir, earlier jobs' kept there) joins last, as a standby (0: never)",
+        "N",
+        own=True,
+        check=COUNT,
+    ),
+    S(
+        "fault-window",
+        86400.0,
+        "seconds of fault history --standby-after-faults counts (default one day)",
+        "S",
+        own=True,
+        check=SECONDS,
+    ),
+    S(
+        "net-probe",
+        "4M",
+        "bytes each agent sends its ring successor at start, on the state network, to "
+        "measure its rate, at most 64M (0: no probe)",
+        "SIZE",
+        own=True,
+        check=optional(SIZE, ("0", 0)),
     ),
     S(
         "health-interval",

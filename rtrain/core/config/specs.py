@@ -79,11 +79,17 @@ class FaultSpec:
     first_heartbeat_timeout: float | None = flag_field("first-heartbeat-timeout")
     # A node charged this many failures is excluded from the job; 0: never.
     max_node_failures: int = flag_field("max-node-failures")
+    # A node charged this many faults within fault_window s joins last, a standby; 0: never.
+    standby_after_faults: int = flag_field("standby-after-faults")
+    fault_window: float = flag_field("fault-window")
     # A node whose workers fail again within RESTART_RESET_S of starting waits this
     # long before its next restart, doubling each time up to RESTART_BACKOFF_CAP_S.
     restart_backoff: float = flag_field("restart-backoff")
     # Stop whatever the workers started when they stop (agent/workers/process_tree.py).
     kill_process_tree: bool = flag_field("kill-process-tree")
+    # Warm spare workers per node, started after each generation's workers; a repair in
+    # place hands one a failed rank (agent/repair/warm_spares.py).
+    spares_per_node: int = flag_field("spares-per-node")
     # What a SIGTERM means: "leave", "end-job", or None (leave under Kubernetes).
     on_sigterm: str | None = flag_field("on-sigterm")
 
@@ -124,6 +130,9 @@ class SnapshotSpec:
     # The last resort when no copy of a shard survives; rtrain writes one every
     # checkpoint_every steps (0: never, only read what is there).
     checkpoint_dir: str | None = flag_field("checkpoint-dir")
+    # Bytes each agent sends its ring successor at start to measure the state network
+    # (agent/net/probe.py); None: no probe.
+    net_probe: int | None = flag_field("net-probe")
     checkpoint_every: int = flag_field("checkpoint-every")
     # Complete checkpoints kept in checkpoint_dir, older steps deleted (0: all kept).
     keep_checkpoints: int = flag_field("keep-checkpoints")

@@ -18,6 +18,11 @@ RECYCLE_PLAN_FILE = "RTRAIN_RECYCLE_PLAN"
 # the job's full size, --nnodes' maximum times the workers per node, whatever the size
 # of the generation running (core/worker/shares.py).
 DATA_WORLD = "RTRAIN_DATA_WORLD"
+# A warm spare worker (rtrain launch --spares-per-node): its slot on the node. It runs
+# the script's start-up ahead of any fault and waits, parked, at the entry of the
+# repairable function for the resume that names the rank it takes
+# (core/worker/repair/warm_spare.py). Its RANK is -1 and it has no MASTER_ADDR until then.
+SPARE = "RTRAIN_SPARE"
 # Where a worker's boot code writes its stack when the agent asks (a hang).
 STACK_FILE = "RTRAIN_STACK_FILE"
 

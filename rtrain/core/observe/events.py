@@ -110,6 +110,22 @@ SCHEMA: dict[str, tuple[tuple[str, ...], str]] = {
         "the generation's whole group runs again: this node's new ranks that joined, and "
         "how long its kept ranks trained at reduced size (null: none of its own did)",
     ),
+    "spare_started": (
+        ("slot", "pid"),
+        "a warm spare worker started on this node (--spares-per-node): it runs the "
+        "script's start-up and waits at the entry of rtrain.repairable for a rank "
+        "(folder: its control folder, where it says it is parked)",
+    ),
+    "spare_taken": (
+        ("slot", "pid", "rank", "warm_s"),
+        "a warm spare took a failed rank's place in this generation instead of a new "
+        "process (warm_s: how long it had been started)",
+    ),
+    "spares_off": (
+        ("slot", "message"),
+        "this node starts no more spares: one ended on its own before it reached "
+        "rtrain.repairable (its error file's message)",
+    ),
     "repair_fallback": (
         ("from_generation", "at_generation", "by_node", "failed_generations"),
         "this node stops repairing in place for the rest of the job: the job's repairs of "
@@ -141,6 +157,29 @@ SCHEMA: dict[str, tuple[tuple[str, ...], str]] = {
         "a node was charged a failure toward --max-node-failures, once: host, why (lost, "
         "or root cause), the generation that failed, and the failures it was charged so "
         "far (at the limit it is excluded); emitted by the agent that charged it",
+    ),
+    "fault_history": (
+        ("host", "kind", "faults", "standby"),
+        "a charged fault went into the nodes' fault history: host, kind, its faults within "
+        "--fault-window (this one included), and whether that makes it a standby "
+        "(--standby-after-faults); kept_in: the history file, or store",
+    ),
+    "standby_by_history": (
+        ("host", "faults", "round"),
+        "a round's closer left a joiner as a standby for its fault history, others could "
+        "take its place: host, its faults in the window, the round",
+    ),
+    "slurm_exclude": (
+        ("exclude", "hosts"),
+        "under Slurm, the hostlist to pass to the next submission's `sbatch --exclude=`: "
+        "the job's nodes its fault history makes standbys",
+    ),
+    "net_probe": (
+        ("interface", "address", "peer", "rate_mbps"),
+        "this node's state network (replicas, restores): the interface and address the "
+        "shard server uses, the peer a small transfer went to and its rate in Mbit/s; "
+        "link_mbps: the speed the interface reports (null: none, as on loopback); "
+        "warnings: a rate far below it, a faster interface on the host",
     ),
     "job_end": (("exit_code", "message"), "the agent's end: its exit code and why"),
 }
@@ -195,6 +234,9 @@ FIELD_TYPES: dict[str, tuple[str, bool]] = {  # field -> (type, may be null)
     "exit_code": (INTEGER, False),
     "why": (TEXT, False),
     "failures": (INTEGER, False),
+    "faults": (INTEGER, False),
+    "rate_mbps": (NUMBER, False),
+    "link_mbps": (NUMBER, True),
 }
 
 

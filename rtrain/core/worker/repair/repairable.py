@@ -55,7 +55,7 @@ from ...contract.repair_files import (
 )
 from ...rendezvous.failures import is_collective_error
 from .. import shares
-from . import through
+from . import through, warm_spare
 from .asked import ASKED
 from .group import TrainingGroup
 from .mesh_caches import forget_meshes
@@ -124,7 +124,11 @@ class _Control:
             lambda: self.requested(generation), self.wait_s, POLL_S, time.monotonic, time.sleep
         )
 
-    def wait_resume(self, generation: int) -> Resume | None:
+    def wait_resume(
+        self, generation: int, timeout_s: float | None = -1.0, poll_s: float = POLL_S
+    ) -> Resume | None:
+        """The resume addressed to this process for a later generation; None after
+        timeout_s (-1: this worker's resume wait; None: no limit, a warm spare's)."""
         found: list[Resume] = []
 
         def arrived() -> bool:
@@ -134,7 +138,8 @@ class _Control:
                 found.append(resume)
             return bool(found)
 
-        wait_until(arrived, self.resume_s, POLL_S, time.monotonic, time.sleep)
+        limit = self.resume_s if timeout_s == -1.0 else timeout_s
+        wait_until(arrived, limit, poll_s, time.monotonic, time.sleep)
         return found[0] if found else None
 
 
@@ -266,6 +271,10 @@ def _run(
             return fn(*args, **kwargs)
         finally:
             group.close()
+    if warm_spare.is_spare():  # warm, parked until the agent gives it a rank
+        warm_spare.take_rank(control)
+        control = _Control.from_env()
+        assert control is not None, "a spare's resume names its rank's control folder"
     try:
         call = functools.partial(fn, *args, **kwargs)
         return _generations(call, backend, timeout_s, control, train_through)
