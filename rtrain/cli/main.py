@@ -114,7 +114,13 @@ def _render(outcome: LaunchOutcome) -> None:
         _error(str(outcome.error))
     elif result is None:  # a dry run
         render.dry_run(
-            Console(), plan.spec, plan.nproc, plan.took, outcome.store_host, outcome.no_gpu_checks
+            Console(),
+            plan.spec,
+            plan.nproc,
+            plan.took,
+            outcome.store_host,
+            outcome.no_gpu_checks,
+            outcome.state_net,
         )
     elif outcome.succeeded:
         script = plan.spec.entrypoint.target

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,7 @@ from ...core.config.worker_env import omp_threads_default
 from ...core.errors import ExitCode, RtrainError, UsageError
 from ..health.nvml_reader import nvml_missing
 from ..kube.shm import check_shm
+from ..net.probe import state_choice
 from ..observe import log
 from ..snapshots.job_secret import STORE_FALLBACK_WARNING, JobSecret, read_job_secret
 from ..state import AgentState, RunResult
@@ -67,6 +69,7 @@ class LaunchOutcome:
     store_host: HostChoice | None = None
     result: RunResult | None = None
     no_gpu_checks: str | None = None  # a dry run: why this node will run no GPU checks
+    state_net: str = ""  # a dry run: the interface replicas and restores will use
 
     @property
     def succeeded(self) -> bool:
@@ -91,7 +94,10 @@ def launch(raw: dict[str, Any], environ: Mapping[str, str], notify: Notify) -> L
             off = nvml_missing(environ) if plan.spec.health.interval > 0 else None
         except RtrainError as exc:  # a malformed fake-NVML scenario
             return LaunchOutcome(plan, error=exc)
-        return LaunchOutcome(plan, store_host=store_host(plan.spec), no_gpu_checks=off)
+        net = state_choice(plan.spec.local_addr or socket.gethostname()).describe()
+        return LaunchOutcome(
+            plan, store_host=store_host(plan.spec), no_gpu_checks=off, state_net=net
+        )
     prepare(plan, environ, notify)
     try:
         agent = open_agent(plan, base_env, environ)

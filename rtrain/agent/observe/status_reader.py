@@ -19,6 +19,7 @@ from typing import Any
 from ...core.errors import ExitCode, RtrainError
 from ...core.observe.status import JobStatus, failure_views, node_views
 from ...core.rendezvous.failures import FailureRecord
+from ...core.rendezvous.fault_history import FaultEntry, HistoryError, decode_history
 from ...core.rendezvous.protocol import Membership, ProtocolError, StoreKeys, decode_int
 from ..rendezvous.ledger import FailureLedger
 from ..store.kv import KeyValueStore
@@ -97,7 +98,18 @@ def read_status(
         failures=failure_views(failures),
         failures_from=first,
         reads=counting.reads,
+        fault_history=_fault_history(kv, keys),
     )
+
+
+def _fault_history(kv: Any, keys: StoreKeys) -> tuple[FaultEntry, ...]:
+    payload = kv.get(keys.fault_history)
+    if payload is None:
+        return ()
+    try:
+        return decode_history(payload)
+    except HistoryError as exc:
+        raise RtrainError(f"refusing the fault history under {keys.fault_history}: {exc}") from None
 
 
 def _membership(kv: Any, keys: StoreKeys, generation: int) -> Membership | None:

@@ -18,7 +18,9 @@ from ...core.config.component_specs import rendezvous_part
 from ...core.config.launch_spec import LaunchSpec
 from ...core.errors import RendezvousError
 from ...core.rendezvous.failures import FailureRecord
+from ...core.rendezvous.fault_history import HistoryPolicy
 from ...core.rendezvous.protocol import StoreKeys
+from ..health.fault_history import FaultHistory
 from ..store.kv import KeyValueStore
 from ..waiting import SYSTEM_CLOCK
 from .job_end import JobEndRecords
@@ -48,7 +50,17 @@ class JobRendezvous:
         StoreKeys, made here once, are the job's: every other part takes them from here."""
         part = rendezvous_part(spec)
         keys = StoreKeys(part.run_id)
-        ledger = FailureLedger(store, keys, part.max_node_failures)
+        policy = HistoryPolicy(part.standby_after_faults, part.fault_window)
+        history = FaultHistory(
+            store,
+            keys.fault_history,
+            policy,
+            clock,
+            part.run_id,
+            part.history_dir,
+            part.slurm_nodes,
+        )
+        ledger = FailureLedger(store, keys, part.max_node_failures, history)
         ends = JobEndRecords(store, keys, clock)
         rounds = Rounds(store, keys, part, ledger, ends, clock)
         workers = WorkerStoreAddress(store, keys, rounds, ends, clock)

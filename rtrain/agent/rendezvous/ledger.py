@@ -16,8 +16,9 @@ from collections.abc import Callable, Collection
 
 from ...core.errors import RtrainError
 from ...core.rendezvous.decisions import failure_to_charge
-from ...core.rendezvous.failures import FailureRecord, RecordError
+from ...core.rendezvous.failures import FailureKind, FailureRecord, RecordError
 from ...core.rendezvous.protocol import ProtocolError, StoreKeys, decode_int
+from ..health.fault_history import FaultHistory
 from ..observe.events import emit
 from ..store.kv import KeyValueStore, decode_counter, increment, wrote
 from .store_list import StoreList
@@ -26,10 +27,17 @@ logger = logging.getLogger(__name__)
 
 
 class FailureLedger:
-    def __init__(self, store: KeyValueStore, keys: StoreKeys, max_node_failures: int) -> None:
+    def __init__(
+        self,
+        store: KeyValueStore,
+        keys: StoreKeys,
+        max_node_failures: int,
+        history: FaultHistory | None = None,
+    ) -> None:
         self._store = store
         self._keys = keys
         self._limit = max_node_failures
+        self.history = history  # every charge is also a fault in the nodes' history
         self._lists: dict[str, StoreList] = {}  # kept: each keeps the entries it read
         self._refused: set[str] = set()
         self._failed_addrs = self._list(keys.failed_addrs_count, keys.failed_addr)
@@ -124,9 +132,11 @@ class FailureLedger:
             return
         root = failure_to_charge(records, self.lost_nodes(generation, num_nodes))
         if root is not None and self._claim(self._keys.charged(generation), closer):
-            self.charge(generation, root.host, "root cause")
+            self.charge(generation, root.host, "root cause", root.kind.value)
 
-    def charge(self, generation: int, addr: str, why: str) -> bool:
+    def charge(
+        self, generation: int, addr: str, why: str, kind: str = FailureKind.LOST_NODE.value
+    ) -> bool:
         """Charge addr one failure toward --max-node-failures for `generation`: once,
         whoever calls and however often (True for the call that did). A charge's claim
         holds a value of its own call, so a caller repeating it is not a new charge."""
@@ -142,6 +152,8 @@ class FailureLedger:
             count,
         )
         emit("charge", host=addr, why=why, from_generation=generation, failures=count)
+        if self.history is not None:
+            self.history.record(addr, kind)
         return True
 
     def _claim(self, key: str, holder: str) -> bool:

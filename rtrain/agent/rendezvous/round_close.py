@@ -13,7 +13,9 @@ from ...core.clock import Clock
 from ...core.config.component_specs import RendezvousPart
 from ...core.errors import RendezvousError
 from ...core.rendezvous.closing import LeftOut, closing_order, leave_out
+from ...core.rendezvous.fault_history import demoted_members
 from ...core.rendezvous.protocol import MemberInfo, Membership, ProtocolError, StoreKeys
+from ..observe.events import emit
 from ..store.kv import KeyValueStore
 from .ledger import FailureLedger
 
@@ -72,11 +74,35 @@ class RoundCloser:
                 logger.warning("leaving %s out of round %d: %s", out.who, target, out.why)
         if min(len(members), size) < self._part.nodes.min_nodes:
             return
+        history = self._ledger.history
+        last = {} if history is None else history.flagged({m.addr for m in members})
         try:
-            ordered = closing_order(members, size, expected, self._part.static)
+            ordered = closing_order(members, size, expected, self._part.static, set(last))
         except ProtocolError as exc:
             raise RendezvousError(f"rendezvous of generation {target} failed: {exc}") from None
-        self._store.set_once(self._keys.closed(target), Membership(target, ordered).encode())
+        closed = Membership(target, ordered)
+        if self._store.set_once(self._keys.closed(target), closed.encode()) == closed.encode():
+            self._said_standbys(target, members, ordered, last)
+
+    def _said_standbys(
+        self,
+        target: int,
+        members: list[MemberInfo],
+        ordered: tuple[MemberInfo, ...],
+        last: dict[str, int],
+    ) -> None:
+        """The joiners whose fault history made them standbys of this round: one line
+        and one event each, by the closer whose close took."""
+        for addr in demoted_members(
+            [m.addr for m in members], [m.addr for m in ordered], set(last)
+        ):
+            logger.warning(
+                "%s waits as a standby in round %d: %d fault(s) in its history's window",
+                addr,
+                target,
+                last[addr],
+            )
+            emit("standby_by_history", host=addr, faults=last[addr], round=target)
 
     def left_out(self, target: int, joined: int) -> list[LeftOut]:
         """Who of round `target`'s first `joined` joiners a close would leave out now, and

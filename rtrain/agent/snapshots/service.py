@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from ...core.clock import Clock
 from ...core.config.component_specs import SnapshotPart
+from ..net.probe import NetProbe
 from ..rendezvous.job import JobRendezvous
 from ..waiting import SYSTEM_CLOCK
 from .disk.save import DiskCheckpoints
@@ -51,6 +52,7 @@ class SnapshotService:
         self._rdzv: JobRendezvous | None = None  # the job's store, as start() was given it
         self._endpoint: ShardEndpoint | None = None  # these two from start() on
         self._replication: Replication | None = None
+        self._probe: NetProbe | None = None
         self._world_size = 0
 
     @classmethod
@@ -82,6 +84,9 @@ class SnapshotService:
             self._secret = rdzv.store.set_once(rdzv.keys.secret, secrets.token_hex(32))
         self._rdzv = rdzv
         self._endpoint = ShardEndpoint(self._host, self._secret, self.store, self.local.ceiling)
+        self._probe = NetProbe(
+            self._host, self._settings.net_probe or 0, rdzv.store, rdzv.keys.net_probe
+        )
         self.restores.start(rdzv, self._endpoint.transport)
         self._replication = Replication(
             self.store,
@@ -108,6 +113,8 @@ class SnapshotService:
         self.restores.pause()
         self.local.generation, self._world_size = round_.generation, round_.topology.world_size
         endpoint.admit(round_.membership, round_.node_rank, self._settings.copies)
+        if self._probe is not None:  # once, off the workers' path (agent/net/probe.py)
+            self._probe.after_admit(round_.membership.members, round_.node_rank)
         reached = self.local.reached()
         pooled, result = self.restores.restore(round_, endpoint.address, reached)
         mine = [c.rank for c in round_.topology.coords if c.node_rank == round_.node_rank]
@@ -171,4 +178,6 @@ class SnapshotService:
             self._replication.close()
         if self._endpoint is not None:
             self._endpoint.close()
+        if self._probe is not None:
+            self._probe.close()
         self.disk.close()

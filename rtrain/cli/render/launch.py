@@ -14,6 +14,7 @@ from rich.text import Text
 from ...agent.state import RunResult
 from ...agent.store.store_host import HostChoice
 from ...core.config.launch_spec import LaunchSpec
+from ...core.config.slurm.env import SlurmJob
 from ...core.config.worker_env import flight_recorder_named
 from ...core.layout.topology import LayoutError, NodeSlot, build_grid
 from ...core.observe.events import EVENTS_FILE, read_events
@@ -177,9 +178,11 @@ def dry_run(
     took: list[str] | None = None,
     store_host: HostChoice | None = None,
     no_gpu_checks: str | None = None,
+    state_net: str = "",
 ) -> None:
     """store_host: which node hosts the job's TCPStore and why (None over etcd);
-    no_gpu_checks: why this node will run no GPU checks (no NVML), if it will not."""
+    no_gpu_checks: why this node will run no GPU checks (no NVML), if it will not;
+    state_net: the interface replicas and restores will use (agent/net/probe.py)."""
     table = Table(title="rtrain launch --dry-run", show_header=False)
     table.add_column("setting", style="bold")
     table.add_column("value")
@@ -226,23 +229,32 @@ def dry_run(
             "max node failures",
             str(spec.faults.max_node_failures or "unlimited (no node is excluded)"),
         ),
+        ("standby after faults", _history(spec)),
         ("GPU health", _gpu_checks(spec, no_gpu_checks)),
+        *([("state network", state_net)] if state_net else []),
     ]
     if spec.slurm is not None:
-        job = spec.slurm
-        rows.insert(
-            0,
-            (
-                "Slurm",
-                f"job {job.job_id}, nodes {','.join(job.nodes)}, this node "
-                f"{job.nodes[job.node_id]} (SLURM_NODEID={job.node_id}), requeued "
-                f"{job.restart_count} time(s); took: {'; '.join(took or []) or 'nothing'}",
-            ),
-        )
+        rows.insert(0, ("Slurm", _slurm(spec.slurm, took)))
     for name, value in rows:
         table.add_row(name, plain(value, limit=None))
     console.print(table)
     layout_table(console, spec, nproc)
+
+
+def _slurm(job: SlurmJob, took: list[str] | None) -> str:
+    return (
+        f"job {job.job_id}, nodes {','.join(job.nodes)}, this node "
+        f"{job.nodes[job.node_id]} (SLURM_NODEID={job.node_id}), requeued "
+        f"{job.restart_count} time(s); took: {'; '.join(took or []) or 'nothing'}"
+    )
+
+
+def _history(spec: LaunchSpec) -> str:
+    faults = spec.faults
+    if not faults.standby_after_faults:
+        return "off"
+    kept = spec.snapshots.checkpoint_dir or "this job's store only (no --checkpoint-dir)"
+    return f"{faults.standby_after_faults} faults within {faults.fault_window:g}s; kept in {kept}"
 
 
 def _gpu_checks(spec: LaunchSpec, missing: str | None) -> str:

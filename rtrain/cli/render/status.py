@@ -87,6 +87,13 @@ def status_view(view: JobStatus, seconds: float | None = None) -> Group:
         parts.append(failures)
     else:
         parts.append(Text(f"no failures ({scope})"))
+    if view.fault_history:  # the nodes' faults, this job's and (--checkpoint-dir) before
+        recent = view.fault_history[-8:]
+        said = "; ".join(
+            f"{e.host} {e.kind} {time.strftime('%m-%d %H:%M', time.localtime(e.time))}"
+            for e in recent
+        )
+        parts.append(plain(f"fault history ({len(view.fault_history)}): {said}", limit=None))
     return Group(*parts)
 
 

@@ -26,6 +26,13 @@ class RendezvousPart:
     last_call_timeout: float
     static: bool  # --rdzv-backend=static: node ranks are the requested ones
     max_node_failures: int
+    # The fault history (core/rendezvous/fault_history.py): faults in a window that make
+    # a node a standby (0: never), and the file in --checkpoint-dir that keeps it
+    # across jobs (None: this job's store only); Slurm's node names, for --exclude.
+    standby_after_faults: int = 0
+    fault_window: float = 86400.0
+    history_dir: str | None = None
+    slurm_nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,10 @@ def rendezvous_part(spec: LaunchSpec) -> RendezvousPart:
         last_call_timeout=spec.rdzv.last_call_timeout,
         static=spec.rdzv.backend == "static",
         max_node_failures=spec.faults.max_node_failures,
+        standby_after_faults=spec.faults.standby_after_faults,
+        fault_window=spec.faults.fault_window,
+        history_dir=spec.snapshots.checkpoint_dir,
+        slurm_nodes=spec.slurm.nodes if spec.slurm is not None else (),
     )
 
 

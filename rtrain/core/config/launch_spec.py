@@ -65,6 +65,8 @@ __all__ = [
 
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
 
+MAX_NET_PROBE = 64 << 20  # bytes: the state network probe stays small
+
 
 def build_launch_spec(given: Mapping[str, Any]) -> LaunchSpec:
     """Check raw flag values (keys are torchrun's argparse dests) into a LaunchSpec; a
@@ -83,6 +85,8 @@ def build_launch_spec(given: Mapping[str, Any]) -> LaunchSpec:
     fresh = checked["start_method"] == "spawn"
     shutdown = checked["shutdown_timeout"]
     profile = raw.get("recycle_profile_data")
+    if (checked["net_probe"] or 0) > MAX_NET_PROBE:
+        raise UsageError(f"--net-probe: at most {MAX_NET_PROBE >> 20}M (a probe, not a load)")
     return from_values(
         LaunchSpec,
         checked,

@@ -17,10 +17,11 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..rendezvous.failures import FailureRecord, failure_roles
+from ..rendezvous.fault_history import FaultEntry
 from ..rendezvous.protocol import Membership, ProtocolError, json_object
 from .repairs import RepairError, RepairNote, merge
 from .through import ThroughError, ThroughNote
@@ -184,6 +185,7 @@ class JobStatus:
     failures: tuple[FailureView, ...]
     failures_from: int  # failures of generations before this one were not read
     reads: int = 0  # store requests the reader made
+    fault_history: tuple[FaultEntry, ...] = ()  # the nodes' (core/rendezvous/fault_history)
 
     @property
     def step(self) -> int | None:
@@ -235,6 +237,7 @@ class JobStatus:
             "failures": [vars(f) for f in self.failures],
             "failures_from_generation": self.failures_from,
             "store_reads": self.reads,
+            "fault_history": [asdict(e) for e in self.fault_history],
         }
 
 

@@ -132,28 +132,42 @@ class LeftOut:
 
 
 def survivors_first(
-    members: Sequence[MemberInfo], size: int, expected: Set[str] = frozenset()
+    members: Sequence[MemberInfo],
+    size: int,
+    expected: Set[str] = frozenset(),
+    last: Set[str] = frozenset(),
 ) -> list[MemberInfo]:
     """The `size` members a round closes with, of its joiners in slot order: the last
     generation's survivors first (the node ids the closer expects, then any other with
     a prev_rank: one from an older generation), then the others, so that a lost node's
-    place goes to the first spare (the lowest slot) and no survivor gives way to one."""
+    place goes to the first spare (the lowest slot) and no survivor gives way to one.
+    last: addresses whose fault history puts them after every other joiner that is not
+    a survivor (fault_history.flagged_hosts): they are standbys while others can run;
+    a running survivor is never moved for its history (its ranks and processes stay)."""
 
     def rank(member: MemberInfo) -> int:
-        return 0 if member.node_id in expected else 1 if member.prev_rank is not None else 2
+        if member.node_id in expected:
+            return 0
+        later = 2 if member.addr in last else 0
+        return later + (1 if member.prev_rank is not None else 2)
 
     return sorted(members, key=rank)[:size]
 
 
 def closing_order(
-    members: Sequence[MemberInfo], size: int, expected: Set[str], static: bool
+    members: Sequence[MemberInfo],
+    size: int,
+    expected: Set[str],
+    static: bool,
+    last: Set[str] = frozenset(),
 ) -> tuple[MemberInfo, ...]:
     """The membership a round closes with, in node-rank order: `size` of its joiners,
     the survivors first (survivors_first); each survivor keeps its node rank, a spare
     takes a lost node's (the lowest free one: its global ranks, and its place in the
     grid), and past the end the rest close up, as when the job shrinks without a spare.
-    Only the expected survivors' previous ranks count (order_members)."""
-    return order_members(survivors_first(members, size, expected), static, expected)
+    Only the expected survivors' previous ranks count (order_members); `last`, as
+    survivors_first's."""
+    return order_members(survivors_first(members, size, expected, last), static, expected)
 
 
 def leave_out(

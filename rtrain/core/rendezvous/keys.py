@@ -35,6 +35,9 @@ A job's keys live under /rtrain/<run_id>/. Generations are rounds:
                            node repairs in place from then on (agent/repair/)
   r<g>/kept/<node>         the ranks of generation <g> whose processes node <node> kept
                            alive through a repair in place, "0,2" ("": none)
+  fault_history            the nodes' fault history (core/rendezvous/fault_history.py),
+                           seeded from --checkpoint-dir's file, appended by compare_set
+  probe/<addr>             port of <addr>'s state-network probe listener (agent/net)
   abort                    an AbortRecord: the whole job stops
   abort_acks               counter of agents that read the abort record
 """
@@ -177,3 +180,10 @@ class StoreKeys:
 
     def failed_addr(self, index: int) -> str:
         return f"{self.prefix}/failed_addrs/{index}"
+
+    @property
+    def fault_history(self) -> str:
+        return f"{self.prefix}/fault_history"
+
+    def net_probe(self, addr: str) -> str:
+        return f"{self.prefix}/probe/{addr}"

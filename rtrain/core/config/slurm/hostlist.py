@@ -99,3 +99,52 @@ def _expand_brackets(inside: str, text: str) -> list[str]:
         width = len(lo)
         values.extend(str(n).zfill(width) for n in range(first, last + 1))
     return values
+
+
+_NUMBERED = re.compile(r"(.*?)([0-9]{1,9})")
+
+
+def compress_hostlist(hosts: list[str]) -> str:
+    """The inverse of expand_hostlist for what --exclude takes: `n[01-03,07],login`.
+    Names ending in digits group by prefix and width (zero padding kept); each group's
+    numbers become ranges; groups keep the order of their first host."""
+    groups: dict[tuple[str, int], list[int]] = {}
+    plain: dict[str, None] = {}
+    order: list[tuple[str, int] | str] = []
+    for host in dict.fromkeys(hosts):
+        match = _NUMBERED.fullmatch(host)
+        if match is None:
+            plain[host] = None
+            order.append(host)
+            continue
+        key = (match.group(1), len(match.group(2)))
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        groups[key].append(int(match.group(2)))
+    parts = []
+    for item in order:
+        if isinstance(item, str):
+            parts.append(item)
+            continue
+        prefix, width = item
+        numbers = sorted(set(groups[item]))
+        if len(numbers) == 1:
+            parts.append(f"{prefix}{numbers[0]:0{width}d}")
+            continue
+        parts.append(f"{prefix}[{','.join(_ranges(numbers, width))}]")
+    return ",".join(parts)
+
+
+def _ranges(numbers: list[int], width: int) -> list[str]:
+    spans: list[str] = []
+    start = prev = numbers[0]
+    for n in [*numbers[1:], None]:
+        if n is not None and n == prev + 1:
+            prev = n
+            continue
+        first, last = f"{start:0{width}d}", f"{prev:0{width}d}"
+        spans.append(first if start == prev else f"{first}-{last}")
+        if n is not None:
+            start = prev = n
+    return spans
