@@ -5,9 +5,10 @@
 reads every events.jsonl under LOGDIR (one per node's run folder; gather them in one
 folder from many machines), prints a summary (each failure with the time and steps it
 cost, the run's goodput, each stretch trained at reduced size through a fault with its
-reduced throughput) and writes a timeline picture, PNG and SVG: each node's
-generations, its spans at reduced size, faults, detections and downtime, and snapshot
-replication throughput over time. Exit 0; 64 with one line if LOGDIR holds no events.
+reduced throughput, the wall time by cause as a stacked bar) and writes a timeline
+picture, PNG and SVG: each node's generations, its spans at reduced size, faults,
+detections and downtime, the job's causes over time, and snapshot replication
+throughput over time. Exit 0; 64 with one line if LOGDIR holds no events.
 """
 
 from __future__ import annotations

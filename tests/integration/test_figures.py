@@ -58,6 +58,7 @@ def test_a_job_that_failed_before_its_first_step_kept_nothing(tmp_path: Path) ->
     assert all(row.t <= report.wall_s for row in report.failures)
     assert report.wall_s >= max(row.t + (row.time_lost_s or 0) for row in report.failures)
     assert report.startup_s > 0 and not report.goodput_bound
+    assert report.badput is not None and report.badput.seconds["training"] == 0
 
 
 def _status(port: int, run_id: str) -> dict | None:
@@ -114,6 +115,10 @@ def test_a_repair_in_place_on_one_node_says_what_it_did(tmp_path: Path) -> None:
     assert "started 1 worker, kept 1 alive by the repair in place (ranks 0-1 of 2)" in log
     report = build_report(cluster.events())
     assert report.generations == 2 and len(report.failures) == 1
+    # the wall time by cause: the kill's recovery was a repair in place, not a restart
+    assert report.badput is not None
+    assert sum(report.badput.seconds.values()) == pytest.approx(report.wall_s, rel=0.01)
+    assert report.badput.seconds["repair"] > 0 and report.badput.seconds["restart"] == 0
     (restored,) = report.restored.items()
     assert restored[0] == 1 and restored[1] >= 0
     # the picture's replication panel: it said "no snapshots taken"

@@ -116,6 +116,10 @@ def test_a_crash_and_a_lost_node_as_events_a_report_and_metrics(tmp_path: Path) 
     rows = {row["kind"]: row for row in report["failures"]}
     assert all(0 < rows[k]["time_lost_s"] < 60 for k in ("exit", "lost_node"))
     assert 0 < report["goodput"] <= 1 and report["final_step"] == 59
+    # the wall time by cause, every node's merged: every second to one cause
+    causes = report["badput"]["seconds"]
+    assert sum(causes.values()) == pytest.approx(report["wall_s"], rel=0.01)
+    assert causes["startup"] > 0 and causes["training"] > 0 and causes["restart"] > 0
 
     # the survivors' metric files: two restarts each, the faults they saw
     for index in (0, 1):

@@ -15,6 +15,7 @@ import platform
 import threading
 
 from ...core.clock import Clock
+from ...core.observe.badput.node import LiveBeats
 from ...core.observe.events import Event
 from ...core.observe.metrics import NodeMetrics
 from ..waiting import SYSTEM_CLOCK
@@ -54,10 +55,19 @@ class MetricsFile:
         """Whether fresh readings are wanted (at most every SAMPLE_S)."""
         return self._clock.now() - self._sampled >= SAMPLE_S
 
-    def sample(self, step: int | None, committed: int | None, replicated: int | None) -> None:
+    def sample(
+        self,
+        step: int | None,
+        committed: int | None,
+        replicated: int | None,
+        beats: LiveBeats | None = None,
+    ) -> None:
+        """beats: the running generation's first heartbeat step and newest, when seen
+        (wall clock): its training time so far, for the time by cause."""
         with self._lock:
             self._sampled = now = self._clock.now()
-            self.metrics.sample(now, step, committed, replicated, wall=self._clock.wall())
+            wall = self._clock.wall()
+            self.metrics.sample(now, step, committed, replicated, wall=wall, beats=beats)
             self._write()
 
     def _write(self) -> None:

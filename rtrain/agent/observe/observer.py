@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from ...core.clock import Clock
 from ...core.config.component_specs import ObservePart
 from ...core.errors import StoreUnavailable
+from ...core.observe.badput.node import LiveBeats
 from ...core.observe.events import Event
 from ...core.observe.repairs import RepairError, RepairNote
 from ...core.observe.status import NodeStatus, status_period
@@ -188,7 +189,8 @@ class Observer:
                 self._end_recovery(step, beats)
         if self._metrics is None or not self._metrics.due():
             return
-        self._metrics.sample(_newest_beat(beats), committed, replicated)
+        seen = LiveBeats(self._beats.first_t, self._beats.last_t)
+        self._metrics.sample(_newest_beat(beats), committed, replicated, seen)
 
     def publish_status(
         self,

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from ...core.observe.report import FailureRow, Report
 from ...core.observe.report_through import Reduced
+from .badput import badput_lines, draw_causes
 from .safe_text import plain, shown
 
 OUTCOME_COLOURS = {
@@ -87,7 +88,7 @@ def print_report(report: Report, wide: bool = False) -> None:
             str(row.also),
         )
     console.print(table)
-    for line in [*repaired(report.failures), *summary(report)]:
+    for line in [*repaired(report.failures), *summary(report), *badput_lines(report.badput)]:
         console.print(plain(line, limit=None))
     if report.bad_lines:
         console.print(f"{report.bad_lines} line(s) were not rtrain events and were skipped")
@@ -179,19 +180,19 @@ def _label(text: str) -> str:
 def draw_report(report: Report, folder: Path) -> list[Path]:
     """rtrain-report.png and .svg in `folder`: per node, its generations (coloured by how
     they ended), its spans at reduced size, downtime, faults (x) and detections (|);
-    below, replication MB/s."""
+    below, the job's wall time by cause, then replication MB/s."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     nodes = report.nodes
-    figure, (lanes, rates) = plt.subplots(
-        2,
+    figure, (lanes, causes, rates) = plt.subplots(
+        3,
         1,
-        figsize=(12, 1.6 + 0.45 * len(nodes) + 2.2),
+        figsize=(12, 1.6 + 0.45 * len(nodes) + 3.2),
         sharex=True,
-        gridspec_kw={"height_ratios": [max(len(nodes), 1), 2]},
+        gridspec_kw={"height_ratios": [max(len(nodes), 1), 0.5, 2]},
     )
     for y, node in enumerate(nodes):
         for span in node.generations:
@@ -222,6 +223,7 @@ def draw_report(report: Report, folder: Path) -> list[Path]:
     )
     legend = _legend()
     figure.legend(handles=legend, fontsize=7, ncol=(len(legend) + 1) // 2, loc="upper right")
+    draw_causes(causes, report.badput)
     _rates(rates, report)
     figure.tight_layout(rect=(0, 0, 1, 0.93))
     paths = [folder / "rtrain-report.png", folder / "rtrain-report.svg"]

@@ -15,12 +15,25 @@ The goodput gauge is this node's view, as of its newest reading: the time since 
 first generation started, less the recoveries' downtime (a recovery under way counts
 from its generation's end), less the steps done again at the recent step rate, over
 that time. `rtrain report` gives the job's, from every node's events.
+
+`rtrain_job_seconds_total{cause}` is this node's own time by cause (badput.py says
+each cause): from its agent's start, every second to one cause, from its own events
+and its running generation's heartbeats. They count up to the newest settled instant
+(badput.settled_end: a running generation's newest heartbeat step; a recovery's time
+once the next generation starts, when the events that say what it was have come), so
+their sum trails the time since the agent started by at most that much. A counter
+never goes down: where a later event puts time already counted under another cause (a
+straggler's `since`) each keeps its highest value, and their sum runs ahead by that
+time. `rtrain_job_goodput_ratio` is training's share of their sum.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .badput.causes import CAUSES, TRAINING
+from .badput.live import node_split
+from .badput.node import ACCOUNTED, LiveBeats
 from .events import Event
 
 GPU_VERDICTS = ("ok", "warning", "critical", "unknown")  # the gauge's values: 0..3 (Verdict)
@@ -54,6 +67,11 @@ class NodeMetrics:
     step_rate: float | None = None
     replication_lag: int | None = None
     _step_seen: tuple[float, int] | None = None
+    # the wall time by cause: this node's events the accounting reads, its running
+    # generation's heartbeats, and each cause's highest count so far
+    job_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0.0))
+    _accounted: list[Event] = field(default_factory=list)
+    _live: LiveBeats | None = None
 
     def apply(self, event: Event) -> None:
         """Fold one event in."""
@@ -85,6 +103,15 @@ class NodeMetrics:
             self.restore_seconds = float(event["seconds"])
         elif name == "gpu":
             self.gpu_verdict = str(event["verdict"])
+        if name in ACCOUNTED:
+            if name == "generation_start":
+                self._live = None  # the heartbeats seen were the last generation's
+            self._accounted.append(event)
+            self._account()
+
+    def _account(self) -> None:
+        for cause, seconds in node_split(self._accounted, self._live).items():
+            self.job_seconds[cause] = max(self.job_seconds.get(cause, 0.0), seconds)
 
     def _seen(self, wall: float) -> None:
         if self.newest_t is None or wall > self.newest_t:
@@ -97,12 +124,17 @@ class NodeMetrics:
         committed: int | None,
         replicated: int | None,
         wall: float | None = None,
+        beats: LiveBeats | None = None,
     ) -> None:
         """Readings: the newest step a local worker's heartbeat gave, and the newest step
         committed and replicated by this node's snapshots. now: a monotonic clock (the
-        step rate); wall: the events' clock (the goodput), when known."""
+        step rate); wall: the events' clock (the goodput), when known; beats: the
+        running generation's first heartbeat step and newest, on the events' clock."""
         if wall is not None:
             self._seen(wall)
+        if beats is not None:
+            self._live = beats
+            self._account()
         if step is not None and step >= 0:
             if self._step_seen is not None and step > self._step_seen[1]:
                 seen_at, seen_step = self._step_seen
@@ -177,6 +209,14 @@ class NodeMetrics:
             "Seconds spent sending replicas.",
             self.replication_seconds,
         )
+        text.series(
+            "rtrain_job_seconds_total",
+            "counter",
+            "This node's time by cause, every second to one (training, startup, "
+            "rendezvous, restore, restart, hang_wait, repair, reduced_size, straggler, "
+            "snapshot_overhead), up to its newest settled instant.",
+            [(f',cause="{c}"', s) for c, s in self.job_seconds.items()],
+        )
 
     def _readings(self, text: _Exposition) -> None:
         text.gauge(
@@ -212,6 +252,13 @@ class NodeMetrics:
             "Share of the time since the first generation started spent on steps kept "
             "(this node's view: downtime and steps done again taken out).",
             self.goodput,
+        )
+        accounted = sum(self.job_seconds.values())
+        text.gauge(
+            "rtrain_job_goodput_ratio",
+            "Training's share of rtrain_job_seconds_total (steps later done again "
+            "count as training here; rtrain_goodput_ratio takes them out).",
+            self.job_seconds[TRAINING] / accounted if accounted > 0 else None,
         )
         if self.gpu_verdict in GPU_VERDICTS:
             text.gauge(

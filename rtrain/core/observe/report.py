@@ -34,6 +34,9 @@ clock (wall-clock, from the first event), in the table as in the timeline:
   from the earliest node's start to the latest's end, at kept / (kept + joining) ranks;
   its cost, reduced throughput: its seconds x joining / world, full-size training not
   done; its own cause, not lost time (goodput counts the stretch as trained);
+- the wall time by cause (training, start-up, rendezvous, restore, restart, hang wait,
+  repair, reduced size, straggler, snapshot overhead): every second to one cause, as
+  core/observe/badput.py defines them; its training share counts steps later done again;
 - goodput: the wall time, from the first event to the job's end, less the start-up,
   the downtime, the steps done again at the step time and an unfinished job's tail,
   over the wall time (a job that never stepped: 0); an upper bound where something
@@ -46,6 +49,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from ..rendezvous.failures import FailureKind, FailureRecord, root_cause_first
+from .badput.job import Badput, job_badput
 from .events import Event
 from .repairs import RepairError, RepairNote, merge
 from .report_steps import (
@@ -119,6 +123,7 @@ class Report:
     committed: int | None = None  # the newest snapshot step committed, where said
     generations: int = 0  # how many generations started
     reduced: list[Reduced] = field(default_factory=list)  # trained through faults at reduced size
+    badput: Badput | None = None  # the wall time by cause (core/observe/badput.py)
 
 
 def build_report(events: Iterable[Event], bad_lines: int = 0) -> Report:
@@ -154,6 +159,7 @@ def build_report(events: Iterable[Event], bad_lines: int = 0) -> Report:
     report.reduced = reduced_stretches(
         ordered, origin, {a: ln.generations for a, ln in lines.items()}, end
     )
+    report.badput = job_badput(ordered, origin, origin + wall)
     return report
 
 

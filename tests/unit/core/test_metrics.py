@@ -1,12 +1,15 @@
 """The node metrics' conventions: the node's label is not Kubernetes' `node`,
-rtrain_build_info, the recoveries' downtime as a histogram, and the goodput gauge."""
+rtrain_build_info, the recoveries' downtime as a histogram, the goodput gauge, and the
+time by cause."""
 
 from __future__ import annotations
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rtrain.core.observe.events import event_line, parse_event
+from rtrain.core.observe.badput.causes import CAUSES
+from rtrain.core.observe.badput.node import LiveBeats
+from rtrain.core.observe.events import Event, event_line, parse_event
 from rtrain.core.observe.metrics import RECOVERY_BUCKETS, NodeMetrics
 
 
@@ -96,3 +99,40 @@ def test_steps_done_again_cost_their_time_at_the_step_rate() -> None:
     metrics.sample(10.0, 120, None, None, wall=100.0)  # 2 steps a second
     # 100 s: 10 down, 20 steps done again at 2 a second
     assert samples(metrics)[("rtrain_goodput_ratio", labels)] == pytest.approx(80 / 100)
+
+
+def test_the_time_by_cause_counts_this_nodes_settled_time_and_never_goes_down() -> None:
+    metrics = NodeMetrics("job", "10.0.0.1")
+
+    def by_cause() -> dict[str, float]:
+        return {
+            dict(labels)["cause"]: value
+            for (name, labels), value in samples(metrics).items()
+            if name == "rtrain_job_seconds_total"
+        }
+
+    metrics.apply(
+        ev("agent_start", 0.0, None, nproc=1, run_id="job", backend="c10d", max_restarts=1)
+    )
+    metrics.apply(start(10.0, 0))
+    assert set(by_cause()) == set(CAUSES) and by_cause()["startup"] == 10
+    metrics.sample(1.0, 5, None, None, wall=40.0, beats=LiveBeats(20.0, 40.0))
+    assert (by_cause()["startup"], by_cause()["training"]) == (20, 20)
+    failed = end(60.0, 0, "local_failure")
+    beats = {"first_seen_step": 0, "first_seen_t": 20.0, "reached_step": 9, "last_beat_t": 45.0}
+    metrics.apply(ev(failed.name, 60.0, 0, **{**failed.fields, **beats}))
+    hang = {"kind": "hang", "rank": 0, "fault_node": 0, "host": "10.0.0.1", "message": "hung"}
+    metrics.apply(ev("fault", 60.0, 0, **hang, fault_t=45.0))
+    assert sum(by_cause().values()) == 45  # the recovery is counted once the next one starts
+    metrics.apply(start(64.0, 1))
+    found = by_cause()
+    assert (found["hang_wait"], found["restart"], sum(found.values())) == (15, 4, 64)
+    goodput = samples(metrics)[
+        ("rtrain_job_goodput_ratio", (("rtrain_node", "10.0.0.1"), ("run_id", "job")))
+    ]
+    assert goodput == pytest.approx(25 / 64)
+    metrics.sample(2.0, 30, None, None, wall=80.0, beats=LiveBeats(65.0, 80.0))
+    assert by_cause()["training"] == 25 + 15
+    # a straggler said late, from 70: its time was counted as training, which stays
+    metrics.apply(Event("straggler", 81.0, "10.0.0.1", 0, 1, {"rank": 0, "since": 70.0}))
+    assert (by_cause()["training"], by_cause()["straggler"]) == (40, 10)
