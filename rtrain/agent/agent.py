@@ -346,7 +346,9 @@ class Agent:
             check_stop=self._check_signal,
             expected=self._policy.survivors(last),
             last_seen=self._policy.last_seen(last),
-            on_standby=lambda: self._pool.standby([str(i) for i in range(self.nproc)]),
+            on_standby=functools.partial(
+                self._repair.stand_by, self._pool, self.nproc, self._starter.spare_spawner
+            ),
         )
 
     def _stop_workers(self) -> None:

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from ..core.clock import Clock
 from ..core.config.launch_spec import LaunchSpec
+from ..core.config.worker_env import NodeAssignment
 from ..core.rendezvous.protocol import Membership
 from .faults import FaultPolicy
 from .generation import (
@@ -34,7 +35,7 @@ from .snapshots.restore.restorer import RestoreRound
 from .snapshots.service import SnapshotService
 from .store.opening import host_store
 from .waiting import SYSTEM_CLOCK
-from .workers.group import WorkerGroup
+from .workers.group import SpareSpawner, WorkerGroup
 from .workers.hang_watch import HangWatch
 from .workers.log_tail import LogTail
 from .workers.pool import WorkerPool
@@ -56,6 +57,8 @@ class Starts(Protocol):
         policy: FaultPolicy,
         leases: Leases,
     ) -> Generation: ...
+
+    def spare_spawner(self) -> SpareSpawner: ...
 
 
 class GenerationStarter:
@@ -149,6 +152,16 @@ class GenerationStarter:
             self._clock,
         )
         return Generation(membership, node_rank, group, peers, hangs, topology, planned.plan)
+
+    def spare_spawner(self) -> SpareSpawner:
+        """How a standby node starts warm spares for its workers (--spares-per-node): as
+        a group of no generation yet (-1), whose variables the takeover replaces."""
+        waiting = NodeAssignment(-1, -1, 1, self.nproc, 0, self.nproc, "", 0)
+        self._pool.ensure_running()
+        group = WorkerGroup(
+            self._pool, self.spec, waiting, self.run_log_dir, self._base_env, self._tail
+        )
+        return group.spare_spawner()
 
     def _take_part(self, membership: Membership, leases: Leases) -> tuple[int, PeerWatch]:
         """This node's rank in the generation, its lease held, its peers' leases watched."""

@@ -36,37 +36,46 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
     return through_reference(tmp_path_factory)
 
 
-def _wait_parked(cluster: LocalCluster, node: int, deadline: float) -> int:
-    """The pid of node's first spare once it is parked at the function's entry (its
-    state file, in the control folder its environment names)."""
-    while True:
-        started = [e for e in cluster.events("spare_started") if e.node == node]
-        if started:
-            pid = int(started[0]["pid"])
-            path = os.path.join(started[0]["folder"], STATE_FILE)
-            said = decode_state(Path(path).read_bytes()) if os.path.exists(path) else None
-            if said is not None and said.state == PARKED and said.pid == pid:
-                return pid
-        assert time.monotonic() < deadline, cluster.log(0)
-        time.sleep(0.1)
-
-
-def test_a_warm_spare_takes_the_failed_rank_without_a_cold_start(
-    tmp_path: Path, reference: str
-) -> None:
-    cluster = LocalCluster(
-        tmp_path,
+def _cluster(tmp: Path, flags: list[str]) -> LocalCluster:
+    """Two nodes of two train-through workers, each new process's start-up STARTUP_S."""
+    return LocalCluster(
+        tmp,
         2,
         "2",
-        [*FLAGS, "--spares-per-node=1"],
+        flags,
         conf="join_timeout=60",
         script=SCRIPT,
         PROBE_STEPS=STEPS,
         PROBE_STARTUP_S=str(STARTUP_S),
         PROBE_STEP_SLEEP="0.08",
     )
+
+
+def _parked(cluster: LocalCluster, agent: str) -> list[int]:
+    """The pids of the spares `agent` (a node's address) started that are parked at the
+    function's entry (their state files, in the control folders their events name)."""
+    found = []
+    for event in cluster.events("spare_started"):
+        path = os.path.join(event["folder"], STATE_FILE)
+        said = decode_state(Path(path).read_bytes()) if os.path.exists(path) else None
+        if event.agent == agent and said is not None and said.state == PARKED:
+            found.append(int(event["pid"]))
+    return found
+
+
+def _wait_parked(cluster: LocalCluster, agent: str, count: int, deadline: float) -> list[int]:
+    while len(found := _parked(cluster, agent)) < count:
+        assert time.monotonic() < deadline, cluster.log(0)
+        time.sleep(0.1)
+    return found
+
+
+def test_a_warm_spare_takes_the_failed_rank_without_a_cold_start(
+    tmp_path: Path, reference: str
+) -> None:
+    cluster = _cluster(tmp_path, [*FLAGS, "--spares-per-node=1"])
     try:
-        spare = _wait_parked(cluster, 0, time.monotonic() + 90)
+        (spare,) = _wait_parked(cluster, "127.0.0.1", 1, time.monotonic() + 90)
         victim = _steps(cluster, 1)[-1]["pid"]
         t_fault = time.time()
         os.kill(victim, signal.SIGKILL)
@@ -81,7 +90,7 @@ def test_a_warm_spare_takes_the_failed_rank_without_a_cold_start(
     # the spare is rank 1 now; the survivors kept their processes
     assert finals[1]["pid"] == spare
     (taken,) = cluster.events("spare_taken")
-    assert (taken.node, taken["rank"], taken["pid"]) == (0, 1, spare)
+    assert (taken.node, taken["rank"], taken["pid"], taken["parked"]) == (0, 1, spare, True)
     assert taken["warm_s"] >= STARTUP_S
     for rank in (0, 2, 3):
         assert {s["pid"] for s in _steps(cluster, rank)} == {finals[rank]["pid"]}
@@ -93,6 +102,37 @@ def test_a_warm_spare_takes_the_failed_rank_without_a_cold_start(
     assert after[0]["t"] - t_fault < NEXT_STEP_S
     # the node started a spare again for the next fault
     assert len([e for e in cluster.events("spare_started") if e.node == 0]) == 2
+
+
+def test_a_standby_whose_workers_wait_warm_takes_a_lost_node_at_once(
+    tmp_path: Path, reference: str
+) -> None:
+    """With --spares-per-node, a standby node's workers run the script's start-up while
+    it waits: node 1 killed whole, the standby's two warm spares take ranks 2 and 3."""
+    flags = [*FLAGS, "--heartbeat-timeout=2", "--spares-per-node=1"]
+    cluster = _cluster(tmp_path, flags)
+    try:
+        deadline = time.monotonic() + 90
+        while not cluster.events("generation_start"):  # round 0 closed: a standby waits
+            assert time.monotonic() < deadline, cluster.log(0)
+            time.sleep(0.05)
+        cluster.start_node(2, "2", flags)
+        warm = _wait_parked(cluster, "127.0.0.3", 2, deadline)
+        t_kill = cluster.kill_node(1)
+        codes = cluster.wait_some([0, 1, 2], 240)
+    finally:
+        cluster.close()
+    assert codes == [0, -9, 0], cluster.log(0) + cluster.log(2)
+    finals = _finals(cluster)
+    assert {rank: rec["digest"] for rank, rec in finals.items()} == dict.fromkeys(
+        range(4), reference
+    )
+    taken = {e["rank"]: e for e in cluster.events("spare_taken")}
+    assert sorted(taken) == [2, 3] and all(e["parked"] for e in taken.values())
+    assert sorted(finals[r]["pid"] for r in (2, 3)) == sorted(warm)
+    # the loss seen when its lease lapses (2 s), then the job whole again at once
+    (full,) = [e for e in cluster.events("full_size") if e.node == 0]
+    assert full.t - t_kill < 2 + STARTUP_S - 2, (full.t - t_kill, cluster.log(0))
 
 
 def test_a_spare_of_a_script_that_is_not_repairable_costs_the_job_nothing(

@@ -40,8 +40,9 @@ from ..observe.events import emit
 from ..rendezvous.job import JobRendezvous
 from ..runtime_dir import make_folder
 from ..waiting import SYSTEM_CLOCK
-from ..workers.group import Worker, WorkerGroup
+from ..workers.group import SpareSpawner, Worker, WorkerGroup
 from ..workers.hang_watch import process_state
+from ..workers.pool import WorkerPool
 from .control import WorkerControl
 from .fallback import Fallback, JobFallback
 from .handover import Handover, Parked, worker_view
@@ -103,6 +104,14 @@ class RepairCoordinator:
             lift_ceiling=lift_ceiling,
             spares=(spec.faults.spares_per_node, run_log_dir),
         )
+
+    def stand_by(self, pool: WorkerPool, nproc: int, spawner: Callable[[], SpareSpawner]) -> None:
+        """This node waits as a standby: its pool warms up (and forks a blank process per
+        worker); with --spares-per-node its workers start now, as spares warm at the
+        repairable function's entry, which the takeover hands the lost node's ranks."""
+        pool.standby([str(i) for i in range(nproc)])
+        if self._spares is not None:
+            self._spares.fill(spawner(), self._resume_wait_s, count=nproc)
 
     @property
     def enabled(self) -> bool:

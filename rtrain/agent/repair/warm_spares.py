@@ -66,25 +66,45 @@ class WarmSpares:
         self._off = False
 
     def take(self, generation: int, rank: int, env: Mapping[str, str]) -> int | None:
-        """Hand `env` (rank's new worker's) to a parked spare; its pid (None: none is warm)."""
-        for slot, spare in sorted(self._spares.items()):
-            said = spare.control.state()
-            warm = said is not None and said.state == PARKED and said.pid == spare.pid
-            if not warm or not resumes(spare.pid, self._process(spare.pid)):
-                continue
-            spare.control.resume(generation, spare.pid, dict(env))
-            del self._spares[slot]
-            warm_s = round(self._wall() - spare.started, 3)
-            logger.info("rank %d: warm spare %d (pid %d) takes its place", rank, slot, spare.pid)
-            emit("spare_taken", slot=slot, pid=spare.pid, rank=rank, warm_s=warm_s)
-            return spare.pid
-        return None
+        """Hand `env` (rank's new worker's) to a spare, a parked one first, else one still
+        in its start-up (it reads the hand-over once it reaches the function: further
+        on than a new process); its pid (None: none is alive)."""
+        alive = [s for s in self._spares.values() if resumes(s.pid, self._process(s.pid))]
+        if not alive:
+            return None
+        spare = min(alive, key=lambda s: (not self._parked(s), s.slot))
+        parked = self._parked(spare)
+        spare.control.resume(generation, spare.pid, dict(env))
+        del self._spares[spare.slot]
+        warm_s = round(self._wall() - spare.started, 3)
+        logger.info(
+            "rank %d: spare %d (pid %d, %s) takes its place",
+            rank,
+            spare.slot,
+            spare.pid,
+            "warm" if parked else "still starting up",
+        )
+        emit(
+            "spare_taken",
+            slot=spare.slot,
+            pid=spare.pid,
+            rank=rank,
+            warm_s=warm_s,
+            parked=parked,
+        )
+        return spare.pid
 
-    def fill(self, spawn: SpareSpawner, resume_wait_s: float) -> None:
-        """Start a spare in each slot that has none alive (after a generation's workers)."""
+    @staticmethod
+    def _parked(spare: _Spare) -> bool:
+        said = spare.control.state()
+        return said is not None and said.state == PARKED and said.pid == spare.pid
+
+    def fill(self, spawn: SpareSpawner, resume_wait_s: float, count: int | None = None) -> None:
+        """Start a spare in each slot that has none alive: `count` slots (a standby
+        node's: one per worker), else --spares-per-node (after a generation's workers)."""
         if self._off:
             return
-        for slot in range(self.count):
+        for slot in range(self.count if count is None else count):
             spare = self._spares.get(slot)
             if spare is not None and self._process(spare.pid) is not None:
                 continue

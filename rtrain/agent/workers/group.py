@@ -132,7 +132,7 @@ class WorkerGroup:
             self.workers.append(worker)
         self._pool.drop_spares()
         if self.handover is not None:  # after the workers: they go first on a busy node
-            self.handover.fill_spares(self._spare_spawner())
+            self.handover.fill_spares(self.spare_spawner())
         self.warm_up_wait_s = self._pool.take_warm_wait()
         if self.warm_up_wait_s >= WARM_WAIT_LINE_S:
             logger.info(
@@ -171,7 +171,7 @@ class WorkerGroup:
             timeout=self._spec.rdzv.join_timeout,
         )
 
-    def _spare_spawner(self) -> SpareSpawner:
+    def spare_spawner(self) -> SpareSpawner:
         """How a warm spare of slot s starts: as a worker of local rank (local world + s),
         into log_dir, with `env` over that worker's variables."""
         a = self.assignment

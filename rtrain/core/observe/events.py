@@ -118,8 +118,9 @@ SCHEMA: dict[str, tuple[tuple[str, ...], str]] = {
     ),
     "spare_taken": (
         ("slot", "pid", "rank", "warm_s"),
-        "a warm spare took a failed rank's place in this generation instead of a new "
-        "process (warm_s: how long it had been started)",
+        "a spare took a failed rank's place in this generation instead of a new process "
+        "(warm_s: how long it had been started; parked: it was waiting in the function, "
+        "else still in its start-up)",
     ),
     "spares_off": (
         ("slot", "message"),

@@ -10,6 +10,7 @@ import json
 import signal
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rtrain.agent.agent import Agent
 from rtrain.agent.faults import FaultPolicy
@@ -126,6 +127,9 @@ class PaperStarter:
         hangs = HangWatch(self._spec.faults.hang_timeout, str(self._beats), self._clock.clock)
         topology = generation_topology(self._spec.layout, membership, None)
         return Generation(membership, node_rank, group, peers, hangs, topology)  # type: ignore[arg-type]
+
+    def spare_spawner(self) -> Any:
+        raise AssertionError("a one-node job has no standby")
 
 
 class Job:
