@@ -6,6 +6,8 @@ rank 1 SIGKILLs itself at step 8, or SIGSTOPs itself with --fault hang).
 
   through      rtrain launch, rtrain.repairable(train_through=True): the kept rank trains
                on at once and does the failed rank's data share (the global batch kept)
+  spare        the same with --spares-per-node=1: a spare runs the start-up ahead and
+               takes rank 1's place (the fault waits, past its step, until it is warm)
   repair       rtrain launch, the job opts in with rtrain.repairable (repair in place)
   rtrain       rtrain launch, rtrain.snapshot/restore: every worker restarts from the pool
   torchrun     torch.distributed.run --max-restarts=3, a torch.save checkpoint every step
@@ -54,20 +56,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
-from rich.console import Console
-from rich.table import Table
 
 from rtrain.core.errors import ExitCode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_repair_table import markdown, print_table, summarize
 from bench_through import Window, dump, measure_windows, plan, report, watch_window
 from bench_through import load as load_runs
 from bench_through_args import Setup, parse, refusal
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = str(ROOT / "scripts" / "bench_repair_worker.py")
-LAUNCHERS = ("through", "repair", "rtrain", "torchrun", "ft_launcher", "torchft")
-MODES = {"through": "through", "repair": "repair", "rtrain": "snapshot"}
+LAUNCHERS = ("through", "spare", "repair", "rtrain", "torchrun", "ft_launcher", "torchft")
+MODES = {"through": "through", "spare": "through", "repair": "repair", "rtrain": "snapshot"}
 PEERS = {"ft_launcher": "ft_launcher", "torchft": "torchft_lighthouse"}
 TORCHRUN_FLAGS = ["--standalone", "--nproc-per-node=2", "--max-restarts=3"]
 
@@ -111,8 +112,12 @@ def spec(launcher: str, peers: Path | None, setup: Setup | None = None) -> Spec:
         if launcher != "rtrain" and not repair_hook_available():
             return Spec(missing="rtrain.core.worker.repair is not there yet")
         watch = [f"--hang-timeout={hang}"] if setup.fault == "hang" else []
+        env = {"BENCH_MODE": MODES[launcher]}
+        if launcher == "spare":  # one warm spare per node; the fault waits for it
+            watch.append("--spares-per-node=1")
+            env["BENCH_WAIT_SPARE"] = "1"
         rtrain = [sys.executable, "-m", "rtrain.cli.main", "launch", *TORCHRUN_FLAGS, *watch]
-        return Spec([([*rtrain, WORKER], {"BENCH_MODE": MODES[launcher]})])
+        return Spec([([*rtrain, WORKER], env)])
     if launcher == "torchrun":
         cmd = [sys.executable, "-m", "torch.distributed.run", *TORCHRUN_FLAGS, WORKER]
         return Spec([(cmd, {"BENCH_MODE": "disk"})])
@@ -291,65 +296,6 @@ def measure(
     return results
 
 
-def summarize(results: dict[str, list[Outcome]]) -> list[dict]:
-    rows = []
-    for name, outcomes in results.items():
-        times = sorted(o.recovery for o in outcomes if o.recovery is not None)
-        statuses = [o.status for o in outcomes]
-        steps = [o.step_s for o in outcomes if o.step_s is not None]
-        rows.append(
-            {
-                "launcher": name,
-                "median": statistics.median(times) if times else None,
-                "range": (times[0], times[-1]) if times else None,
-                "kept": sum(o.kept for o in outcomes if o.recovery is not None),
-                "recovered": len(times),
-                "runs": len(outcomes),
-                "step_s": statistics.median(steps) if steps else None,
-                "outcomes": ", ".join(f"{statuses.count(s)}x {s}" for s in dict.fromkeys(statuses)),
-            }
-        )
-    return rows
-
-
-def _s(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f} s"
-
-
-def markdown(rows: list[dict], state_mb: float, runs: int, load: str) -> str:
-    restart = next((r["median"] for r in rows if r["launcher"] == "rtrain"), None)
-    lines = [
-        f"{runs} interleaved runs, {state_mb:g} MB of extra state per rank, 2 ranks, gloo; "
-        f"load average at the start: {load}.",
-        "",
-        "| launcher | fault -> next completed step (median) | min-max | vs rtrain restart "
-        "| runs recovered | survivor kept its process | step before the fault | outcomes |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        ratio = f"{r['median'] / restart:.2f}" if r["median"] and restart else "-"
-        spread = f"{r['range'][0]:.2f}-{r['range'][1]:.2f} s" if r["range"] else "-"
-        lines.append(
-            f"| {r['launcher']} | {_s(r['median'])} | {spread} | {ratio} | "
-            f"{r['recovered']} of {r['runs']} | {r['kept']} of {r['recovered']} | "
-            f"{_s(r['step_s'])} | {r['outcomes']} |"
-        )
-    return "\n".join(lines)
-
-
-def _print_table(rows: list[dict], load: str) -> None:
-    table = Table(title=f"fault -> the survivors' next completed step (load {load})")
-    for column in ("launcher", "median", "min-max", "recovered", "kept", "step", "outcomes"):
-        table.add_column(column)
-    for r in rows:
-        spread = f"{r['range'][0]:.2f}-{r['range'][1]:.2f}" if r["range"] else "-"
-        table.add_row(
-            r["launcher"], _s(r["median"]), spread, f"{r['recovered']}/{r['runs']}",
-            str(r["kept"]), _s(r["step_s"]), r["outcomes"],
-        )  # fmt: skip
-    Console(width=140).print(table)
-
-
 def windows(args: argparse.Namespace, launchers: list[str], peers: Path | None) -> int:
     """--window: (a), (b) and (c) over every start-up and fault asked for, interleaved."""
     startups, faults = [float(s) for s in args.startup_s.split(",") if s], args.fault.split(",")
@@ -388,7 +334,7 @@ def main(argv: list[str]) -> int:
     setup = Setup(args.fault, float(args.startup_s), 0.0, args.hang_timeout, args.fault_step)
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     rows = summarize(measure(launchers, args.runs, peers, args.state_mb, args.timeout, setup))
-    _print_table(rows, load)
+    print_table(rows, load)
     print(markdown(rows, args.state_mb, args.runs, load))
     return ExitCode.SUCCESS
 

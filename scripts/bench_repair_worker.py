@@ -27,8 +27,9 @@ each step; a worker doing two logical shares (train through's interim) sleeps tw
 
 BENCH_STARTUP_S=S: a process started after the first generation (RTRAIN_GENERATION > 0,
 TORCHELASTIC_RESTART_COUNT > 0, or BENCH_RESTARTED=1: a torchft replica the harness
-restarted) sleeps S seconds at module level, before building its model: a GPU process's
-cold start (CUDA context, NCCL init, model to device, compile), the same in every launcher.
+restarted), or a warm spare (RTRAIN_SPARE), sleeps S seconds at module level, before
+building its model: a GPU process's cold start (CUDA context, NCCL init, model to device,
+compile), the same in every launcher.
 """
 
 from __future__ import annotations
@@ -49,13 +50,18 @@ FAULT_STEP = int(os.environ.get("BENCH_FAULT_STEP", "8"))
 PAUSE = float(os.environ.get("BENCH_STEP_SLEEP", "0.05"))
 FAULT = os.environ.get("BENCH_FAULT", "crash")
 RESTARTED = ("RTRAIN_GENERATION", "TORCHELASTIC_RESTART_COUNT", "BENCH_RESTARTED")
-if any(int(os.environ.get(name, "0") or 0) > 0 for name in RESTARTED):
+SPARE = "RTRAIN_SPARE" in os.environ  # a warm spare (--spares-per-node): cold too
+if SPARE or any(int(os.environ.get(name, "0") or 0) > 0 for name in RESTARTED):
     time.sleep(float(os.environ.get("BENCH_STARTUP_S", "0")))  # a GPU process's cold start
+# BENCH_WAIT_SPARE=1: the fault waits (past BENCH_FAULT_STEP) for a spare to be warm
+WAIT_SPARE = os.environ.get("BENCH_WAIT_SPARE") == "1"
 
 torch.manual_seed(0)
 MODEL = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
 OPTIMIZER = torch.optim.SGD(MODEL.parameters(), lr=0.05, momentum=0.9)
 EXTRA = torch.ones(int(float(os.environ.get("BENCH_STATE_MB", "100")) * 2**20) // 4)
+if SPARE and OUT:  # its start-up done: it parks at the function's entry next
+    open(os.path.join(OUT, "spare_warm"), "w").close()
 
 
 def state() -> dict:
@@ -77,7 +83,9 @@ def note_step(step: int, began: float, world: int, shares: tuple[int, ...]) -> N
 
 def inject(who: int, step: int) -> None:
     marker = os.path.join(OUT, "fault.json")
-    if who != 1 or step != FAULT_STEP or not OUT or os.path.exists(marker):
+    if who != 1 or step < FAULT_STEP or not OUT or os.path.exists(marker):
+        return
+    if WAIT_SPARE and not os.path.exists(os.path.join(OUT, "spare_warm")):
         return
     with open(marker + ".tmp", "w") as handle:
         handle.write(f'{{"t_fault": {time.time():.6f}, "step": {step}}}')

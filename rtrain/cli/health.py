@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from ..core.errors import RtrainError
+from ..core.health.history_view import UNKNOWN, HistoryView, history_view
 from .render.safe_text import shown
 
 JSON_HELP = "Print the report as JSON (the same fields as the table) instead of a table."
@@ -60,9 +61,24 @@ def health(
             "tests; also RTRAIN_FAKE_NVML)."
         ),
     ] = None,
+    fault_history: Annotated[
+        Path | None,
+        typer.Option(
+            help="Also show the nodes' fault history kept in this --checkpoint-dir "
+            "(each host's faults within --fault-window, the newest entries)."
+        ),
+    ] = None,
+    fault_window: Annotated[
+        float, typer.Option(min=0, help="The window of --fault-history's counts, s.")
+    ] = 86400.0,
 ) -> None:
     """Check this node's GPUs: count, lost GPUs, ECC, row remapping, retired pages, XIDs,
     temperature, clock slowdowns, PCIe link, NVLinks, the driver's recovery action."""
+    history = None
+    if fault_history is not None:
+        history = read_history(str(fault_history), fault_window)
+        if history is None:
+            raise typer.Exit(int(UNKNOWN))
     raise typer.Exit(
         run_health(
             as_json=as_json,
@@ -71,8 +87,26 @@ def health(
             xid_wait=xid_wait,
             drain=drain,
             fake_nvml=str(fake_nvml) if fake_nvml else None,
+            history=history,
         )
     )
+
+
+def read_history(folder: str, window_s: float) -> HistoryView | None:
+    """The fault history in `folder` as health shows it; None (said in one line) when
+    the file is not one (a flipped byte, a torn or oversized file)."""
+    import time
+
+    from ..agent.health.fault_history import read_history_file
+    from ..core.rendezvous.fault_history import HISTORY_FILE, HistoryError
+
+    path = os.path.join(folder, HISTORY_FILE)
+    try:
+        entries = read_history_file(path)
+    except HistoryError as exc:
+        print(f"rtrain: error: fault history {shown(path, None)}: {exc}", file=sys.stderr)
+        return None
+    return history_view(path, entries, window_s, time.time())
 
 
 def run_health(
@@ -82,6 +116,7 @@ def run_health(
     xid_wait: float,
     drain: bool,
     fake_nvml: str | None,
+    history: HistoryView | None = None,
 ) -> int:
     from ..agent.health.drain import DrainError, drain_node, slurm_node_name
     from ..agent.health.nvml_reader import NvmlReader, NvmlUnavailable, collect_xids, open_nvml
@@ -108,11 +143,16 @@ def run_health(
             target.xids.append(event)
     report = evaluate_node(samples, expected, limits)
     if as_json:
-        print(json.dumps(report.to_json(), indent=2))
+        payload = report.to_json()
+        if history is not None:
+            payload["fault_history"] = history.to_json()
+        print(json.dumps(payload, indent=2))
     else:
-        from .render.health import print_report
+        from .render.health import print_history, print_report
 
         print_report(report)
+        if history is not None:
+            print_history(history)
     if node is not None and report.verdict is Verdict.CRITICAL:
         failed = "; ".join(
             f"{'node' if gpu is None else f'GPU {gpu}'} {c.check}: {c.reading}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from rtrain.agent.health.fake_nvml import FakeNvml, load_scenario
 from rtrain.agent.health.nvml_reader import NvmlReader
 from rtrain.core.health.gpu_health import Thresholds, Verdict, evaluate_node
+from rtrain.core.rendezvous.fault_history import HISTORY_FILE, FaultEntry, encode_history
 from tests.integration.helpers import ROOT, error_lines, run
 
 HEALTH = [sys.executable, "-m", "rtrain.cli.main", "health"]
@@ -160,3 +162,30 @@ def test_a_gpu_that_disappears_between_two_samples(tmp_path: Path) -> None:
     assert report.found == 2 and report.exit_code == 2
     assert report.node_checks[0].reading == "2 GPUs, 3 expected"
     assert report.gpus[1].checks[0].check == "gpu_lost"  # GPU-2, now index 1, off the bus
+
+
+def test_the_fault_history_is_shown_and_a_flipped_byte_refused(tmp_path: Path) -> None:
+    """--fault-history: each host's faults within the window from the file the agents
+    keep in --checkpoint-dir; a corrupted file is one line and exit 3, never read."""
+    now = time.time()
+    entries = [
+        FaultEntry("node-a", "signal", now - 7200, "run1"),
+        FaultEntry("node-a", "hang", now - 60, "run2"),
+        FaultEntry("node-b", "lost_node", now - 3 * 86400, "run1"),  # outside the day's window
+    ]
+    path = tmp_path / HISTORY_FILE
+    path.write_bytes(encode_history(entries))
+    healthy = str(SCENARIOS / "healthy_8gpu.json")
+    done = health("--fake-nvml", healthy, "--fault-history", str(tmp_path), "--json")
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)["fault_history"]
+    assert shown["recent"] == {"node-a": 2} and shown["total"] == 3
+    assert [e["kind"] for e in shown["entries"]] == ["lost_node", "signal", "hang"]
+    table = health("--fake-nvml", healthy, "--fault-history", str(tmp_path)).stdout
+    assert "fault history: 3 entries" in table and "hang at" in table
+    data = bytearray(path.read_bytes())
+    data[data.index(b"node-a")] ^= 0x01  # "oode-a": the digest no longer matches
+    path.write_bytes(bytes(data))
+    bad = health("--fake-nvml", healthy, "--fault-history", str(tmp_path))
+    assert bad.returncode == 3 and len(error_lines(bad.stderr)) == 1, bad.stderr
+    assert "Traceback" not in bad.stderr

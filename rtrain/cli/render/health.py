@@ -1,12 +1,16 @@
-"""The `rtrain health` table: one row per GPU, the reading behind every failed check."""
+"""The `rtrain health` table: one row per GPU, the reading behind every failed check;
+and, with --fault-history, the nodes' faults."""
 
 from __future__ import annotations
+
+import datetime
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from ...core.health.gpu_health import HealthReport, Verdict
+from ...core.health.history_view import HistoryView
 from .safe_text import plain
 
 STYLES = {
@@ -52,3 +56,26 @@ def print_report(report: HealthReport, console: Console | None = None) -> None:
             action = f" -> {check.action.value}" if check.action.value != "none" else ""
             reading = plain(f"{check.check}: {check.reading}")
             console.print(Text("node: ") + _verdict(check.verdict) + " " + reading + action)
+
+
+def print_history(view: HistoryView, console: Console | None = None) -> None:
+    """Each host's faults within the window, then the newest entries."""
+    console = console or Console()
+    hours = view.window_s / 3600
+    table = Table(
+        title=plain(f"fault history: {view.total} entries in {view.path}"), title_justify="left"
+    )
+    for column in ("host", f"faults in {hours:g} h", "newest"):
+        table.add_column(column, overflow="fold")
+    newest = {e.host: e for e in view.newest}
+    for host, count in sorted(view.recent.items(), key=lambda item: (-item[1], item[0])):
+        last = newest.get(host)
+        when = "" if last is None else f"{last.kind} at {_when(last.time)}"
+        table.add_row(plain(host), str(count), plain(when))
+    if not view.recent:
+        table.add_row(Text("none", style="dim"), "0", "")
+    console.print(table)
+
+
+def _when(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
