@@ -62,6 +62,7 @@ class Generation:
     hangs: HangWatch
     topology: Topology
     recycle_plan: dict[str, Any] | None = None  # with --recycle-profile
+    worker_store: Any = None  # node 0's: the workers' TCPStore it hosts (else None)
 
     @property
     def number(self) -> int:

@@ -19,6 +19,7 @@ from .generation import Generation
 from .health.guard import HealthGuard
 from .net.descriptors import raise_if_ran_out_in_thread
 from .observe.observer import Observer
+from .observe.stragglers import PaceWatch
 from .rendezvous.generation_watch import GenerationWatch
 from .rendezvous.job import JobRendezvous
 from .rendezvous.lease import Leases
@@ -62,6 +63,22 @@ class GenerationMonitor:
         """etcd expired this node's lease in this generation: the others went on without it."""
         return self._leases.lapsed() == generation
 
+    def pace_watch(self, rdzv: JobRendezvous, gen: Generation) -> PaceWatch:
+        """Slow ranks, found and worked around (agent/observe/stragglers.py)."""
+        group = gen.group
+        return PaceWatch(
+            rdzv.store,
+            rdzv.keys,
+            gen.number,
+            gen.node_rank,
+            gen.num_nodes,
+            gen.hangs.beat_dir,
+            lambda: [(w.local_rank, w.rank) for w in group.workers],
+            gen.worker_store,
+            self._clock,
+            self._part.stragglers,
+        )
+
     def watch(self, rdzv: JobRendezvous, gen: Generation) -> Ended:
         """Until the generation ends on this node; how it ended."""
         group, generation = gen.group, gen.number
@@ -69,6 +86,7 @@ class GenerationMonitor:
         watch = GenerationWatch(rdzv.rounds, rdzv.ends, generation, room_to_grow, self._clock)
         store_every = min(STORE_CHECK_S, self._part.heartbeat_interval / 2)
         next_store_check = 0.0
+        pace = self.pace_watch(rdzv, gen)
         while True:
             self._check_signal()
             raise_if_ran_out_in_thread()  # the agent's _generations restarts this part
@@ -90,6 +108,7 @@ class GenerationMonitor:
                 self._observer.publish_status(
                     rdzv.store, rdzv.keys, gen.place, beats, *progress, through
                 )
+                pace.check()
             look = False  # at the round, the abort record and the waiting nodes
             if store_due or group.failed:
                 self._leases.raise_if_store_lost()

@@ -151,7 +151,8 @@ class GenerationStarter:
             hangs,
             self._clock,
         )
-        return Generation(membership, node_rank, group, peers, hangs, topology, planned.plan)
+        store = self._worker_store_handle
+        return Generation(membership, node_rank, group, peers, hangs, topology, planned.plan, store)
 
     def spare_spawner(self) -> SpareSpawner:
         """How a standby node starts warm spares for its workers (--spares-per-node): as

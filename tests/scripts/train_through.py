@@ -11,6 +11,8 @@ cold start. PROBE_FAULT as in
 train_repairable.py ("rank=R,step=S,action=kill|stop[,gen=G]", ";"-separated; nth=N
 instead of step=S: at the N-th step of the function's call).
 PROBE_STOP_AFTER=G: the training ends after 10 steps at full size in generation G.
+PROBE_SLOW_RANK=R, PROBE_SLOW_S=S: rank R sleeps S seconds for each logical rank it
+holds (a slow rank, for tests/integration/test_stragglers.py; unset: none).
 PROBE_STARTUP_FAULT=crash|hang: the first replacement exits 3, or sleeps an hour, at
 module level (after its start-up sleep). Writes to $PROBE_OUT: fault.json (t_fault),
 steps_rank<R>.jsonl (one line per step done: t, generation, group world size, logical
@@ -36,6 +38,8 @@ if OUT:
     os.makedirs(OUT, exist_ok=True)
 STEPS = int(os.environ.get("PROBE_STEPS", "40"))
 PAUSE = float(os.environ.get("PROBE_STEP_SLEEP", "0.03"))
+SLOW_RANK = int(os.environ.get("PROBE_SLOW_RANK", "-1"))
+SLOW_S = float(os.environ.get("PROBE_SLOW_S", "0"))
 if int(os.environ.get("RTRAIN_GENERATION", "0") or 0) > 0 or "RTRAIN_SPARE" in os.environ:
     time.sleep(float(os.environ.get("PROBE_STARTUP_S", "0")))  # a cold start
     # PROBE_STARTUP_FAULT=crash|hang: the first replacement fails in its start-up
@@ -85,6 +89,8 @@ def train() -> None:
         inject(rank, step, generation, step - start)
         grads = {}
         for data_rank in logical:
+            if rank == SLOW_RANK:
+                time.sleep(SLOW_S)
             data = torch.Generator().manual_seed(step * 100 + data_rank)
             inputs = torch.randn(8, 16, generator=data)
             targets = inputs.sum(dim=1, keepdim=True)

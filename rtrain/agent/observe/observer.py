@@ -87,6 +87,7 @@ class Observer:
         self._beats = _Beats(clock.wall)
         self._agent = agent
         self._repair: RepairNote | None = None  # this node's last repair (rtrain status)
+        self._stragglers: dict[int, tuple[float, float]] = {}  # rank -> (slower, since)
         EVENTS.listen(self._on_event)
         emit(
             "agent_start",
@@ -104,6 +105,18 @@ class Observer:
             rank, repaired = event.fields.get("rank"), self._repair
             if repaired is not None and isinstance(rank, int):  # kept, then lost
                 self._repair = repaired.lose(rank)
+        elif event.name in ("straggler", "straggler_cleared") and event.agent == self._agent:
+            self._on_straggler(event)
+
+    def _on_straggler(self, event: Event) -> None:
+        """Its ranks found slow, for its status record (rtrain status)."""
+        rank = event.fields.get("rank")
+        if not isinstance(rank, int):
+            return
+        if event.name == "straggler_cleared":
+            self._stragglers.pop(rank, None)
+        else:
+            self._stragglers[rank] = (float(event["slower"]), float(event["since"]))
 
     def generation_started(
         self,
@@ -115,6 +128,7 @@ class Observer:
         self._started = self._clock.now()
         self._status_due = 0.0
         self._beats = _Beats(self._clock.wall)
+        self._stragglers = {}
         emit(
             "generation_start",
             nodes=place.num_nodes,
@@ -220,6 +234,7 @@ class Observer:
             replicated,
             self._repair,
             through,
+            tuple((r, *v) for r, v in sorted(self._stragglers.items())),
         )
         with contextlib.suppress(StoreUnavailable):
             store.set(keys.status(place.generation, place.node_rank), record.encode())

@@ -58,6 +58,7 @@ def status_view(view: JobStatus, seconds: float | None = None) -> Group:
                 str(n.node_rank), plain(n.addr, limit=80), seen_text, str(n.workers), steps, snap
             )
         parts.append(nodes)
+    parts.extend(_stragglers(view))
     through = view.through
     if through is not None:  # a train-through stretch: its note, against this clock
         parts.append(plain(through.describe(time.time()), limit=None))
@@ -95,6 +96,19 @@ def status_view(view: JobStatus, seconds: float | None = None) -> Group:
         )
         parts.append(plain(f"fault history ({len(view.fault_history)}): {said}", limit=None))
     return Group(*parts)
+
+
+def _stragglers(view: JobStatus) -> list[Text]:
+    """A line for each rank found slow (docs/stragglers.md)."""
+    lines = []
+    for slow in view.stragglers:
+        for_s = max(time.time() - slow["since"], 0.0)
+        said = (
+            f"straggler: rank {slow['rank']} on node {slow['node']}, "
+            f"{slow['slower']:.2f}x slower than its peers for {for_s:.0f} s"
+        )
+        lines.append(plain(said, limit=None))
+    return lines
 
 
 def print_status(view: JobStatus, as_json: bool, seconds: float | None = None) -> None:

@@ -51,6 +51,7 @@ class MonitorPart:
     max_nodes: int
     monitor_interval: float
     heartbeat_interval: float
+    stragglers: str = "detect"  # --stragglers
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,12 @@ def fault_part(spec: LaunchSpec) -> FaultPart:
 
 
 def monitor_part(spec: LaunchSpec) -> MonitorPart:
-    return MonitorPart(spec.nodes.max_nodes, spec.monitor_interval, spec.faults.heartbeat_interval)
+    return MonitorPart(
+        spec.nodes.max_nodes,
+        spec.monitor_interval,
+        spec.faults.heartbeat_interval,
+        spec.faults.stragglers,
+    )
 
 
 def observe_part(spec: LaunchSpec) -> ObservePart:

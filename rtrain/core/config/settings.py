@@ -203,6 +203,17 @@ OWN_SETTINGS: tuple[Setting, ...] = (
         check=COUNT,
     ),
     S(
+        "stragglers",
+        "detect",
+        "slow ranks of a script that takes its data by rtrain.data_ranks(): `off`, "
+        "`detect` (`straggler` events, rtrain status) or `balance` (detect, and move data "
+        "shares off a slow rank, the global batch kept)",
+        "MODE",
+        choices=("off", "detect", "balance"),
+        own=True,
+        check=CHOICE,
+    ),
+    S(
         "max-node-failures",
         0,
         "exclude a node from the job once it was lost, or the root cause of a failure, N "

@@ -90,6 +90,9 @@ class FaultSpec:
     # Warm spare workers per node, started after each generation's workers; a repair in
     # place hands one a failed rank (agent/repair/warm_spares.py).
     spares_per_node: int = flag_field("spares-per-node")
+    # Slow ranks: off, detect or balance (agent/observe/stragglers.py; the workers get it
+    # as RTRAIN_STRAGGLERS, core/contract/pace.py).
+    stragglers: str = flag_field("stragglers")
     # What a SIGTERM means: "leave", "end-job", or None (leave under Kubernetes).
     on_sigterm: str | None = flag_field("on-sigterm")
 

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..contract.environment import DATA_WORLD, RTRAIN_GENERATION
+from ..contract.pace import STRAGGLERS
 from .launch_spec import LaunchSpec
 
 STDOUT, STDERR = 1, 2
@@ -222,6 +223,7 @@ def worker_environment(
     )
     if spec.layout.tp == spec.layout.pp == 1:  # a data-parallel job's shares
         env[DATA_WORLD] = str(spec.nodes.max_nodes * assignment.local_world_size)
+    env[STRAGGLERS] = spec.faults.stragglers  # what the workers measure and follow
     omp = omp_threads_default(base_env, assignment.local_world_size)
     if omp is not None:
         env["OMP_NUM_THREADS"] = omp

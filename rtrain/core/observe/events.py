@@ -110,6 +110,14 @@ SCHEMA: dict[str, tuple[tuple[str, ...], str]] = {
         "the generation's whole group runs again: this node's new ranks that joined, and "
         "how long its kept ranks trained at reduced size (null: none of its own did)",
     ),
+    "straggler": (
+        ("rank", "slower", "since", "gpu"),
+        "a rank of this node computes slower than its peers (docs/stragglers.md): slower, "
+        "its compute per logical data rank over its peers' median; since, when it began; "
+        "compute_s, peers_compute_s, wait_s, peers_wait_s; gpu: NVML's clocks, "
+        "temperature and throttle reasons (null: no NVML)",
+    ),
+    "straggler_cleared": (("rank", "slow_s"), "a straggler of this node keeps pace again"),
     "spare_started": (
         ("slot", "pid"),
         "a warm spare worker started on this node (--spares-per-node): it runs the "
@@ -238,6 +246,9 @@ FIELD_TYPES: dict[str, tuple[str, bool]] = {  # field -> (type, may be null)
     "faults": (INTEGER, False),
     "rate_mbps": (NUMBER, False),
     "link_mbps": (NUMBER, True),
+    "slower": (NUMBER, False),
+    "since": (NUMBER, False),
+    "slow_s": (NUMBER, False),
 }
 
 

@@ -56,10 +56,13 @@ class NodeStatus:
     replicated: int | None = None  # newest of them safe on peers
     repair: RepairNote | None = None  # this node's last repair in place, if any
     through: ThroughNote | None = None  # its kept ranks training through, if they do
+    # its ranks found slow (docs/stragglers.md): (rank, times slower, since: wall clock)
+    stragglers: tuple[tuple[int, float, float], ...] = ()
 
     def encode(self) -> str:
         repair = {} if self.repair is None else {"repair": self.repair.as_json()}
         through = {} if self.through is None else {"through": self.through.as_json()}
+        slow = {"stragglers": [list(s) for s in self.stragglers]} if self.stragglers else {}
         return json.dumps(
             {
                 "v": STATUS_VERSION,
@@ -71,6 +74,7 @@ class NodeStatus:
                 "replicated": self.replicated,
                 **repair,
                 **through,
+                **slow,
             },
             separators=(",", ":"),
         )
@@ -93,6 +97,7 @@ class NodeStatus:
         replicated = _optional_step(data.get("replicated"), "replicated")
         repair = _repair(data.get("repair"))
         through = _through(data.get("through"))
+        stragglers = _stragglers(data.get("stragglers"))
         return cls(
             float(t),
             state,
@@ -102,7 +107,28 @@ class NodeStatus:
             replicated,
             repair,
             through,
+            stragglers,
         )
+
+
+def _stragglers(value: Any) -> tuple[tuple[int, float, float], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) > MAX_WORKERS:
+        raise ProtocolError("status record: stragglers must be a list")
+    found = []
+    for item in value:
+        if not isinstance(item, list) or len(item) != 3:
+            raise ProtocolError("status record: a straggler is [rank, slower, since]")
+        rank, slower, since = item
+        numbers = all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            for v in (slower, since)
+        )
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0 or not numbers:
+            raise ProtocolError("status record: a straggler is [rank, slower, since]")
+        found.append((rank, float(slower), float(since)))
+    return tuple(found)
 
 
 def _repair(value: Any) -> RepairNote | None:
@@ -202,6 +228,16 @@ class JobStatus:
         return merged[max(merged)] if merged else None
 
     @property
+    def stragglers(self) -> list[dict[str, Any]]:
+        """The ranks the nodes' records name slow: node, rank, slower, since."""
+        return [
+            {"node": n.node_rank, "rank": r, "slower": slower, "since": since}
+            for n in self.nodes
+            if n.status
+            for r, slower, since in n.status.stragglers
+        ]
+
+    @property
     def through(self) -> ThroughNote | None:
         """The running generation's train-through, as the nodes' records say."""
         return merged_through(
@@ -234,6 +270,7 @@ class JobStatus:
             ],
             "last_repair": None if self.last_repair is None else self.last_repair.as_json(),
             "through": None if self.through is None else self.through.as_json(),
+            "stragglers": self.stragglers,
             "failures": [vars(f) for f in self.failures],
             "failures_from_generation": self.failures_from,
             "store_reads": self.reads,

@@ -22,6 +22,8 @@ A job's keys live under /rtrain/<run_id>/. Generations are rounds:
   r<g>/snap_want/<node>    the snapshot interval <node> wants (the adapt policy; once a
                            change, core/snapshots/interval.py)
   r<g>/snap_interval       the job's snapshot interval schedule (JSON), compare-and-set
+  r<g>/pace/<node>         <node>'s ranks' cumulative pace figures (core/pace/figures.py)
+  r<g>/stragglers          node 0's verdict: the slow ranks now (core/pace/figures.py)
   secret                   the job's shard secret, when none was given to the agents
   r<g>/charged             the claim of <g>'s one root-cause charge (its closer, a token)
   r<g>/charge/<addr>       the claim of the one charge <addr> may take for <g>
@@ -153,6 +155,12 @@ class StoreKeys:
 
     def snapshot_schedule(self, generation: int) -> str:
         return f"{self.prefix}/r{generation}/snap_interval"
+
+    def pace(self, generation: int, node_rank: int) -> str:
+        return f"{self.prefix}/r{generation}/pace/{node_rank}"
+
+    def stragglers(self, generation: int) -> str:
+        return f"{self.prefix}/r{generation}/stragglers"
 
     @property
     def secret(self) -> str:

@@ -23,18 +23,28 @@ run with a fault ends bitwise equal to one without. Without rtrain (torchrun, pl
 python) data_ranks() is (RANK,) and the same script runs unchanged. A job that goes on
 smaller (a node lost without a standby) keeps its logical ranks too: RTRAIN_DATA_WORLD
 is its full size, and each worker of the smaller world holds more of them.
+
+Slow ranks (issue 49, docs/stragglers.md): RTRAIN_MICRO_BATCHES=M gives each worker M
+logical ranks (r, r+W, ...; under torchrun too); each step's compute per logical rank and
+its wait in the collective are measured here (core/worker/pace.py), and under
+RTRAIN_STRAGGLERS=balance the ranks switch together to a plan that gives a slow rank
+fewer logical ranks (core/worker/balance.py, at data_ranks()).
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..contract.environment import DATA_WORLD
+from ..contract.pace import MICRO_BATCHES, micro_batches
 from ..repair.shares import assign_shares, holder_of
+from . import pace
+from .balance import BALANCE
 
 __all__ = ["average_gradients", "data_ranks", "data_world_size"]
 
@@ -66,9 +76,10 @@ def leave() -> None:
 
 def data_world() -> int:
     """The job's logical data ranks: RTRAIN_DATA_WORLD under rtrain (its full size),
-    else the world's size."""
+    else the world's size; times RTRAIN_MICRO_BATCHES (core/contract/pace.py)."""
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    return max(int(os.environ.get(DATA_WORLD, "") or world), world)
+    size = max(int(os.environ.get(DATA_WORLD, "") or world), world)
+    return size * micro_batches(os.environ.get(MICRO_BATCHES))
 
 
 def current() -> Shares:
@@ -76,6 +87,8 @@ def current() -> Shares:
         return _Active.shares
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     rank = int(os.environ.get("RANK", "0") or 0)
+    if BALANCE.held is not None:  # a balancing plan the ranks agreed on (balance.py)
+        return Shares(data_world(), rank, BALANCE.held)
     return _whole(world, rank, data_world())
 
 
@@ -94,8 +107,14 @@ def data_ranks() -> tuple[int, ...]:
     the start of every step: it is the step boundary where a warm replacement joins."""
     shares = current()
     if shares.boundary is not None:
+        BALANCE.reset()  # the interim's shares; the whole group starts again without a plan
         shares.boundary()
-    return shares.held[shares.rank]
+    elif BALANCE.on():
+        BALANCE.boundary(shares.world, len(shares.held))
+        shares = current()
+    held = shares.held[shares.rank]
+    pace.begin(len(held))
+    return held
 
 
 def data_world_size() -> int:
@@ -110,6 +129,7 @@ def average_gradients(params: Iterable[Any], grads: Mapping[int, Sequence[Any]])
     import torch
     import torch.distributed as dist
 
+    pace.computed()
     shares = current()
     params = list(params)
     mine = shares.held[shares.rank]
@@ -125,11 +145,13 @@ def average_gradients(params: Iterable[Any], grads: Mapping[int, Sequence[Any]])
     send = torch.zeros(width, rows.shape[1], dtype=rows.dtype)
     send[: len(mine)] = rows
     present = sorted(shares.held)
+    began = time.perf_counter()
     if dist.is_available() and dist.is_initialized() and len(present) > 1:
         parts = [torch.empty_like(send) for _ in present]
         dist.all_gather(parts, send)
     else:
         parts = [send]
+    pace.waited(time.perf_counter() - began)
     dense = {rank: index for index, rank in enumerate(present)}  # the group's rank of each
     where = holder_of(shares.held)
     total = None
