@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import NamedTuple
 
+from ..repair.spread import spread
 from .job import PipelineJob, PlannerError, Worker
 
 Unit = tuple[int, int, int]  # (replica, microbatch, stage)
@@ -107,7 +108,8 @@ def normalize(job: PipelineJob, failed: frozenset[Worker]) -> tuple[frozenset[Wo
 
 def reroute(job: PipelineJob, failed: frozenset[Worker]) -> dict[Unit, Worker]:
     """ReCycle's assignment: a failed worker's micro-batches, spread over its stage's
-    survivors in turn, each going to the least loaded (ties: the lowest replica)."""
+    survivors by the rule every rerouting in rtrain follows (core/repair/spread.py:
+    each to the least loaded; a tie to the next replica round the ring)."""
     assignment: dict[Unit, Worker] = {}
     for stage in range(job.pp):
         alive = [r for r in range(job.dp) if (r, stage) not in failed]
@@ -116,15 +118,11 @@ def reroute(job: PipelineJob, failed: frozenset[Worker]) -> dict[Unit, Worker]:
                 f"stage {stage} lost all {job.dp} of its workers: no same-stage peer is left "
                 "to take over its micro-batches; the fallback is to restart from a checkpoint"
             )
-        load = {r: job.microbatches for r in alive}
-        for replica in range(job.dp):
-            for m in range(job.microbatches):
-                if replica in load:
-                    assignment[(replica, m, stage)] = (replica, stage)
-                    continue
-                target = min(alive, key=lambda r: (load[r], r))
-                load[target] += 1
-                assignment[(replica, m, stage)] = (target, stage)
+        units = [(r, m, stage) for r in range(job.dp) for m in range(job.microbatches)]
+        missing = [(r, (r, m, s)) for r, m, s in units if r not in alive]
+        placed = spread(missing, dict.fromkeys(alive, job.microbatches), job.dp)
+        for r, m, s in units:
+            assignment[(r, m, s)] = (placed.get((r, m, s), r), stage)
     return assignment
 
 
