@@ -58,7 +58,7 @@ from .runtime_dir import (
 )
 from .snapshots.service import SnapshotService
 from .starter import GenerationStarter, Starts
-from .state import AgentState, Interrupted, RunResult, SignalLatch
+from .state import AgentState, Interrupted, NodeFault, RunResult, SignalLatch
 from .store.backends import JobStore, open_job_store
 from .waiting import SYSTEM_CLOCK
 from .workers.log_tail import LogTail
@@ -326,7 +326,8 @@ class Agent:
             self._policy.record_failures(gen)
             self._backoff.healthy()
             return None
-        give_up = self._policy.recover(gen, ended.fault, self._health, repaired)
+        gpu = ended.fault if isinstance(ended.fault, GpuFault) else None  # else it leaves
+        give_up = self._policy.recover(gen, gpu, self._health, repaired)
         if give_up is not None:
             end.end_job(gen.place, give_up.exit_code, give_up.reason)
             return self._result(
@@ -365,10 +366,10 @@ class Agent:
         why = end.save_for_requeue(self._place(), why, directory, save)
         return self._result(AgentState.FAILED, ExitCode.TEMPFAIL, f"{why}; requeue to go on")
 
-    def _leave(self, rdzv: JobRendezvous, end: JobEnd, fault: GpuFault) -> RunResult:
-        """Leave the job for a GPU fault: tell the others first (so that they put their
-        workers' failures down to this node), then stop the workers."""
-        assert self._health is not None
+    def _leave(self, rdzv: JobRendezvous, end: JobEnd, fault: GpuFault | NodeFault) -> RunResult:
+        """Leave the job for a fault of this node's own (a GPU's, a lasting straggler's):
+        tell the others first (they put their workers' failures down to this node), then
+        stop the workers."""
         last = self._starter.joined
         place = last.place if last is not None else None
         stop = functools.partial(self._stop_group, signal.SIGTERM, RESTART_STOP_GRACE_S)

@@ -20,7 +20,7 @@ from ..core.rendezvous.failures import FailureRecord
 from ..core.rendezvous.place import Place
 from ..core.rendezvous.protocol import AbortRecord, Membership
 from .health.gpu_monitor import GpuFault
-from .health.guard import HealthGuard
+from .health.guard import Fault, HealthGuard, leave_job
 from .observe.events import emit_failure
 from .rendezvous.job import JobRendezvous
 from .rendezvous.lease import PeerWatch
@@ -127,23 +127,28 @@ class JobEnd:
 
     def leave_for_fault(
         self,
-        health: HealthGuard,
-        fault: GpuFault,
+        health: HealthGuard | None,
+        fault: GpuFault | Fault,
         last: Place | None,
         addr: str,
         stop_workers: Callable[[], None],
         join_timeout: float,
     ) -> FailureRecord:
-        """Leave the job for a GPU fault: tell the others first (the one place a node is
-        declared lost, JobRendezvous.leave: they put their workers' failures down to this
-        node), then stop the workers; the store's host keeps it up until the others end."""
+        """Leave the job for a fault of this node's own (a GPU's; a lasting straggler's,
+        health None where no NVML watches): tell the others first (the one place a node
+        is declared lost, JobRendezvous.leave: they put their workers' failures down to
+        this node), then stop the workers; the store's host keeps it up until the others
+        end."""
         generation, node_rank = (last.generation, last.node_rank) if last else (0, None)
 
         def tell(record: FailureRecord) -> None:
             assert node_rank is not None
             self._rdzv.leave(generation, node_rank, record)
 
-        record = health.leave_job(fault, generation, node_rank, addr, tell)
+        if health is not None and isinstance(fault, GpuFault):
+            record = health.leave_job(fault, generation, node_rank, addr, tell)
+        else:
+            record = leave_job(fault, generation, node_rank, addr, tell, self._clock.wall())
         emit_failure(record)
         stop_workers()
         self.host_until_done(join_timeout)

@@ -77,6 +77,7 @@ class GenerationMonitor:
             gen.worker_store,
             self._clock,
             self._part.stragglers,
+            replace_after_s=self._part.replace_stragglers_after,
         )
 
     def watch(self, rdzv: JobRendezvous, gen: Generation) -> Ended:
@@ -124,6 +125,9 @@ class GenerationMonitor:
             fault = self._health.poll() if self._health is not None else None
             if fault is not None:
                 return Ended(Outcome.GPU_FAULT, fault)
+            slow = pace.lasting() if store_due else None
+            if slow is not None:
+                return Ended(Outcome.SLOW_NODE, slow)
             if group.succeeded:
                 return Ended(Outcome.SUCCEEDED)
             if self._reaper is not None:

@@ -7,10 +7,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
 from ..core.rendezvous.decisions import GenerationEnd, Outcome
-from ..core.rendezvous.failures import FailureRecord, root_cause_first
+from ..core.rendezvous.failures import FailureKind, FailureRecord, root_cause_first
 from .health.gpu_monitor import GpuFault
 from .runtime_dir import write_failure_report
 
@@ -55,16 +55,30 @@ class SignalLatch:
             signal.signal(signum, handler)
 
 
+class NodeFault(Protocol):
+    """What ends a generation on this node and may take it out of the job: a GPU fault
+    (agent/health/gpu_monitor.py) or a lasting straggler (agent/observe/stragglers.py)."""
+
+    @property
+    def excludes_node(self) -> bool: ...
+
+    @property
+    def failure_kind(self) -> FailureKind: ...
+
+    def describe(self) -> str: ...
+
+
 @dataclass(frozen=True)
 class Ended:
-    """How this node's generation ended, and the GPU fault that ended it, if one did."""
+    """How this node's generation ended, and the fault of its own that ended it, if one
+    did (a GPU's, or a lasting straggler's)."""
 
     outcome: Outcome
-    fault: GpuFault | None = None
+    fault: GpuFault | NodeFault | None = None
 
     @property
     def decision(self) -> GenerationEnd:
-        excludes = self.fault is not None and self.fault.action.excludes_node
+        excludes = self.fault is not None and self.fault.excludes_node
         return GenerationEnd(self.outcome, excludes)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from rtrain.core.errors import ExitCode
 from tests.integration.cluster import LocalCluster
 from tests.integration.helpers import ROOT, probe_env, run_torchrun
 
@@ -137,3 +138,33 @@ def test_a_balanced_job_trains_through_a_fault_to_the_same_result(tmp_path: Path
     for rank in (0, 1):
         ours = json.loads((cluster.out / f"final_rank{rank}.json").read_text())
         assert ours["digest"] == final["digest"]
+
+
+def test_a_lasting_straggler_s_node_leaves_and_a_standby_takes_its_place(
+    tmp_path: Path, unslowed: tuple[str, list[Any]]
+) -> None:
+    """--replace-stragglers-after=2: node 1's rank stays slow, so node 1 leaves the job as
+    for a GPU fault (a `slow_node` fault, exit 77) and the standby takes its place; the
+    job trains on to the result of the run without a slow rank."""
+    flags = [*FLAGS, "--stragglers=detect", "--replace-stragglers-after=2"]
+    slow = {1: {"PROBE_SLOW_RANK": "1", "PROBE_SLOW_S": "0.02"}}
+    cluster = LocalCluster(tmp_path, 2, "2", flags, script=SCRIPT, node_env=slow, **ENV)
+    try:
+        deadline = time.monotonic() + 60
+        while not cluster.events("generation_start"):  # round 0 closed: a standby waits
+            assert time.monotonic() < deadline, cluster.log(0)
+            time.sleep(0.05)
+        cluster.start_node(2, "2", flags)
+        codes = cluster.wait_some([0, 1, 2], 180)
+    finally:
+        cluster.close()
+    logs = cluster.log(0) + cluster.log(1) + cluster.log(2)
+    assert codes == [0, ExitCode.NODE_UNHEALTHY, 0], logs
+    (straggler,) = [e for e in cluster.events("straggler") if e.generation == 0]
+    assert (straggler["rank"], straggler.node) == (1, 1)
+    (left,) = [e for e in cluster.events("fault") if e["kind"] == "slow_node"]
+    assert left.node == 1 and left.t - straggler["since"] >= 2
+    starts = [e for e in cluster.events("generation_start") if e.generation == 1]
+    assert starts and "127.0.0.3" in starts[0]["members"]
+    finals = [json.loads((cluster.out / f"final_rank{r}.json").read_text()) for r in (0, 1)]
+    assert finals[0]["digest"] == finals[1]["digest"] == unslowed[0]

@@ -26,6 +26,7 @@ from ...core.health.gpu_health import (
 )
 from ...core.health.gpu_inventory import watched_gpus
 from ...core.health.xid import Action
+from ...core.rendezvous.failures import FailureKind
 from ..waiting import SYSTEM_CLOCK
 from .nvml_reader import NvmlReader, XidListener
 
@@ -44,6 +45,14 @@ class GpuFault:
     @property
     def action(self) -> Action:
         return self.result.action
+
+    @property
+    def excludes_node(self) -> bool:
+        return self.action.excludes_node
+
+    @property
+    def failure_kind(self) -> FailureKind:
+        return FailureKind.UNHEALTHY_GPU
 
     def describe(self) -> str:
         where = "node" if self.gpu is None else f"GPU {self.gpu} ({self.uuid})"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from ...core.clock import Clock
 from ...core.config.launch_spec import HealthSpec
@@ -74,14 +75,7 @@ class HealthGuard:
         return fault
 
     def record(self, fault: GpuFault, generation: int, node_rank: int, host: str) -> FailureRecord:
-        return FailureRecord(
-            kind=FailureKind.UNHEALTHY_GPU,
-            generation=generation,
-            node_rank=node_rank,
-            host=host,
-            time=self._clock.wall(),
-            message=fault.describe(),
-        )
+        return fault_record(fault, generation, node_rank, host, self._clock.wall())
 
     def leave_job(
         self,
@@ -93,10 +87,7 @@ class HealthGuard:
     ) -> FailureRecord:
         """Take this node out: tell the others (tell: JobRendezvous.leave, the one place a
         node is declared lost; only when it was a member) and drain it."""
-        record = self.record(fault, generation, node_rank if node_rank is not None else -1, host)
-        logger.error("leaving the job: %s", fault.describe())
-        if node_rank is not None:
-            tell(record)
+        record = leave_job(fault, generation, node_rank, host, tell, self._clock.wall())
         self.drain(fault)
         return record
 
@@ -110,3 +101,42 @@ class HealthGuard:
 
     def close(self) -> None:
         self._monitor.close()
+
+
+class Fault(Protocol):
+    """A fault of this node's own (agent/state.py's NodeFault)."""
+
+    @property
+    def failure_kind(self) -> FailureKind: ...
+
+    def describe(self) -> str: ...
+
+
+def fault_record(
+    fault: Fault, generation: int, node_rank: int, host: str, wall: float
+) -> FailureRecord:
+    return FailureRecord(
+        kind=fault.failure_kind,
+        generation=generation,
+        node_rank=node_rank,
+        host=host,
+        time=wall,
+        message=fault.describe(),
+    )
+
+
+def leave_job(
+    fault: Fault,
+    generation: int,
+    node_rank: int | None,
+    host: str,
+    tell: Callable[[FailureRecord], None],
+    wall: float,
+) -> FailureRecord:
+    """Take this node out: tell the others (tell: JobRendezvous.leave, the one place a
+    node is declared lost; only when it was a member)."""
+    record = fault_record(fault, generation, node_rank if node_rank is not None else -1, host, wall)
+    logger.error("leaving the job: %s", fault.describe())
+    if node_rank is not None:
+        tell(record)
+    return record

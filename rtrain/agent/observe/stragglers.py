@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ...core.clock import Clock
@@ -37,6 +38,7 @@ from ...core.contract.pace import (
 from ...core.errors import StoreUnavailable
 from ...core.pace.detect import Detector, Rule, Straggler, decode_verdict, encode_verdict
 from ...core.pace.figures import Windows, decode_node, encode_node
+from ...core.rendezvous.failures import FailureKind
 from ...core.rendezvous.protocol import ProtocolError, StoreKeys
 from ..health.gpu_clocks import gpu_clocks
 from ..store.kv import KeyValueStore
@@ -65,7 +67,10 @@ class PaceWatch:
         clock: Clock,
         mode_name: str = "detect",
         rule: Rule | None = None,
+        replace_after_s: float = 0.0,
     ) -> None:
+        """replace_after_s: --replace-stragglers-after (0: never), see lasting()."""
+        self._replace_after_s = replace_after_s
         self._store, self._keys = store, keys
         self._generation, self._node, self._nodes = generation, node_rank, num_nodes
         self._beat_dir = beat_dir
@@ -172,9 +177,45 @@ class PaceWatch:
             since = self._said.pop(rank).since
             emit("straggler_cleared", rank=rank, slow_s=round(self._clock.wall() - since, 3))
 
+    def lasting(self) -> SlowNode | None:
+        """A rank of this node that has been a straggler for --replace-stragglers-after
+        (since its first slow window): the node leaves the job, as for a GPU fault, and a
+        standby takes its place (None: none, or the policy is off)."""
+        if self._replace_after_s <= 0:
+            return None
+        now = self._clock.wall()
+        for rank, one in sorted(self._said.items()):
+            if now - one.since >= self._replace_after_s:
+                return SlowNode(rank, one.slower, now - one.since)
+        return None
+
     def _figures_held(self, rank: int) -> float | None:
         pace = self.local_figures().get(rank)
         return None if pace is None or not pace.steps else round(pace.logical / pace.steps, 3)
+
+
+@dataclass(frozen=True)
+class SlowNode:
+    """A fault of this node's own (agent/state.py's NodeFault): one of its ranks stayed a
+    straggler for --replace-stragglers-after; the node leaves the job."""
+
+    rank: int
+    slower: float
+    slow_s: float
+
+    @property
+    def excludes_node(self) -> bool:
+        return True
+
+    @property
+    def failure_kind(self) -> FailureKind:
+        return FailureKind.SLOW_NODE
+
+    def describe(self) -> str:
+        return (
+            f"rank {self.rank} was {self.slower:.2f}x slower than its peers for "
+            f"{self.slow_s:.0f}s (--replace-stragglers-after): a standby takes its place"
+        )
 
 
 def emit_straggler(one: Straggler, local_rank: int, held: float | None) -> None:

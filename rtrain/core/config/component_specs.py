@@ -52,6 +52,7 @@ class MonitorPart:
     monitor_interval: float
     heartbeat_interval: float
     stragglers: str = "detect"  # --stragglers
+    replace_stragglers_after: float = 0.0  # --replace-stragglers-after (0: never)
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ def monitor_part(spec: LaunchSpec) -> MonitorPart:
         spec.monitor_interval,
         spec.faults.heartbeat_interval,
         spec.faults.stragglers,
+        spec.faults.replace_stragglers_after,
     )
 
 

@@ -214,6 +214,15 @@ OWN_SETTINGS: tuple[Setting, ...] = (
         check=CHOICE,
     ),
     S(
+        "replace-stragglers-after",
+        0.0,
+        "seconds a rank may stay a straggler before its node leaves the job, as for a GPU "
+        "fault, for a standby to take its place (0: never)",
+        "S",
+        own=True,
+        check=SECONDS_OR_ZERO,
+    ),
+    S(
         "max-node-failures",
         0,
         "exclude a node from the job once it was lost, or the root cause of a failure, N "

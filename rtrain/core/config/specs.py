@@ -93,6 +93,8 @@ class FaultSpec:
     # Slow ranks: off, detect or balance (agent/observe/stragglers.py; the workers get it
     # as RTRAIN_STRAGGLERS, core/contract/pace.py).
     stragglers: str = flag_field("stragglers")
+    # A rank a straggler this long: its node leaves, as for a GPU fault; 0: never.
+    replace_stragglers_after: float = flag_field("replace-stragglers-after")
     # What a SIGTERM means: "leave", "end-job", or None (leave under Kubernetes).
     on_sigterm: str | None = flag_field("on-sigterm")
 

@@ -22,6 +22,7 @@ class Outcome(Enum):
     LOCAL_FAILURE = "local failure"  # a local worker failed (or hung and was killed)
     MEMBERSHIP_CHANGE = "membership change"  # fenced, a peer lost, or a node waits to join
     GPU_FAULT = "GPU fault"  # the health guard found a fault on this node's GPUs
+    SLOW_NODE = "slow node"  # a rank here stayed a straggler (--replace-stragglers-after)
 
 
 class Next(Enum):

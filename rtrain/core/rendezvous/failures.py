@@ -19,6 +19,7 @@ class FailureKind(str, Enum):
     HANG = "hang"  # a worker stopped heartbeating and was killed
     LOST_NODE = "lost_node"  # a peer agent's lease expired
     UNHEALTHY_GPU = "unhealthy_gpu"  # a GPU failed its checks
+    SLOW_NODE = "slow_node"  # a rank slow for --replace-stragglers-after: its node left
     AGENT = "agent"  # the agent itself could not go on
     # A worker the agent stopped after another's failure. It appears only in the final
     # failure report of the node that gives up, as torchrun lists every rank that ended
