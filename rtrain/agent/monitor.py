@@ -110,6 +110,7 @@ class GenerationMonitor:
                     rdzv.store, rdzv.keys, gen.place, beats, *progress, through
                 )
                 pace.check()
+                self._observer.snapshots_took(pace.snapshot_s())
             look = False  # at the round, the abort record and the waiting nodes
             if store_due or group.failed:
                 self._leases.raise_if_store_lost()

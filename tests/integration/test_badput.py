@@ -19,13 +19,15 @@ from tests.integration.helpers import ROOT, RTRAIN, events_under, probe_env, run
 pytestmark = pytest.mark.integration
 
 HANG_TIMEOUT = 2.0
-# Beats once a step; rank 1 exits at step 15 of generation 0 and stops itself at step
-# 15 of generation 1 (rank 0 then blocks in its all-reduce: a victim).
+# Beats and snapshots 1 MiB once a step; rank 1 exits at step 15 of generation 0 and
+# stops itself at step 15 of generation 1 (rank 0 then blocks in its all-reduce: a victim).
 SCRIPT = """
 import os, signal, sys, time
 import torch, torch.distributed as dist
+import rtrain
 from rtrain.core import heartbeat
 dist.init_process_group("gloo")
+state = {"w": torch.ones(1 << 18)}
 generation = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 rank = dist.get_rank()
 for step in range(40):
@@ -34,6 +36,7 @@ for step in range(40):
     if step == 15 and rank == 1 and generation == 1:
         os.kill(os.getpid(), signal.SIGSTOP)
     dist.all_reduce(torch.ones(1))
+    rtrain.snapshot(state, step)
     heartbeat(step)
     time.sleep(0.05)
 dist.destroy_process_group()
@@ -69,7 +72,7 @@ def test_a_crash_and_a_hang_split_the_wall_time_by_cause(tmp_path: Path) -> None
     seconds = badput["seconds"]
     assert sum(seconds.values()) == pytest.approx(data["wall_s"], rel=0.01)
     assert badput["wall_s"] == pytest.approx(data["wall_s"], rel=1e-9)
-    for cause in ("startup", "training", "restart", "hang_wait", "restore"):
+    for cause in ("startup", "training", "restart", "hang_wait", "restore", "snapshot_overhead"):
         assert seconds[cause] > 0, (cause, seconds)
     # the hang's wait: from the last heartbeat step to the end --hang-timeout found
     assert HANG_TIMEOUT * 0.75 <= seconds["hang_wait"] <= HANG_TIMEOUT + 5, seconds

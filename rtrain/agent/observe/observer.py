@@ -88,6 +88,7 @@ class Observer:
         self._agent = agent
         self._repair: RepairNote | None = None  # this node's last repair (rtrain status)
         self._stragglers: dict[int, tuple[float, float]] = {}  # rank -> (slower, since)
+        self._snapshot_s = 0.0  # this generation's workers' seconds in rtrain.snapshot()
         EVENTS.listen(self._on_event)
         emit(
             "agent_start",
@@ -129,6 +130,7 @@ class Observer:
         self._status_due = 0.0
         self._beats = _Beats(self._clock.wall)
         self._stragglers = {}
+        self._snapshot_s = 0.0
         emit(
             "generation_start",
             nodes=place.num_nodes,
@@ -189,7 +191,13 @@ class Observer:
             first_seen_step=seen.first_step,
             first_seen_t=seen.first_t,
             last_beat_t=seen.last_t,
+            snapshot_s=round(self._snapshot_s, 6),
         )
+
+    def snapshots_took(self, seconds: float) -> None:
+        """This generation's workers spent this long in rtrain.snapshot() so far (the
+        slowest's; agent/observe/stragglers.py): generation_end's snapshot_s."""
+        self._snapshot_s = max(self._snapshot_s, seconds)
 
     def sample(
         self, beats: Sequence[WorkerBeat], committed: int | None, replicated: int | None

@@ -92,7 +92,7 @@ class PaceWatch:
         if self.mode == "off" or now < self._due:
             return
         self._due = now + PUBLISH_S
-        figures = self.local_figures()
+        figures = {r: p for r, p in self.local_figures().items() if p.steps}
         if not figures:  # a script that does not measure (no data_ranks()): no traffic
             return
         try:
@@ -176,6 +176,11 @@ class PaceWatch:
         for rank in [r for r in self._said if r not in current]:
             since = self._said.pop(rank).since
             emit("straggler_cleared", rank=rank, slow_s=round(self._clock.wall() - since, 3))
+
+    def snapshot_s(self) -> float:
+        """The seconds this node's slowest-to-snapshot worker spent in rtrain.snapshot()
+        this generation (the steps of all waited for it): badput's snapshot_overhead."""
+        return max((p.snapshot_s for p in self.local_figures().values()), default=0.0)
 
     def lasting(self) -> SlowNode | None:
         """A rank of this node that has been a straggler for --replace-stragglers-after

@@ -58,7 +58,9 @@ class ThroughWatch:
                 groups[worker.rank] = state.group
         if self._note is None and INTERIM in groups.values():
             self._began()
-        if WHOLE in groups.values() and (self._note is not None or self._joiners(groups)):
+        # A worker of this generation in the whole group: the join happened (a kept
+        # one says so only after its interim, which may have been too short to see).
+        if WHOLE in groups.values():
             self._joined(groups)
         return self._note
 

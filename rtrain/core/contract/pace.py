@@ -12,6 +12,8 @@ rtrain.data_ranks() and rtrain.average_gradients() (core/worker/pace.py):
   logical (u64)    logical data ranks held, summed over those steps
   compute_s (f64)  seconds from data_ranks() to average_gradients()'s entry, summed
   wait_s (f64)     seconds inside average_gradients()'s collective, summed
+  snapshot_s (f64) seconds inside rtrain.snapshot(), summed (any script that snapshots:
+                   its file then exists with steps 0 if it does not measure steps)
 
 A plain script (no data_ranks()/average_gradients()) writes none: rtrain does not
 measure it (docs/stragglers.md says what torch offers instead).
@@ -26,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 PACE_SUFFIX = ".pace"
-PACE_FORMAT = "<QQQdd"
+PACE_FORMAT = "<QQQddd"
 PACE_SIZE = struct.calcsize(PACE_FORMAT)
 
 # rtrain launch's environment (read by the agents, inherited by their workers):
@@ -77,6 +79,7 @@ class Pace:
     logical: int = 0
     compute_s: float = 0.0
     wait_s: float = 0.0
+    snapshot_s: float = 0.0  # the agent's own (badput): not in the store's records
 
     def as_list(self) -> list[float]:
         return [self.steps, self.logical, round(self.compute_s, 6), round(self.wait_s, 6)]
@@ -87,10 +90,10 @@ def unpack_pace(data: bytes) -> tuple[int, Pace] | None:
     worker was writing)."""
     if len(data) != PACE_SIZE:
         return None
-    seq, steps, logical, compute, wait = struct.unpack(PACE_FORMAT, data)
+    seq, steps, logical, compute, wait, snapshot = struct.unpack(PACE_FORMAT, data)
     if seq % 2:
         return None
-    return seq, Pace(steps, logical, compute, wait)
+    return seq, Pace(steps, logical, compute, wait, snapshot)
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,8 @@ SCHEMA: dict[str, tuple[tuple[str, ...], str]] = {
         "membership_change), its length, the newest step its workers committed to a "
         "snapshot and the newest their heartbeat gave (null: none); first_seen_step and "
         "first_seen_t: the first heartbeat step seen and when (the step rate), last_beat_t: "
-        "when their heartbeats last moved (a hang or an unfinished job costs from then)",
+        "when their heartbeats last moved (a hang or an unfinished job costs from then); "
+        "snapshot_s: the seconds its slowest worker spent in rtrain.snapshot()",
     ),
     "recovery": (
         ("from_generation", "down_s", "lost_steps"),

@@ -2,8 +2,9 @@
 the all-reduce, measured at rtrain.data_ranks() and rtrain.average_gradients()
 (core/worker/shares.py) and written, cumulative, to the pace file next to its
 heartbeat file (core/contract/pace.py), which its agent reads (agent/observe/
-stragglers.py). One mapped write of 40 bytes a step; nothing without an agent (no
-heartbeat file: torchrun, plain python) or with RTRAIN_STRAGGLERS=off.
+stragglers.py); and the seconds inside rtrain.snapshot(). One mapped write of 48 bytes
+a step; nothing without an agent (no heartbeat file: torchrun, plain python) or with
+--stragglers=off.
 
 compute: from data_ranks()'s return to average_gradients()'s entry (the forward and
 backward passes of the step's logical ranks); wait: the collective inside
@@ -30,6 +31,7 @@ class _Pace:
         self.logical = 0
         self.compute_s = 0.0
         self.wait_s = 0.0
+        self.snapshot_s = 0.0
         self.began: float | None = None  # data_ranks()'s return this step
         self.held = 0
         self.computed: float | None = None  # this step's compute, at average_gradients()
@@ -45,7 +47,7 @@ class _Pace:
             return self.map is not None
         self.path, self.map = path, None
         self.seq = self.steps = self.logical = 0
-        self.compute_s = self.wait_s = 0.0
+        self.compute_s = self.wait_s = self.snapshot_s = 0.0
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError:
@@ -64,7 +66,7 @@ class _Pace:
             return
         self.seq += 1  # odd: a write under way
         struct.pack_into("<Q", self.map, 0, self.seq)
-        figures = (self.steps, self.logical, self.compute_s, self.wait_s)
+        figures = (self.steps, self.logical, self.compute_s, self.wait_s, self.snapshot_s)
         struct.pack_into(PACE_FORMAT, self.map, 0, self.seq, *figures)
         self.seq += 1
         struct.pack_into("<Q", self.map, 0, self.seq)
@@ -96,4 +98,13 @@ def waited(seconds: float) -> None:
     _pace.logical += _pace.held
     _pace.compute_s += compute
     _pace.wait_s += seconds
+    _pace.write()
+
+
+def snapshotted(seconds: float) -> None:
+    """rtrain.snapshot() took this long: the time the step spent keeping its state
+    (the agent's `snapshot_overhead` in the wall time by cause)."""
+    if not _pace.open():
+        return
+    _pace.snapshot_s += seconds
     _pace.write()

@@ -70,6 +70,7 @@ from ..snapshots.format import (
     write_shard,
 )
 from ..snapshots.interval import DEFAULT_POLICY, POLICIES, POLICY_VARIABLE, Schedule
+from . import pace
 from .cadence import Cadence, JobSchedule
 from .device_copy import DeviceCopier
 from .repair.asked import ASKED
@@ -326,6 +327,7 @@ def snapshot(state: Any, step: int) -> bool:
     write_shard(target.map, layout, step, wants, target.views, target.copier)
     slots.layout, slots.committed_at = layout, time.monotonic()
     slots.wake_agent()
+    pace.snapshotted(slots.committed_at - now)  # the wall time by cause's overhead
     return True
 
 

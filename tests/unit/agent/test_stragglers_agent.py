@@ -39,7 +39,9 @@ class Worker:
         self.seq += 2
         self.steps += steps
         self.compute += steps * 4 * per_logical
-        data = struct.pack(PACE_FORMAT, self.seq, self.steps, self.steps * 4, self.compute, 0.0)
+        data = struct.pack(
+            PACE_FORMAT, self.seq, self.steps, self.steps * 4, self.compute, 0.0, 0.0
+        )
         Path(self.path).write_bytes(data)
 
 
