@@ -5,13 +5,11 @@ line, taken as empty, then replaced whole), the --exclude line under Slurm."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from rtrain.agent.health.fault_history import FaultHistory, read_history_file
-from rtrain.agent.observe.events import EVENTS
 from rtrain.core.observe.events import Event
 from rtrain.core.rendezvous.fault_history import (
     HISTORY_FILE,
@@ -25,16 +23,6 @@ from rtrain.core.rendezvous.fault_history import (
 from .fakes import FakeClock, memory_store
 
 POLICY = HistoryPolicy(faults=2, window_s=86400.0)
-
-
-@pytest.fixture
-def events() -> Iterator[list[Event]]:
-    seen: list[Event] = []
-    EVENTS.listen(seen.append)
-    try:
-        yield seen
-    finally:
-        EVENTS.close()
 
 
 def history(folder: Path, clock: FakeClock, nodes: tuple[str, ...] = ()) -> FaultHistory:

@@ -5,14 +5,10 @@ torch's real HashStore. Each case runs in milliseconds of real time."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import pytest
-
-from rtrain.agent.observe.events import EVENTS
 from rtrain.agent.rendezvous.kept_ranks import KeptRanks
 from rtrain.agent.repair.coordinator import ACK_S, RepairCoordinator
 from rtrain.agent.repair.fallback import FALLBACK_AFTER
@@ -113,16 +109,6 @@ class Job:
 
     def asked(self, local_rank: int) -> bool:
         return (Path(self.repair.control(local_rank).folder) / REQUEST_FILE).exists()
-
-
-@pytest.fixture
-def events() -> Iterator[list[Event]]:
-    seen: list[Event] = []
-    EVENTS.listen(seen.append)
-    try:
-        yield seen
-    finally:
-        EVENTS.close()
 
 
 def _repair(events: list[Event]) -> dict[str, Any]:

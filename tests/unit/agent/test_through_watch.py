@@ -3,7 +3,6 @@ and the note it makes (core/observe/through.py), as status records carry it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +10,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rtrain.agent.observe.events import EVENTS
 from rtrain.agent.repair.control import WorkerControl
 from rtrain.agent.repair.through_watch import ThroughWatch
 from rtrain.agent.workers.records import Worker
@@ -26,16 +24,6 @@ def _say(control: WorkerControl, pid: int, group: str, generation: int = 4) -> N
     Path(control.folder, "state.json").write_bytes(
         encode_state(WorkerState(RUNNING, generation, pid, group))
     )
-
-
-@pytest.fixture
-def events() -> Iterator[list[Event]]:
-    seen: list[Event] = []
-    EVENTS.listen(seen.append)
-    try:
-        yield seen
-    finally:
-        EVENTS.close()
 
 
 def test_a_node_says_when_its_kept_ranks_train_reduced_and_when_full_again(

@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
-import pytest
-
-from rtrain.agent.observe.events import EVENTS
 from rtrain.agent.repair.warm_spares import WarmSpares
 from rtrain.core.contract.environment import SPARE
 from rtrain.core.contract.repair_files import (
@@ -45,16 +42,6 @@ class Processes:
         folder = env[REPAIR_DIR]
         assert folder is not None
         Path(folder, STATE_FILE).write_bytes(encode_state(WorkerState(PARKED, 0, pid)))
-
-
-@pytest.fixture
-def events() -> Iterator[list[Event]]:
-    seen: list[Event] = []
-    EVENTS.listen(seen.append)
-    try:
-        yield seen
-    finally:
-        EVENTS.close()
 
 
 def _spares(tmp_path: Path, procs: Processes, count: int = 2) -> WarmSpares:
