@@ -82,12 +82,18 @@ class GenerationMonitor:
 
     def watch(self, rdzv: JobRendezvous, gen: Generation) -> Ended:
         """Until the generation ends on this node; how it ended."""
+        pace = self.pace_watch(rdzv, gen)
+        try:
+            return self._watch(rdzv, gen, pace)
+        finally:  # generation_end's snapshot_s: the pace files read once, as it ends
+            self._observer.snapshots_took(pace.snapshot_s())
+
+    def _watch(self, rdzv: JobRendezvous, gen: Generation, pace: PaceWatch) -> Ended:
         group, generation = gen.group, gen.number
         room_to_grow = len(gen.membership.members) < self._part.max_nodes
         watch = GenerationWatch(rdzv.rounds, rdzv.ends, generation, room_to_grow, self._clock)
         store_every = min(STORE_CHECK_S, self._part.heartbeat_interval / 2)
         next_store_check = 0.0
-        pace = self.pace_watch(rdzv, gen)
         while True:
             self._check_signal()
             raise_if_ran_out_in_thread()  # the agent's _generations restarts this part
@@ -110,7 +116,6 @@ class GenerationMonitor:
                     rdzv.store, rdzv.keys, gen.place, beats, *progress, through
                 )
                 pace.check()
-                self._observer.snapshots_took(pace.snapshot_s())
             look = False  # at the round, the abort record and the waiting nodes
             if store_due or group.failed:
                 self._leases.raise_if_store_lost()

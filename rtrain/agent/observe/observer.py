@@ -195,8 +195,8 @@ class Observer:
         )
 
     def snapshots_took(self, seconds: float) -> None:
-        """This generation's workers spent this long in rtrain.snapshot() so far (the
-        slowest's; agent/observe/stragglers.py): generation_end's snapshot_s."""
+        """This generation's workers spent this long in rtrain.snapshot() (the slowest's,
+        read as it ends: agent/observe/stragglers.py): generation_end's snapshot_s."""
         self._snapshot_s = max(self._snapshot_s, seconds)
 
     def sample(
