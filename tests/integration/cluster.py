@@ -99,6 +99,22 @@ class LocalCluster:
             self.procs.append(proc)
             self.logs.append(log)
 
+    def start_standby(
+        self,
+        index: int,
+        nnodes: str,
+        flags: list[str],
+        env: dict[str, str] | None = None,
+        timeout: float = 60,
+    ) -> None:
+        """Start node `index` once round 0 has closed (a generation started): it joins
+        the next round and waits there as a standby."""
+        deadline = time.monotonic() + timeout
+        while not self.events("generation_start"):
+            assert time.monotonic() < deadline, self.log(0)
+            time.sleep(0.05)
+        self.start_node(index, nnodes, flags, env)
+
     def node_pids(self, index: int) -> list[int]:
         """The node's agent and every process under it (pool, workers)."""
         agent = psutil.Process(self.procs[index].pid)
