@@ -145,10 +145,9 @@ class JobEnd:
             assert node_rank is not None
             self._rdzv.leave(generation, node_rank, record)
 
+        record = leave_job(fault, generation, node_rank, addr, tell, self._clock.wall())
         if health is not None and isinstance(fault, GpuFault):
-            record = health.leave_job(fault, generation, node_rank, addr, tell)
-        else:
-            record = leave_job(fault, generation, node_rank, addr, tell, self._clock.wall())
+            health.drain(fault)  # --drain-on-fault: for a GPU's fault, not a slow node's
         emit_failure(record)
         stop_workers()
         self.host_until_done(join_timeout)

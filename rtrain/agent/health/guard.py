@@ -77,20 +77,6 @@ class HealthGuard:
     def record(self, fault: GpuFault, generation: int, node_rank: int, host: str) -> FailureRecord:
         return fault_record(fault, generation, node_rank, host, self._clock.wall())
 
-    def leave_job(
-        self,
-        fault: GpuFault,
-        generation: int,
-        node_rank: int | None,
-        host: str,
-        tell: Callable[[FailureRecord], None],
-    ) -> FailureRecord:
-        """Take this node out: tell the others (tell: JobRendezvous.leave, the one place a
-        node is declared lost; only when it was a member) and drain it."""
-        record = leave_job(fault, generation, node_rank, host, tell, self._clock.wall())
-        self.drain(fault)
-        return record
-
     def drain(self, fault: GpuFault) -> None:
         if self._drain_as is None:
             return

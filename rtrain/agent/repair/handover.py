@@ -116,7 +116,7 @@ class Handover:
         return self._spares.take(self._generation, int(env.get("RANK", "-1")), env)
 
     def fill_spares(self, spawn: SpareSpawner) -> None:
-        if self._spares is not None and self._spares.count:
+        if self._spares is not None:  # made only for --spares-per-node above 0
             self._spares.fill(spawn, self._resume_wait_s)
 
     def _lost(self, local_rank: int, pid: int, state: str | None) -> None:

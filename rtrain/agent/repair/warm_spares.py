@@ -69,11 +69,10 @@ class WarmSpares:
         """Hand `env` (rank's new worker's) to a spare, a parked one first, else one still
         in its start-up (it reads the hand-over once it reaches the function: further
         on than a new process); its pid (None: none is alive)."""
-        alive = [s for s in self._spares.values() if resumes(s.pid, self._process(s.pid))]
+        alive = [(self._parked(s), s) for s in self._spares.values() if self._resumes(s)]
         if not alive:
             return None
-        spare = min(alive, key=lambda s: (not self._parked(s), s.slot))
-        parked = self._parked(spare)
+        parked, spare = min(alive, key=lambda found: (not found[0], found[1].slot))
         spare.control.resume(generation, spare.pid, dict(env))
         del self._spares[spare.slot]
         warm_s = round(self._wall() - spare.started, 3)
@@ -93,6 +92,9 @@ class WarmSpares:
             parked=parked,
         )
         return spare.pid
+
+    def _resumes(self, spare: _Spare) -> bool:
+        return resumes(spare.pid, self._process(spare.pid))
 
     @staticmethod
     def _parked(spare: _Spare) -> bool:
